@@ -1,0 +1,193 @@
+// SPDX-License-Identifier: MIT
+// Attention over the KV cache, one layer per call: decode (one query token per
+// sequence) over a paged cache and over a contiguous cache with the same math,
+// causal prefill through the paged cache, writing new tokens' K/V into their
+// slots, and the CPU and CUDA implementations of each.
+//
+// Conventions for every function here:
+// - q, out and the cache share one dtype (fp32, fp16 or bf16); softmax and
+//   accumulation are fp32 with an online (running-max) softmax.
+// - Heads: num_heads query heads, num_kv_heads K/V heads, num_kv_heads divides
+//   num_heads (MHA, GQA, MQA). Query head h reads kv head h / (num_heads / num_kv_heads).
+// - Strides are in elements. For a pkv_cache, pass for layer l
+//     k_cache = data + layer_stride * l,  v_cache = k_cache + kv_stride,
+//   and block_stride / head_stride / token_stride from pkv_cache_get_geometry.
+// - CPU functions take host pointers; *_cuda functions take device pointers and a
+//   cudaStream_t passed as void* (NULL = default stream) and return
+//   PKV_ERR_UNSUPPORTED in a build without CUDA. No function allocates on its hot path.
+// - Bad arguments (NULL pointers, heads that do not divide, a length that needs more
+//   blocks than max_blocks_per_seq, a block id outside 0..num_blocks-1) return
+//   PKV_ERR_INVALID_ARG and read nothing out of bounds.
+//
+// - A head_dim or block size that this implementation does not support (see the
+//   fields below) returns PKV_ERR_UNSUPPORTED. *_cuda launch failures return
+//   PKV_ERR_BACKEND. Device-side tables (block_tables, seq_lens, slots, copies of
+//   the *_cuda calls) cannot be checked before launch: the kernels bound-check every
+//   id they read, skip what is out of range and write NaN into the output rows of a
+//   sequence whose length or block ids are invalid, so nothing outside the arrays
+//   is touched.
+//
+// Thread-safety: the functions are reentrant; the CPU ones use up to `num_threads`
+// threads (0 = all cores) for (sequence, head) pairs.
+#ifndef PKV_ATTENTION_H
+#define PKV_ATTENTION_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pkv/cache.h"
+#include "pkv/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// Largest head_dim of the CPU functions (their fp32 scratch lives on the stack).
+#define PKV_ATTN_CPU_MAX_HEAD_DIM 4096u
+
+// The shape of one attention call. Plain data, filled by the caller.
+typedef struct pkv_attn_shape {
+    uint32_t num_heads;    // query heads
+    uint32_t num_kv_heads; // K/V heads; divides num_heads
+    uint32_t head_dim;     // 64, 128 or 256 on CUDA; 1..PKV_ATTN_CPU_MAX_HEAD_DIM on the CPU
+    pkv_dtype dtype;       // of q, out and the cache
+    float scale;           // softmax scale, usually 1 / sqrt(head_dim)
+    uint32_t num_threads;  // CPU only: 0 = all cores
+} pkv_attn_shape;
+
+// A paged cache of one layer, as attention reads it.
+typedef struct pkv_attn_paged_kv {
+    const void *k_cache;          // block b's K at k_cache + block_stride * b
+    const void *v_cache;          // block b's V at v_cache + block_stride * b
+    uint64_t block_stride;        // elements between consecutive blocks
+    uint64_t head_stride;         // elements between kv heads inside a block
+    uint64_t token_stride;        // elements between tokens inside a block
+    uint32_t block_size;          // tokens per block (any >= 1 on the CPU; power of two
+                                  // up to 256 on CUDA)
+    uint32_t num_blocks;          // blocks in the cache (ids must be below it)
+    const int32_t *block_tables;  // [num_seqs][max_blocks_per_seq]
+    uint32_t max_blocks_per_seq;  // row width of block_tables
+    const int32_t *seq_lens;      // [num_seqs], tokens of context per sequence (>= 1)
+} pkv_attn_paged_kv;
+
+// A contiguous cache of one layer: sequence s, kv head h, token t, dim d at
+// base + seq_stride * s + head_stride * h + token_stride * t + d (default layout
+// [seq][kv_head][max_seq_len][head_dim]).
+typedef struct pkv_attn_contig_kv {
+    const void *k_cache;
+    const void *v_cache;
+    uint64_t seq_stride;
+    uint64_t head_stride;
+    uint64_t token_stride;
+    uint32_t max_seq_len;         // capacity per sequence; seq_lens must not exceed it
+    const int32_t *seq_lens;      // [num_seqs]
+} pkv_attn_contig_kv;
+
+// Decode: out[s][h][:] = softmax(scale * q[s][h] . K[s][kvh][0..len-1]) V[s][kvh].
+// q, out: [num_seqs][num_heads][head_dim].
+pkv_status pkv_attn_decode_paged_cpu(const pkv_attn_shape *shape, uint32_t num_seqs,
+                                     const void *q, const pkv_attn_paged_kv *kv, void *out);
+pkv_status pkv_attn_decode_contig_cpu(const pkv_attn_shape *shape, uint32_t num_seqs,
+                                      const void *q, const pkv_attn_contig_kv *kv, void *out);
+
+// Cache write: token i's K/V (k, v: [num_tokens][num_kv_heads][head_dim]) goes to
+// slot slots[i] = block * block_size + offset of the paged cache. A negative slot
+// means "skip" (padding). k_cache / v_cache are written, so non-const here.
+pkv_status pkv_attn_cache_write_cpu(const pkv_attn_shape *shape, uint32_t num_tokens,
+                                    const void *k, const void *v, const int64_t *slots,
+                                    void *k_cache, void *v_cache, uint64_t block_stride,
+                                    uint64_t head_stride, uint64_t token_stride,
+                                    uint32_t block_size, uint32_t num_blocks);
+
+// Causal prefill for a batch of prompts of different lengths, through the paged
+// cache. The prompts' tokens are packed: q, out [total_tokens][num_heads][head_dim],
+// with prompt i at rows q_indptr[i]..q_indptr[i+1]-1 (q_indptr: [num_seqs + 1]).
+// Prompt i's tokens are the LAST (q_indptr[i+1]-q_indptr[i]) tokens of its
+// sequence of kv->seq_lens[i] tokens, whose K/V must already be in the cache
+// (pkv_attn_cache_write_cpu first); token j of the prompt attends to every
+// cached token up to and including itself.
+pkv_status pkv_attn_prefill_paged_cpu(const pkv_attn_shape *shape, uint32_t num_seqs,
+                                      const int32_t *q_indptr, const void *q,
+                                      const pkv_attn_paged_kv *kv, void *out);
+
+// CUDA twins: same arguments and semantics, device pointers, `stream` is a
+// cudaStream_t (NULL = default). They launch asynchronously on `stream`.
+pkv_status pkv_attn_decode_paged_cuda(const pkv_attn_shape *shape, uint32_t num_seqs,
+                                      const void *q, const pkv_attn_paged_kv *kv, void *out,
+                                      void *stream);
+pkv_status pkv_attn_decode_contig_cuda(const pkv_attn_shape *shape, uint32_t num_seqs,
+                                       const void *q, const pkv_attn_contig_kv *kv, void *out,
+                                       void *stream);
+pkv_status pkv_attn_cache_write_cuda(const pkv_attn_shape *shape, uint32_t num_tokens,
+                                     const void *k, const void *v, const int64_t *slots,
+                                     void *k_cache, void *v_cache, uint64_t block_stride,
+                                     uint64_t head_stride, uint64_t token_stride,
+                                     uint32_t block_size, uint32_t num_blocks, void *stream);
+pkv_status pkv_attn_prefill_paged_cuda(const pkv_attn_shape *shape, uint32_t num_seqs,
+                                       const int32_t *q_indptr, const void *q,
+                                       const pkv_attn_paged_kv *kv, void *out, void *stream);
+
+// Batched block copy (copy-on-write, swap inside one arena) for caches laid out as
+// blocks at a fixed stride: for every layer l < num_layers and every pair i, the
+// block_elems elements at base + layer_stride * l + block_stride * copies[i].src go
+// to the same place for copies[i].dst. For a pkv_cache pass base = data,
+// layer_stride and block_stride from the geometry and block_elems = 2 * kv_stride
+// (K and V halves are adjacent). copies: [num_copies], host memory for the CPU
+// call, device memory for the CUDA call (borrowed). src and dst must be below
+// num_blocks and differ; no dst may appear twice or be another pair's src
+// (pkv_seqset_take_copies never produces such lists). block_elems <= block_stride.
+pkv_status pkv_attn_copy_blocks_cpu(pkv_dtype dtype, void *base, uint32_t num_layers,
+                                    uint64_t layer_stride, uint64_t block_stride,
+                                    uint64_t block_elems, uint32_t num_blocks,
+                                    const pkv_block_copy *copies, uint32_t num_copies);
+pkv_status pkv_attn_copy_blocks_cuda(pkv_dtype dtype, void *base, uint32_t num_layers,
+                                     uint64_t layer_stride, uint64_t block_stride,
+                                     uint64_t block_elems, uint32_t num_blocks,
+                                     const pkv_block_copy *copies, uint32_t num_copies,
+                                     void *stream);
+
+// Split-K (flash-decoding) for the CUDA decode kernels. Without a workspace the
+// plain *_cuda decode calls run one partition per (sequence, kv-head group); with
+// one, the context is cut into num_splits partitions, each reduced to a partial
+// (max, sum, output) in the workspace, and a second kernel merges them.
+typedef struct pkv_attn_cuda_opts {
+    void *workspace;        // device memory for split-K partials (borrowed); NULL = no split
+    size_t workspace_bytes; // its size; see pkv_attn_cuda_workspace_bytes
+    uint32_t num_splits;    // 0 = heuristic (pkv_attn_cuda_num_splits), 1 = never split,
+                            // n = n partitions (reduced if the workspace is too small)
+    uint32_t num_sms;       // 0 = ask the current device; else the SM count to plan for
+} pkv_attn_cuda_opts;
+
+// The split-K heuristic (docs/KERNELS.md): the number of context partitions for a
+// decode call of num_seqs sequences whose contexts are at most max_context tokens
+// on a GPU with num_sms SMs. 1 when the batch already gives every SM two thread
+// blocks or the context is short; otherwise enough partitions (of at least 512
+// tokens each, at most 64) to reach two thread blocks per SM. Pure host
+// arithmetic, available in every build.
+pkv_status pkv_attn_cuda_num_splits(const pkv_attn_shape *shape, uint32_t num_seqs,
+                                    uint32_t max_context, uint32_t num_sms,
+                                    uint32_t *num_splits);
+
+// Device bytes of workspace that a split-K decode with num_splits partitions needs
+// (fp32 partial outputs plus running max and sum per partition and head).
+pkv_status pkv_attn_cuda_workspace_bytes(const pkv_attn_shape *shape, uint32_t num_seqs,
+                                         uint32_t num_splits, size_t *bytes);
+
+// Decode with split-K options. opts may be NULL (= the plain call). The plain calls
+// above are these with opts NULL. The contexts are bounded on the host by
+// max_blocks_per_seq * block_size (paged) or max_seq_len (contiguous): pass tight
+// bounds, the split plan uses them.
+pkv_status pkv_attn_decode_paged_cuda_ex(const pkv_attn_shape *shape, uint32_t num_seqs,
+                                         const void *q, const pkv_attn_paged_kv *kv,
+                                         void *out, const pkv_attn_cuda_opts *opts,
+                                         void *stream);
+pkv_status pkv_attn_decode_contig_cuda_ex(const pkv_attn_shape *shape, uint32_t num_seqs,
+                                          const void *q, const pkv_attn_contig_kv *kv,
+                                          void *out, const pkv_attn_cuda_opts *opts,
+                                          void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif // PKV_ATTENTION_H

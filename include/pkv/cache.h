@@ -1,0 +1,119 @@
+// SPDX-License-Identifier: MIT
+// KV-cache storage: binds a block pool to memory with a layout. The cache makes
+// exactly one backend allocation, for every layer and block, at creation.
+//
+// Memory layout (one arena): for each layer l, a tensor
+//   [num_blocks][2 (K, V)][block_size x kv_heads x head_dim in `layout` order]
+// so block b of layer l starts at ((l * num_blocks + b) * 2) * half_block_bytes and
+// its V half follows its K half. The same block id is used in every layer. Inside a
+// half block the default layout HND is [kv_heads][block_size][head_dim]; NHD is
+// [block_size][kv_heads][head_dim]. pkv_cache_get_geometry gives the strides so that
+// kernels never hard-code either.
+//
+// Thread-safety: as for the pool; one thread at a time per cache.
+#ifndef PKV_CACHE_H
+#define PKV_CACHE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pkv/backend.h"
+#include "pkv/pool.h"
+#include "pkv/seq.h"
+#include "pkv/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum pkv_dtype {
+    PKV_DTYPE_F32 = 0,
+    PKV_DTYPE_F16 = 1,
+    PKV_DTYPE_BF16 = 2,
+} pkv_dtype;
+
+typedef enum pkv_layout {
+    PKV_LAYOUT_HND = 0, // [kv_heads][block_size][head_dim] per block half (default)
+    PKV_LAYOUT_NHD = 1, // [block_size][kv_heads][head_dim]
+} pkv_layout;
+
+typedef enum pkv_kv {
+    PKV_K = 0,
+    PKV_V = 1,
+} pkv_kv;
+
+// Size in bytes of one element of `dtype` (4 or 2); 0 for an unknown dtype.
+size_t pkv_dtype_size(pkv_dtype dtype);
+const char *pkv_dtype_name(pkv_dtype dtype); // "fp32", "fp16", "bf16" or "unknown"
+
+typedef struct pkv_cache_params {
+    uint32_t num_layers; // >= 1
+    uint32_t kv_heads;   // >= 1
+    uint32_t head_dim;   // >= 1
+    uint32_t block_size; // tokens per block, >= 1; must equal the seqsets' block size
+    pkv_dtype dtype;
+    pkv_layout layout;
+} pkv_cache_params;
+
+// Defaults: 1 layer, 1 kv head, head_dim 128, block_size 16, fp16, HND.
+pkv_cache_params pkv_cache_params_default(void);
+
+// Bytes of one token's K and V over all layers:
+// 2 x num_layers x kv_heads x head_dim x dtype size. 0 for invalid params.
+uint64_t pkv_cache_bytes_per_token(const pkv_cache_params *params);
+// Bytes of one block over all layers (bytes_per_token x block_size).
+uint64_t pkv_cache_bytes_per_block(const pkv_cache_params *params);
+
+// Strides, in elements, for kernels. Everything a paged kernel needs to find
+// element (layer l, block b, K/V kv, head h, token t, dim d):
+//   layer_stride * l + block_stride * b + kv_stride * kv + head_stride * h
+//   + token_stride * t + d
+typedef struct pkv_cache_geometry {
+    uint64_t layer_stride;
+    uint64_t block_stride;
+    uint64_t kv_stride;
+    uint64_t head_stride;
+    uint64_t token_stride;
+    uint64_t half_block_bytes; // kv_heads * block_size * head_dim * dtype size
+} pkv_cache_geometry;
+
+typedef struct pkv_cache pkv_cache;
+
+// Create a cache for every block of `pool` (borrowed; must outlive the cache) in
+// memory from `backend` (borrowed; must outlive the cache). One backend allocation
+// of capacity x bytes_per_block. PKV_ERR_OUT_OF_MEMORY if the backend cannot
+// provide it. *out is owned by the caller.
+pkv_status pkv_cache_create(const pkv_cache_params *params, pkv_pool *pool,
+                            pkv_backend *backend, pkv_cache **out);
+
+// Free the arena (one backend free call). NULL does nothing.
+void pkv_cache_destroy(pkv_cache *cache);
+
+pkv_status pkv_cache_get_params(const pkv_cache *cache, pkv_cache_params *params);
+pkv_status pkv_cache_get_geometry(const pkv_cache *cache, pkv_cache_geometry *geometry);
+pkv_pool *pkv_cache_pool(const pkv_cache *cache);       // borrowed
+pkv_backend *pkv_cache_backend(const pkv_cache *cache); // borrowed
+uint64_t pkv_cache_arena_bytes(const pkv_cache *cache);
+
+// Base address of the arena (a device address for a CUDA backend). Borrowed.
+void *pkv_cache_data(const pkv_cache *cache);
+
+// Address of the K or V half of block `block` in layer `layer` (borrowed; a device
+// address for a CUDA backend). PKV_ERR_INVALID_ARG / PKV_ERR_NOT_FOUND for a layer
+// or block out of range.
+pkv_status pkv_cache_block_ptr(const pkv_cache *cache, uint32_t layer, pkv_block_id block,
+                               pkv_kv kv, void **ptr);
+
+// Execute block copies (every layer, K and V) in one batched backend call.
+// copies: borrowed, n entries, as taken from pkv_seqset_take_copies.
+pkv_status pkv_cache_copy_blocks(pkv_cache *cache, const pkv_block_copy *copies, uint32_t n);
+
+// Take every queued copy of `set` and execute it in one batch. The set must use
+// this cache's pool and block size.
+pkv_status pkv_cache_apply_copies(pkv_cache *cache, pkv_seqset *set);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif // PKV_CACHE_H

@@ -1,0 +1,16 @@
+// SPDX-License-Identifier: MIT
+// pagedkv: a paged KV-cache manager for LLM inference. Include this header for
+// the whole public API, or the individual headers for one part.
+#ifndef PKV_PKV_H
+#define PKV_PKV_H
+
+#include "pkv/version.h"
+#include "pkv/status.h"
+#include "pkv/pool.h"
+#include "pkv/seq.h"
+#include "pkv/backend.h"
+#include "pkv/cache.h"
+#include "pkv/attention.h"
+#include "pkv/model_config.h"
+
+#endif // PKV_PKV_H

@@ -1,0 +1,85 @@
+// SPDX-License-Identifier: MIT
+// CUDA device-memory backend: cudaMalloc / cudaFree (the calls the pool exists to
+// avoid), and block copies as one batch of async device-to-device copies on the
+// default stream followed by one synchronize. Plain C against the CUDA runtime API;
+// no kernels here, so the allocator stays free of .cu files.
+#include <cuda_runtime_api.h>
+
+#include "backend_impl.h"
+
+static pkv_status cuda_status(cudaError_t err) {
+    if (err == cudaSuccess) return PKV_OK;
+    if (err == cudaErrorMemoryAllocation) return PKV_ERR_OUT_OF_MEMORY;
+    if (err == cudaErrorNoDevice || err == cudaErrorInsufficientDriver ||
+        err == cudaErrorInvalidDevice)
+        return PKV_ERR_NO_DEVICE;
+    return PKV_ERR_BACKEND;
+}
+
+static pkv_status set_device(pkv_backend *b) { return cuda_status(cudaSetDevice(b->device)); }
+
+static pkv_status cuda_alloc(pkv_backend *b, size_t bytes, void **ptr) {
+    pkv_status st = set_device(b);
+    if (st != PKV_OK) return st;
+    return cuda_status(cudaMalloc(ptr, bytes));
+}
+
+static void cuda_free(pkv_backend *b, void *ptr) {
+    if (set_device(b) == PKV_OK) cudaFree(ptr);
+}
+
+static pkv_status cuda_copy(pkv_backend *b, void *arena, const pkv_copy_region *regions,
+                            uint32_t n) {
+    pkv_status st = set_device(b);
+    if (st != PKV_OK) return st;
+    char *base = arena;
+    for (uint32_t i = 0; i < n; i++) {
+        cudaError_t err = cudaMemcpyAsync(base + regions[i].dst_offset, base + regions[i].src_offset,
+                                          regions[i].bytes, cudaMemcpyDeviceToDevice, 0);
+        if (err != cudaSuccess) return cuda_status(err);
+    }
+    return cuda_status(cudaStreamSynchronize(0));
+}
+
+static pkv_status cuda_memset_impl(pkv_backend *b, void *ptr, int value, size_t bytes) {
+    pkv_status st = set_device(b);
+    if (st != PKV_OK) return st;
+    return cuda_status(cudaMemset(ptr, value, bytes));
+}
+
+static pkv_status cuda_upload(pkv_backend *b, void *dst, const void *src, size_t bytes) {
+    pkv_status st = set_device(b);
+    if (st != PKV_OK) return st;
+    return cuda_status(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+}
+
+static pkv_status cuda_download(pkv_backend *b, void *dst, const void *src, size_t bytes) {
+    pkv_status st = set_device(b);
+    if (st != PKV_OK) return st;
+    return cuda_status(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+}
+
+static const pkvi_backend_ops cuda_ops = {
+    .name = "cuda",
+    .alloc = cuda_alloc,
+    .free = cuda_free,
+    .copy = cuda_copy,
+    .memset = cuda_memset_impl,
+    .upload = cuda_upload,
+    .download = cuda_download,
+    .destroy = NULL,
+};
+
+pkv_status pkv_backend_create_cuda(int device, pkv_backend **out) {
+    if (!out) return PKV_ERR_INVALID_ARG;
+    *out = NULL;
+    int count = 0;
+    cudaError_t err = cudaGetDeviceCount(&count);
+    if (err != cudaSuccess || count == 0) {
+        cudaGetLastError(); // clear the sticky "no device" error for later callers
+        return PKV_ERR_NO_DEVICE;
+    }
+    if (device < 0 || device >= count) return PKV_ERR_NO_DEVICE;
+    *out = pkvi_backend_new(&cuda_ops, PKV_BACKEND_CUDA, device);
+    return *out ? PKV_OK : PKV_ERR_OUT_OF_MEMORY;
+}

@@ -1,0 +1,195 @@
+// SPDX-License-Identifier: MIT
+// KV-cache storage: one backend arena for every layer and block of a pool, the
+// address arithmetic of the layout (see cache.h), and batched block copies.
+// Invariant: the arena holds capacity x bytes_per_block bytes and is allocated
+// exactly once, at creation.
+#include <stdlib.h>
+
+#include "pkv/cache.h"
+
+struct pkv_cache {
+    pkv_cache_params params;
+    pkv_cache_geometry geom;
+    pkv_pool *pool;        // borrowed
+    pkv_backend *backend;  // borrowed
+    uint32_t num_blocks;
+    uint64_t arena_bytes;
+    void *arena;           // owned, from backend
+    // Scratch for batched copies, grown on demand (copies are not the hot path).
+    pkv_copy_region *regions;
+    uint32_t cap_regions;
+    pkv_block_copy *copies;
+    uint32_t cap_copies;
+};
+
+size_t pkv_dtype_size(pkv_dtype dtype) {
+    switch (dtype) {
+    case PKV_DTYPE_F32: return 4;
+    case PKV_DTYPE_F16:
+    case PKV_DTYPE_BF16: return 2;
+    }
+    return 0;
+}
+
+const char *pkv_dtype_name(pkv_dtype dtype) {
+    switch (dtype) {
+    case PKV_DTYPE_F32: return "fp32";
+    case PKV_DTYPE_F16: return "fp16";
+    case PKV_DTYPE_BF16: return "bf16";
+    }
+    return "unknown";
+}
+
+pkv_cache_params pkv_cache_params_default(void) {
+    pkv_cache_params p = {
+        .num_layers = 1, .kv_heads = 1, .head_dim = 128, .block_size = 16,
+        .dtype = PKV_DTYPE_F16, .layout = PKV_LAYOUT_HND,
+    };
+    return p;
+}
+
+static int params_valid(const pkv_cache_params *p) {
+    return p && p->num_layers && p->kv_heads && p->head_dim && p->block_size &&
+           p->block_size <= 65536 && pkv_dtype_size(p->dtype) &&
+           (p->layout == PKV_LAYOUT_HND || p->layout == PKV_LAYOUT_NHD);
+}
+
+uint64_t pkv_cache_bytes_per_token(const pkv_cache_params *p) {
+    if (!params_valid(p)) return 0;
+    return 2ull * p->num_layers * p->kv_heads * p->head_dim * pkv_dtype_size(p->dtype);
+}
+
+uint64_t pkv_cache_bytes_per_block(const pkv_cache_params *p) {
+    return pkv_cache_bytes_per_token(p) * (p ? p->block_size : 0);
+}
+
+static pkv_cache_geometry geometry_of(const pkv_cache_params *p, uint32_t num_blocks) {
+    pkv_cache_geometry g;
+    uint64_t half = (uint64_t)p->kv_heads * p->block_size * p->head_dim; // elements
+    g.kv_stride = half;
+    g.block_stride = 2 * half;
+    g.layer_stride = g.block_stride * num_blocks;
+    if (p->layout == PKV_LAYOUT_HND) {
+        g.head_stride = (uint64_t)p->block_size * p->head_dim;
+        g.token_stride = p->head_dim;
+    } else {
+        g.head_stride = p->head_dim;
+        g.token_stride = (uint64_t)p->kv_heads * p->head_dim;
+    }
+    g.half_block_bytes = half * pkv_dtype_size(p->dtype);
+    return g;
+}
+
+pkv_status pkv_cache_create(const pkv_cache_params *params, pkv_pool *pool,
+                            pkv_backend *backend, pkv_cache **out) {
+    if (!out) return PKV_ERR_INVALID_ARG;
+    *out = NULL;
+    if (!params_valid(params) || !pool || !backend) return PKV_ERR_INVALID_ARG;
+    uint32_t num_blocks = pkv_pool_capacity(pool);
+    uint64_t per_block = pkv_cache_bytes_per_block(params);
+    if (per_block == 0 || num_blocks > UINT64_MAX / per_block || num_blocks * per_block > SIZE_MAX)
+        return PKV_ERR_INVALID_ARG;
+    pkv_cache *c = calloc(1, sizeof *c);
+    if (!c) return PKV_ERR_OUT_OF_MEMORY;
+    c->params = *params;
+    c->geom = geometry_of(params, num_blocks);
+    c->pool = pool;
+    c->backend = backend;
+    c->num_blocks = num_blocks;
+    c->arena_bytes = num_blocks * per_block;
+    pkv_status st = pkv_backend_alloc(backend, (size_t)c->arena_bytes, &c->arena);
+    if (st != PKV_OK) {
+        free(c);
+        return st;
+    }
+    *out = c;
+    return PKV_OK;
+}
+
+void pkv_cache_destroy(pkv_cache *cache) {
+    if (!cache) return;
+    pkv_backend_free(cache->backend, cache->arena, (size_t)cache->arena_bytes);
+    free(cache->regions);
+    free(cache->copies);
+    free(cache);
+}
+
+pkv_status pkv_cache_get_params(const pkv_cache *cache, pkv_cache_params *params) {
+    if (!cache || !params) return PKV_ERR_INVALID_ARG;
+    *params = cache->params;
+    return PKV_OK;
+}
+
+pkv_status pkv_cache_get_geometry(const pkv_cache *cache, pkv_cache_geometry *geometry) {
+    if (!cache || !geometry) return PKV_ERR_INVALID_ARG;
+    *geometry = cache->geom;
+    return PKV_OK;
+}
+
+pkv_pool *pkv_cache_pool(const pkv_cache *cache) { return cache ? cache->pool : NULL; }
+pkv_backend *pkv_cache_backend(const pkv_cache *cache) { return cache ? cache->backend : NULL; }
+uint64_t pkv_cache_arena_bytes(const pkv_cache *cache) { return cache ? cache->arena_bytes : 0; }
+void *pkv_cache_data(const pkv_cache *cache) { return cache ? cache->arena : NULL; }
+
+// Byte offset of (layer, block, kv) in the arena.
+static uint64_t block_offset(const pkv_cache *c, uint32_t layer, pkv_block_id block, int kv) {
+    uint64_t elems = c->geom.layer_stride * layer + c->geom.block_stride * (uint64_t)block +
+                     c->geom.kv_stride * (uint64_t)kv;
+    return elems * pkv_dtype_size(c->params.dtype);
+}
+
+pkv_status pkv_cache_block_ptr(const pkv_cache *cache, uint32_t layer, pkv_block_id block,
+                               pkv_kv kv, void **ptr) {
+    if (!ptr) return PKV_ERR_INVALID_ARG;
+    *ptr = NULL;
+    if (!cache || layer >= cache->params.num_layers || (kv != PKV_K && kv != PKV_V))
+        return PKV_ERR_INVALID_ARG;
+    if ((uint32_t)block >= cache->num_blocks) return PKV_ERR_NOT_FOUND;
+    *ptr = (char *)cache->arena + block_offset(cache, layer, block, kv);
+    return PKV_OK;
+}
+
+static int grow(void **array, uint32_t *cap, uint64_t need, size_t elem) {
+    if (need <= *cap) return 1;
+    if (need > UINT32_MAX) return 0;
+    void *p = realloc(*array, (size_t)need * elem);
+    if (!p) return 0;
+    *array = p;
+    *cap = (uint32_t)need;
+    return 1;
+}
+
+pkv_status pkv_cache_copy_blocks(pkv_cache *cache, const pkv_block_copy *copies, uint32_t n) {
+    if (!cache || (n && !copies)) return PKV_ERR_INVALID_ARG;
+    for (uint32_t i = 0; i < n; i++)
+        if ((uint32_t)copies[i].src >= cache->num_blocks ||
+            (uint32_t)copies[i].dst >= cache->num_blocks || copies[i].src == copies[i].dst)
+            return PKV_ERR_INVALID_ARG;
+    const uint32_t layers = cache->params.num_layers;
+    if (!grow((void **)&cache->regions, &cache->cap_regions, (uint64_t)n * layers,
+              sizeof *cache->regions))
+        return PKV_ERR_OUT_OF_MEMORY;
+    // K and V of a block are adjacent within a layer: one region per (copy, layer).
+    uint32_t r = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        for (uint32_t l = 0; l < layers; l++, r++) {
+            cache->regions[r].src_offset = block_offset(cache, l, copies[i].src, 0);
+            cache->regions[r].dst_offset = block_offset(cache, l, copies[i].dst, 0);
+            cache->regions[r].bytes = 2 * cache->geom.half_block_bytes;
+        }
+    }
+    return pkv_backend_copy(cache->backend, cache->arena, cache->regions, r);
+}
+
+pkv_status pkv_cache_apply_copies(pkv_cache *cache, pkv_seqset *set) {
+    if (!cache || !set || pkv_seqset_pool(set) != cache->pool ||
+        pkv_seqset_block_size(set) != cache->params.block_size)
+        return PKV_ERR_INVALID_ARG;
+    uint32_t pending = pkv_seqset_pending_copies(set), n = 0;
+    if (pending == 0) return PKV_OK;
+    if (!grow((void **)&cache->copies, &cache->cap_copies, pending, sizeof *cache->copies))
+        return PKV_ERR_OUT_OF_MEMORY;
+    pkv_status st = pkv_seqset_take_copies(set, cache->copies, cache->cap_copies, &n);
+    if (st != PKV_OK) return st;
+    return pkv_cache_copy_blocks(cache, cache->copies, n);
+}

@@ -1,0 +1,214 @@
+// SPDX-License-Identifier: MIT
+// KV-cache storage on the host backend: sizes, addresses of every block, one
+// backend allocation, and data surviving copy-on-write.
+#include <criterion/criterion.h>
+#include <string.h>
+
+#include "pkv/cache.h"
+
+static pkv_cache_params params(uint32_t layers, uint32_t heads, uint32_t dim, uint32_t bs,
+                               pkv_dtype dtype, pkv_layout layout) {
+    pkv_cache_params p = pkv_cache_params_default();
+    p.num_layers = layers;
+    p.kv_heads = heads;
+    p.head_dim = dim;
+    p.block_size = bs;
+    p.dtype = dtype;
+    p.layout = layout;
+    return p;
+}
+
+Test(cache, bytes_per_token_follows_the_formula) {
+    // DESIGN.md: GPT-3 175B, 96 layers, 96 heads x 128, fp16, 2048 tokens = 9,663,676,416 bytes.
+    pkv_cache_params p = params(96, 96, 128, 16, PKV_DTYPE_F16, PKV_LAYOUT_HND);
+    cr_assert_eq(pkv_cache_bytes_per_token(&p) * 2048, 9663676416ull);
+    cr_assert_eq(pkv_cache_bytes_per_block(&p), pkv_cache_bytes_per_token(&p) * 16);
+    p.dtype = PKV_DTYPE_F32;
+    cr_assert_eq(pkv_cache_bytes_per_token(&p), 2ull * 96 * 96 * 128 * 4);
+    p.head_dim = 0;
+    cr_assert_eq(pkv_cache_bytes_per_token(&p), 0);
+    cr_assert_eq(pkv_cache_bytes_per_token(NULL), 0);
+    cr_assert_eq(pkv_dtype_size(PKV_DTYPE_BF16), 2);
+    cr_assert_eq(pkv_dtype_size((pkv_dtype)9), 0);
+    cr_assert_str_eq(pkv_dtype_name(PKV_DTYPE_BF16), "bf16");
+    cr_assert_str_eq(pkv_dtype_name((pkv_dtype)9), "unknown");
+}
+
+Test(cache, one_backend_allocation_and_exact_addresses) {
+    pkv_pool *pool;
+    pkv_backend *be;
+    pkv_cache *cache;
+    cr_assert_eq(pkv_pool_create(10, &pool), PKV_OK);
+    cr_assert_eq(pkv_backend_create_host(&be), PKV_OK);
+    const pkv_layout layouts[2] = {PKV_LAYOUT_HND, PKV_LAYOUT_NHD};
+    for (int li = 0; li < 2; li++) {
+        pkv_cache_params p = params(3, 2, 8, 4, PKV_DTYPE_F32, layouts[li]);
+        cr_assert_eq(pkv_cache_create(&p, pool, be, &cache), PKV_OK);
+        cr_assert_eq(pkv_cache_arena_bytes(cache), 10 * pkv_cache_bytes_per_block(&p));
+        pkv_cache_geometry g;
+        cr_assert_eq(pkv_cache_get_geometry(cache, &g), PKV_OK);
+        cr_assert_eq(g.half_block_bytes, 2 * 4 * 8 * 4);
+        // Write a distinct value at every (layer, block, kv, head, token, dim) via
+        // the strides and read it back via pkv_cache_block_ptr: both views agree and
+        // no two elements share an address.
+        float *base = pkv_cache_data(cache);
+        size_t total = pkv_cache_arena_bytes(cache) / sizeof(float);
+        memset(base, 0, total * sizeof(float));
+        float v = 1.0f;
+        for (uint32_t l = 0; l < 3; l++)
+            for (int32_t b = 0; b < 10; b++)
+                for (int kv = 0; kv < 2; kv++)
+                    for (uint32_t h = 0; h < 2; h++)
+                        for (uint32_t t = 0; t < 4; t++)
+                            for (uint32_t d = 0; d < 8; d++) {
+                                uint64_t e = g.layer_stride * l + g.block_stride * b +
+                                             g.kv_stride * kv + g.head_stride * h +
+                                             g.token_stride * t + d;
+                                cr_assert_lt(e, total);
+                                cr_assert_eq(base[e], 0.0f, "two elements share an address");
+                                base[e] = v++;
+                            }
+        cr_assert_eq((size_t)(v - 1.0f), total, "every element is addressed once");
+        void *ptr;
+        cr_assert_eq(pkv_cache_block_ptr(cache, 2, 7, PKV_V, &ptr), PKV_OK);
+        uint64_t e = g.layer_stride * 2 + g.block_stride * 7 + g.kv_stride;
+        cr_assert_eq(ptr, (void *)(base + e));
+        cr_assert_eq(pkv_cache_block_ptr(cache, 3, 0, PKV_K, &ptr), PKV_ERR_INVALID_ARG);
+        cr_assert_null(ptr);
+        cr_assert_eq(pkv_cache_block_ptr(cache, 0, 10, PKV_K, &ptr), PKV_ERR_NOT_FOUND);
+        cr_assert_eq(pkv_cache_block_ptr(cache, 0, -1, PKV_K, &ptr), PKV_ERR_NOT_FOUND);
+        cr_assert_eq(pkv_cache_block_ptr(cache, 0, 0, (pkv_kv)5, &ptr), PKV_ERR_INVALID_ARG);
+        pkv_cache_destroy(cache);
+    }
+    pkv_backend_stats st;
+    cr_assert_eq(pkv_backend_get_stats(be, &st), PKV_OK);
+    cr_assert_eq(st.alloc_calls, 2, "one backend allocation per cache");
+    cr_assert_eq(st.free_calls, 2);
+    cr_assert_eq(st.bytes_live, 0);
+    pkv_cache_destroy(NULL);
+    pkv_backend_destroy(be);
+    pkv_pool_destroy(pool);
+}
+
+Test(cache, create_rejects_bad_params) {
+    pkv_pool *pool;
+    pkv_backend *be;
+    pkv_cache *cache = (pkv_cache *)1;
+    cr_assert_eq(pkv_pool_create(4, &pool), PKV_OK);
+    cr_assert_eq(pkv_backend_create_host(&be), PKV_OK);
+    pkv_cache_params p = pkv_cache_params_default();
+    p.num_layers = 0;
+    cr_assert_eq(pkv_cache_create(&p, pool, be, &cache), PKV_ERR_INVALID_ARG);
+    cr_assert_null(cache);
+    p = pkv_cache_params_default();
+    p.dtype = (pkv_dtype)7;
+    cr_assert_eq(pkv_cache_create(&p, pool, be, &cache), PKV_ERR_INVALID_ARG);
+    p = pkv_cache_params_default();
+    p.layout = (pkv_layout)3;
+    cr_assert_eq(pkv_cache_create(&p, pool, be, &cache), PKV_ERR_INVALID_ARG);
+    p = pkv_cache_params_default();
+    cr_assert_eq(pkv_cache_create(&p, NULL, be, &cache), PKV_ERR_INVALID_ARG);
+    cr_assert_eq(pkv_cache_create(&p, pool, NULL, &cache), PKV_ERR_INVALID_ARG);
+    cr_assert_eq(pkv_cache_create(NULL, pool, be, &cache), PKV_ERR_INVALID_ARG);
+    cr_assert_eq(pkv_cache_create(&p, pool, be, NULL), PKV_ERR_INVALID_ARG);
+    // An arena the backend cannot provide: a clear status, no crash.
+    p.num_layers = 1u << 20;
+    p.kv_heads = 1u << 10;
+    p.head_dim = 1u << 10;
+    cr_assert_eq(pkv_cache_create(&p, pool, be, &cache), PKV_ERR_OUT_OF_MEMORY);
+    pkv_backend_stats st;
+    cr_assert_eq(pkv_backend_get_stats(be, &st), PKV_OK);
+    cr_assert_eq(st.bytes_live, 0);
+    pkv_backend_destroy(be);
+    pkv_pool_destroy(pool);
+}
+
+// Fill block `b` (all layers, K and V) with a pattern derived from `seed`.
+static void fill_block(pkv_cache *cache, uint32_t layers, pkv_block_id b, unsigned seed) {
+    for (uint32_t l = 0; l < layers; l++)
+        for (int kv = 0; kv < 2; kv++) {
+            unsigned char *p;
+            cr_assert_eq(pkv_cache_block_ptr(cache, l, b, (pkv_kv)kv, (void **)&p), PKV_OK);
+            pkv_cache_geometry g;
+            pkv_cache_get_geometry(cache, &g);
+            for (uint64_t i = 0; i < g.half_block_bytes; i++)
+                p[i] = (unsigned char)(seed * 31 + l * 7 + kv * 3 + i);
+        }
+}
+
+static int block_equals(pkv_cache *cache, uint32_t layers, pkv_block_id a, pkv_block_id b) {
+    pkv_cache_geometry g;
+    pkv_cache_get_geometry(cache, &g);
+    for (uint32_t l = 0; l < layers; l++)
+        for (int kv = 0; kv < 2; kv++) {
+            void *pa, *pb;
+            pkv_cache_block_ptr(cache, l, a, (pkv_kv)kv, &pa);
+            pkv_cache_block_ptr(cache, l, b, (pkv_kv)kv, &pb);
+            if (memcmp(pa, pb, g.half_block_bytes) != 0) return 0;
+        }
+    return 1;
+}
+
+Test(cache, data_survives_copy_on_write) {
+    const uint32_t layers = 2, bs = 4;
+    pkv_pool *pool;
+    pkv_backend *be;
+    pkv_cache *cache;
+    pkv_seqset *set;
+    cr_assert_eq(pkv_pool_create(8, &pool), PKV_OK);
+    cr_assert_eq(pkv_backend_create_host(&be), PKV_OK);
+    pkv_cache_params p = params(layers, 2, 16, bs, PKV_DTYPE_F16, PKV_LAYOUT_HND);
+    cr_assert_eq(pkv_cache_create(&p, pool, be, &cache), PKV_OK);
+    cr_assert_eq(pkv_seqset_create(pool, bs, &set), PKV_OK);
+
+    pkv_seq_id parent, child;
+    cr_assert_eq(pkv_seq_create(set, &parent), PKV_OK);
+    cr_assert_eq(pkv_seq_append(set, parent, bs + 2, NULL), PKV_OK);
+    const pkv_block_id *t;
+    uint32_t n;
+    cr_assert_eq(pkv_seq_block_table(set, parent, &t, &n), PKV_OK);
+    pkv_block_id shared_full = t[0], shared_partial = t[1];
+    fill_block(cache, layers, shared_full, 1);
+    fill_block(cache, layers, shared_partial, 2);
+    // A reference copy of the partial block's bytes, to check it stays untouched.
+    pkv_block_id ref_copy;
+    cr_assert_eq(pkv_pool_alloc(pool, 1, &ref_copy), PKV_OK);
+    fill_block(cache, layers, ref_copy, 2);
+
+    cr_assert_eq(pkv_seq_fork(set, parent, &child), PKV_OK);
+    cr_assert_eq(pkv_seq_append(set, child, 1, NULL), PKV_OK);
+    cr_assert_eq(pkv_cache_apply_copies(cache, set), PKV_OK);
+    cr_assert_eq(pkv_seqset_pending_copies(set), 0);
+    cr_assert_eq(pkv_seq_block_table(set, child, &t, &n), PKV_OK);
+    cr_assert_eq(t[0], shared_full);
+    cr_assert_neq(t[1], shared_partial);
+    cr_assert(block_equals(cache, layers, t[1], shared_partial), "the copy holds the same bytes");
+    // Now the child writes its new token: the parent's block must not change.
+    fill_block(cache, layers, t[1], 9);
+    cr_assert(block_equals(cache, layers, ref_copy, shared_partial), "the original is untouched");
+    cr_assert_not(block_equals(cache, layers, t[1], shared_partial));
+
+    pkv_backend_stats st;
+    cr_assert_eq(pkv_backend_get_stats(be, &st), PKV_OK);
+    cr_assert_eq(st.alloc_calls, 1, "copy-on-write never calls the backend allocator");
+    cr_assert_eq(st.copy_calls, 1);
+    cr_assert_eq(st.bytes_copied, layers * 2 * 2 * bs * 16 * 2);
+    cr_assert_eq(pkv_pool_release(pool, ref_copy), PKV_OK);
+    cr_assert_eq(pkv_cache_apply_copies(cache, set), PKV_OK, "nothing pending is fine");
+    cr_assert_eq(pkv_cache_get_params(cache, &p), PKV_OK);
+    cr_assert_eq(p.block_size, bs);
+
+    // A set of another block size does not fit this cache.
+    pkv_seqset *other;
+    cr_assert_eq(pkv_seqset_create(pool, bs * 2, &other), PKV_OK);
+    cr_assert_eq(pkv_cache_apply_copies(cache, other), PKV_ERR_INVALID_ARG);
+    pkv_seqset_destroy(other);
+    pkv_block_copy bad = {0, 99};
+    cr_assert_eq(pkv_cache_copy_blocks(cache, &bad, 1), PKV_ERR_INVALID_ARG);
+
+    pkv_seqset_destroy(set);
+    cr_assert_eq(pkv_pool_free_count(pool), 8);
+    pkv_cache_destroy(cache);
+    pkv_backend_destroy(be);
+    pkv_pool_destroy(pool);
+}

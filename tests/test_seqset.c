@@ -1,0 +1,330 @@
+// SPDX-License-Identifier: MIT
+// Unit tests of sequences and block tables: appends at block boundaries, fork and
+// copy-on-write, exports, and every error path. Every test ends with the set freed
+// and the pool fully free again (no block lost).
+#include <criterion/criterion.h>
+#include <criterion/parameterized.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pkv/seq.h"
+
+#define B 16u
+
+static pkv_pool *pool;
+static pkv_seqset *set;
+
+static void setup(void) {
+    cr_assert_eq(pkv_pool_create(64, &pool), PKV_OK);
+    cr_assert_eq(pkv_seqset_create(pool, B, &set), PKV_OK);
+}
+
+static void teardown(void) {
+    cr_assert_eq(pkv_seqset_validate(set, 1), PKV_OK);
+    pkv_seqset_destroy(set);
+    cr_assert_eq(pkv_pool_free_count(pool), 64, "destroying the set must free every block");
+    cr_assert_eq(pkv_pool_validate(pool), PKV_OK);
+    pkv_pool_destroy(pool);
+}
+
+TestSuite(seqset, .init = setup, .fini = teardown);
+
+static pkv_seq_id new_seq(uint32_t len) {
+    pkv_seq_id id;
+    cr_assert_eq(pkv_seq_create(set, &id), PKV_OK);
+    cr_assert_eq(pkv_seq_append(set, id, len, NULL), PKV_OK);
+    return id;
+}
+
+static uint32_t num_blocks(pkv_seq_id id) {
+    const pkv_block_id *t;
+    uint32_t n;
+    cr_assert_eq(pkv_seq_block_table(set, id, &t, &n), PKV_OK);
+    return n;
+}
+
+static uint32_t seq_len(pkv_seq_id id) {
+    uint32_t len;
+    cr_assert_eq(pkv_seq_length(set, id, &len), PKV_OK);
+    return len;
+}
+
+Test(seqset, create_rejects_bad_args) {
+    pkv_seqset *s = (pkv_seqset *)1;
+    cr_assert_eq(pkv_seqset_create(NULL, B, &s), PKV_ERR_INVALID_ARG);
+    cr_assert_null(s);
+    cr_assert_eq(pkv_seqset_create(pool, 0, &s), PKV_ERR_INVALID_ARG);
+    cr_assert_eq(pkv_seqset_create(pool, 65537, &s), PKV_ERR_INVALID_ARG);
+    cr_assert_eq(pkv_seqset_create(pool, B, NULL), PKV_ERR_INVALID_ARG);
+    pkv_seqset_destroy(NULL);
+    cr_assert_eq(pkv_seqset_block_size(set), B);
+    cr_assert_eq(pkv_seqset_pool(set), pool);
+    cr_assert_eq(pkv_seqset_block_size(NULL), 0);
+}
+
+// Lengths around block boundaries, in one append and token by token.
+static const uint32_t boundary_lengths[] = {0, 1, B - 1, B, B + 1, 2 * B - 1, 2 * B, 2 * B + 1, 20 * B + 3};
+
+Test(seqset, append_takes_blocks_only_when_the_last_fills) {
+    for (size_t k = 0; k < sizeof boundary_lengths / sizeof boundary_lengths[0]; k++) {
+        uint32_t len = boundary_lengths[k];
+        uint32_t expect = (len + B - 1) / B;
+        pkv_seq_id one = new_seq(len);
+        cr_assert_eq(seq_len(one), len);
+        cr_assert_eq(num_blocks(one), expect, "len %u", len);
+        pkv_seq_id tok = new_seq(0);
+        for (uint32_t i = 0; i < len; i++) {
+            uint32_t before = pkv_pool_free_count(pool);
+            cr_assert_eq(pkv_seq_append(set, tok, 1, NULL), PKV_OK);
+            uint32_t taken = before - pkv_pool_free_count(pool);
+            cr_assert_eq(taken, i % B == 0 ? 1u : 0u, "token %u of len %u", i, len);
+        }
+        cr_assert_eq(num_blocks(tok), expect);
+        cr_assert_eq(pkv_seq_free(set, one), PKV_OK);
+        cr_assert_eq(pkv_seq_free(set, tok), PKV_OK);
+        cr_assert_eq(pkv_pool_free_count(pool), 64);
+    }
+}
+
+Test(seqset, slots_follow_the_block_table) {
+    pkv_seq_id id = new_seq(B - 3);
+    int64_t slots[2 * B];
+    cr_assert_eq(pkv_seq_append(set, id, 2 * B, slots), PKV_OK);
+    const pkv_block_id *t;
+    uint32_t n;
+    cr_assert_eq(pkv_seq_block_table(set, id, &t, &n), PKV_OK);
+    cr_assert_eq(n, 3);
+    for (uint32_t i = 0; i < 2 * B; i++) {
+        uint32_t pos = B - 3 + i;
+        cr_assert_eq(slots[i], (int64_t)t[pos / B] * B + pos % B, "token %u", i);
+    }
+}
+
+Test(seqset, blocks_needed_predicts_append) {
+    pkv_seq_id id = new_seq(B + 5);
+    uint32_t need;
+    cr_assert_eq(pkv_seq_blocks_needed(set, id, B - 5, &need), PKV_OK);
+    cr_assert_eq(need, 0);
+    cr_assert_eq(pkv_seq_blocks_needed(set, id, B - 4, &need), PKV_OK);
+    cr_assert_eq(need, 1);
+    pkv_seq_id child;
+    cr_assert_eq(pkv_seq_fork(set, id, &child), PKV_OK);
+    cr_assert_eq(pkv_seq_blocks_needed(set, child, 1, &need), PKV_OK);
+    cr_assert_eq(need, 1, "the copy-on-write block counts");
+    cr_assert_eq(pkv_seq_blocks_needed(set, child, 0, &need), PKV_OK);
+    cr_assert_eq(need, 0);
+    uint32_t before = pkv_pool_free_count(pool);
+    cr_assert_eq(pkv_seq_append(set, child, 1, NULL), PKV_OK);
+    cr_assert_eq(before - pkv_pool_free_count(pool), 1);
+    cr_assert_eq(pkv_seq_blocks_needed(set, 999, 1, &need), PKV_ERR_NOT_FOUND);
+    cr_assert_eq(pkv_seq_blocks_needed(set, id, 1, NULL), PKV_ERR_INVALID_ARG);
+    uint32_t n;
+    pkv_block_copy c[1];
+    cr_assert_eq(pkv_seqset_take_copies(set, c, 1, &n), PKV_OK);
+}
+
+Test(seqset, fork_shares_every_block) {
+    pkv_seq_id parent = new_seq(3 * B + 2);
+    uint32_t free_before = pkv_pool_free_count(pool);
+    pkv_seq_id child;
+    cr_assert_eq(pkv_seq_fork(set, parent, &child), PKV_OK);
+    cr_assert_eq(pkv_pool_free_count(pool), free_before, "fork takes no blocks");
+    cr_assert_eq(seq_len(child), 3 * B + 2);
+    const pkv_block_id *tp, *tc;
+    uint32_t np, nc;
+    cr_assert_eq(pkv_seq_block_table(set, parent, &tp, &np), PKV_OK);
+    cr_assert_eq(pkv_seq_block_table(set, child, &tc, &nc), PKV_OK);
+    cr_assert_eq(np, nc);
+    for (uint32_t i = 0; i < np; i++) {
+        cr_assert_eq(tp[i], tc[i]);
+        cr_assert_eq(pkv_pool_refcount(pool, tp[i]), 2);
+    }
+    cr_assert_eq(pkv_seqset_live_count(set), 2);
+}
+
+// Fork, then append on both sides: the first writer into the shared partial block
+// copies it; the last sharer writes in place; full shared blocks are never copied.
+Test(seqset, copy_on_write_on_partial_last_block) {
+    pkv_seq_id parent = new_seq(2 * B + 5);
+    const pkv_block_id *t;
+    uint32_t n;
+    cr_assert_eq(pkv_seq_block_table(set, parent, &t, &n), PKV_OK);
+    pkv_block_id full0 = t[0], full1 = t[1], partial = t[2];
+    pkv_seq_id child;
+    cr_assert_eq(pkv_seq_fork(set, parent, &child), PKV_OK);
+
+    int64_t slot;
+    cr_assert_eq(pkv_seq_append(set, child, 1, &slot), PKV_OK);
+    cr_assert_eq(pkv_seqset_pending_copies(set), 1);
+    cr_assert_eq(pkv_seq_block_table(set, child, &t, &n), PKV_OK);
+    cr_assert_eq(t[0], full0, "full blocks stay shared");
+    cr_assert_eq(t[1], full1);
+    cr_assert_neq(t[2], partial, "the partial block was remapped");
+    pkv_block_id copy_dst = t[2];
+    cr_assert_eq(slot, (int64_t)copy_dst * B + 5);
+    cr_assert_eq(pkv_pool_refcount(pool, partial), 1, "parent alone holds the old block");
+    cr_assert_eq(pkv_pool_refcount(pool, full0), 2);
+
+    // The parent is now the only holder: it appends in place, no second copy.
+    cr_assert_eq(pkv_seq_append(set, parent, 1, &slot), PKV_OK);
+    cr_assert_eq(slot, (int64_t)partial * B + 5);
+    cr_assert_eq(pkv_seqset_pending_copies(set), 1);
+
+    pkv_block_copy copies[2];
+    uint32_t taken = 0;
+    cr_assert_eq(pkv_seqset_take_copies(set, copies, 0, &taken), PKV_ERR_BUFFER_TOO_SMALL);
+    cr_assert_eq(pkv_seqset_pending_copies(set), 1, "a refused take keeps the queue");
+    cr_assert_eq(pkv_seqset_take_copies(set, copies, 2, &taken), PKV_OK);
+    cr_assert_eq(taken, 1);
+    cr_assert_eq(copies[0].src, partial);
+    cr_assert_eq(copies[0].dst, copy_dst);
+    cr_assert_eq(pkv_seqset_pending_copies(set), 0);
+}
+
+Test(seqset, fork_at_block_boundary_never_copies) {
+    pkv_seq_id parent = new_seq(2 * B);
+    pkv_seq_id child;
+    cr_assert_eq(pkv_seq_fork(set, parent, &child), PKV_OK);
+    cr_assert_eq(pkv_seq_append(set, child, 1, NULL), PKV_OK);
+    cr_assert_eq(pkv_seq_append(set, parent, B + 1, NULL), PKV_OK);
+    cr_assert_eq(pkv_seqset_pending_copies(set), 0, "full shared blocks are never copied");
+    cr_assert_eq(num_blocks(child), 3);
+    cr_assert_eq(num_blocks(parent), 4);
+}
+
+Test(seqset, fork_of_empty_and_nested_forks) {
+    pkv_seq_id e = new_seq(0), e2;
+    cr_assert_eq(pkv_seq_fork(set, e, &e2), PKV_OK);
+    cr_assert_eq(pkv_seq_append(set, e2, 1, NULL), PKV_OK);
+    cr_assert_eq(pkv_seqset_pending_copies(set), 0);
+    pkv_seq_id a = new_seq(7), b, c;
+    cr_assert_eq(pkv_seq_fork(set, a, &b), PKV_OK);
+    cr_assert_eq(pkv_seq_fork(set, b, &c), PKV_OK);
+    const pkv_block_id *t;
+    uint32_t n;
+    cr_assert_eq(pkv_seq_block_table(set, a, &t, &n), PKV_OK);
+    cr_assert_eq(pkv_pool_refcount(pool, t[0]), 3);
+    // Free order independence: free the root first, the shared block survives.
+    cr_assert_eq(pkv_seq_free(set, a), PKV_OK);
+    cr_assert_eq(pkv_seq_append(set, c, 1, NULL), PKV_OK); // b and c share: copy
+    cr_assert_eq(pkv_seq_append(set, b, 1, NULL), PKV_OK); // b alone now: in place
+    cr_assert_eq(pkv_seqset_pending_copies(set), 1);
+    cr_assert_eq(pkv_seqset_validate(set, 1), PKV_OK);
+    uint32_t taken;
+    pkv_block_copy cp[1];
+    cr_assert_eq(pkv_seqset_take_copies(set, cp, 1, &taken), PKV_OK);
+}
+
+Test(seqset, out_of_blocks_changes_nothing) {
+    pkv_seq_id big = new_seq(60 * B + 3); // 61 blocks of 64
+    pkv_seq_id child;
+    cr_assert_eq(pkv_seq_fork(set, big, &child), PKV_OK);
+    pkv_seq_id other = new_seq(2 * B); // 63 used, 1 free
+    uint32_t free_before = pkv_pool_free_count(pool);
+    cr_assert_eq(free_before, 1);
+    // child needs a CoW block and a new block: 2 > 1.
+    int64_t slots[B];
+    slots[0] = -42;
+    cr_assert_eq(pkv_seq_append(set, child, B, slots), PKV_ERR_OUT_OF_BLOCKS);
+    cr_assert_eq(slots[0], -42, "no slot written on failure");
+    cr_assert_eq(pkv_pool_free_count(pool), free_before);
+    cr_assert_eq(seq_len(child), 60 * B + 3);
+    cr_assert_eq(pkv_seqset_pending_copies(set), 0);
+    const pkv_block_id *tb, *tc;
+    uint32_t nb, nc;
+    cr_assert_eq(pkv_seq_block_table(set, big, &tb, &nb), PKV_OK);
+    cr_assert_eq(pkv_seq_block_table(set, child, &tc, &nc), PKV_OK);
+    cr_assert_eq(memcmp(tb, tc, nb * sizeof *tb), 0, "still sharing everything");
+    cr_assert_eq(pkv_seq_append(set, other, 2 * B, NULL), PKV_ERR_OUT_OF_BLOCKS);
+    cr_assert_eq(seq_len(other), 2 * B);
+    cr_assert_eq(pkv_seqset_validate(set, 1), PKV_OK);
+    // One block fits: the CoW alone.
+    cr_assert_eq(pkv_seq_append(set, child, 1, NULL), PKV_OK);
+    cr_assert_eq(pkv_pool_free_count(pool), 0);
+    uint32_t taken;
+    pkv_block_copy cp[1];
+    cr_assert_eq(pkv_seqset_take_copies(set, cp, 1, &taken), PKV_OK);
+}
+
+Test(seqset, invalid_ids_are_refused) {
+    pkv_seq_id id = new_seq(3), out;
+    cr_assert_eq(pkv_seq_free(set, id), PKV_OK);
+    cr_assert_eq(pkv_seq_free(set, id), PKV_ERR_NOT_FOUND, "double free");
+    cr_assert_eq(pkv_seq_append(set, id, 1, NULL), PKV_ERR_NOT_FOUND);
+    cr_assert_eq(pkv_seq_fork(set, id, &out), PKV_ERR_NOT_FOUND);
+    cr_assert_eq(pkv_seq_fork(set, -1, &out), PKV_ERR_NOT_FOUND);
+    cr_assert_eq(pkv_seq_append(set, 12345, 1, NULL), PKV_ERR_NOT_FOUND);
+    uint32_t len;
+    cr_assert_eq(pkv_seq_length(set, id, &len), PKV_ERR_NOT_FOUND);
+    const pkv_block_id *t;
+    uint32_t n;
+    cr_assert_eq(pkv_seq_block_table(set, id, &t, &n), PKV_ERR_NOT_FOUND);
+    cr_assert_eq(pkv_seq_create(NULL, &out), PKV_ERR_INVALID_ARG);
+    cr_assert_eq(pkv_seq_create(set, NULL), PKV_ERR_INVALID_ARG);
+    cr_assert_eq(pkv_seq_append(NULL, 0, 1, NULL), PKV_ERR_INVALID_ARG);
+    cr_assert_eq(pkv_seq_free(NULL, 0), PKV_ERR_INVALID_ARG);
+    cr_assert_eq(pkv_seq_fork(set, 0, NULL), PKV_ERR_INVALID_ARG);
+    cr_assert_eq(pkv_seq_length(set, 0, NULL), PKV_ERR_INVALID_ARG);
+    cr_assert_eq(pkv_seq_block_table(set, 0, NULL, &n), PKV_ERR_INVALID_ARG);
+    // A retired id is reused.
+    pkv_seq_id again;
+    cr_assert_eq(pkv_seq_create(set, &again), PKV_OK);
+    cr_assert_eq(again, id);
+    cr_assert_eq(seq_len(again), 0);
+    cr_assert_eq(num_blocks(again), 0);
+}
+
+Test(seqset, huge_append_is_refused) {
+    pkv_seq_id id = new_seq(1);
+    cr_assert_eq(pkv_seq_append(set, id, UINT32_MAX, NULL), PKV_ERR_INVALID_ARG);
+    cr_assert_eq(seq_len(id), 1);
+}
+
+Test(seqset, export_padded_and_csr) {
+    pkv_seq_id a = new_seq(2 * B + 1), b = new_seq(0), c = new_seq(B);
+    pkv_seq_id ids[3] = {a, b, c};
+    int32_t table[3 * 4], lens[3];
+    cr_assert_eq(pkv_seqset_export_padded(set, ids, 3, 4, -1, table, lens), PKV_OK);
+    const pkv_block_id *ta, *tc;
+    uint32_t na, nc;
+    cr_assert_eq(pkv_seq_block_table(set, a, &ta, &na), PKV_OK);
+    cr_assert_eq(pkv_seq_block_table(set, c, &tc, &nc), PKV_OK);
+    int32_t expect[12] = {ta[0], ta[1], ta[2], -1, -1, -1, -1, -1, tc[0], -1, -1, -1};
+    cr_assert_eq(memcmp(table, expect, sizeof expect), 0);
+    cr_assert_eq(lens[0], 2 * B + 1);
+    cr_assert_eq(lens[1], 0);
+    cr_assert_eq(lens[2], B);
+    cr_assert_eq(pkv_seqset_export_padded(set, ids, 3, 2, -1, table, NULL),
+                 PKV_ERR_BUFFER_TOO_SMALL);
+    pkv_seq_id bad[2] = {a, 77};
+    cr_assert_eq(pkv_seqset_export_padded(set, bad, 2, 4, -1, table, lens), PKV_ERR_NOT_FOUND);
+
+    int32_t indptr[4], indices[4], last[3];
+    cr_assert_eq(pkv_seqset_export_csr(set, ids, 3, indptr, indices, 4, last), PKV_OK);
+    int32_t e_indptr[4] = {0, 3, 3, 4}, e_indices[4] = {ta[0], ta[1], ta[2], tc[0]};
+    int32_t e_last[3] = {1, 0, (int32_t)B};
+    cr_assert_eq(memcmp(indptr, e_indptr, sizeof indptr), 0);
+    cr_assert_eq(memcmp(indices, e_indices, sizeof indices), 0);
+    cr_assert_eq(memcmp(last, e_last, sizeof last), 0);
+    cr_assert_eq(pkv_seqset_export_csr(set, ids, 3, indptr, indices, 3, last),
+                 PKV_ERR_BUFFER_TOO_SMALL);
+    cr_assert_eq(pkv_seqset_export_csr(set, bad, 2, indptr, indices, 4, last), PKV_ERR_NOT_FOUND);
+    cr_assert_eq(pkv_seqset_export_csr(set, ids, 3, NULL, indices, 4, last), PKV_ERR_INVALID_ARG);
+}
+
+Test(seqset, validate_catches_a_leaked_reference) {
+    pkv_seq_id id = new_seq(B + 1);
+    const pkv_block_id *t;
+    uint32_t n;
+    cr_assert_eq(pkv_seq_block_table(set, id, &t, &n), PKV_OK);
+    cr_assert_eq(pkv_seqset_validate(set, 1), PKV_OK);
+    cr_assert_eq(pkv_pool_retain(pool, t[0]), PKV_OK); // a reference nobody owns
+    cr_assert_eq(pkv_seqset_validate(set, 1), PKV_ERR_CORRUPT);
+    cr_assert_eq(pkv_seqset_validate(set, 0), PKV_OK, "non-exclusive: extra users allowed");
+    cr_assert_eq(pkv_pool_release(pool, t[0]), PKV_OK);
+    pkv_block_id stray;
+    cr_assert_eq(pkv_pool_alloc(pool, 1, &stray), PKV_OK); // a block nobody owns
+    cr_assert_eq(pkv_seqset_validate(set, 1), PKV_ERR_CORRUPT);
+    cr_assert_eq(pkv_pool_release(pool, stray), PKV_OK);
+    cr_assert_eq(pkv_seqset_validate(NULL, 1), PKV_ERR_INVALID_ARG);
+}
