@@ -34,9 +34,9 @@ typedef struct pkv_pool_stats {
     uint32_t free_blocks;   // blocks with refcount 0
     uint32_t used_blocks;   // capacity - free_blocks
     uint32_t peak_used;     // largest used_blocks seen since creation
-    uint64_t alloc_calls;   // successful pkv_pool_alloc calls
-    uint64_t blocks_allocated; // blocks handed out over the pool's life
-    uint64_t alloc_failures;   // pkv_pool_alloc calls refused with PKV_ERR_OUT_OF_BLOCKS
+    uint64_t alloc_failures; // pkv_pool_alloc calls refused with PKV_ERR_OUT_OF_BLOCKS
+    // No per-call counters on the success path: alloc and release stay within a
+    // few dozen instructions (docs/BENCHMARKS.md); callers count their own calls.
 } pkv_pool_stats;
 
 // Create a pool of num_blocks blocks, all free (1 <= num_blocks <= PKV_POOL_MAX_BLOCKS).

@@ -10,9 +10,7 @@
 struct pkv_pool {
     uint32_t capacity;
     uint32_t free_top;          // number of ids on free_stack
-    uint32_t peak_used;
-    uint64_t alloc_calls;
-    uint64_t blocks_allocated;
+    uint32_t low_water;         // smallest free_top seen: peak use = capacity - low_water
     uint64_t alloc_failures;
     int32_t *refcount;          // [capacity]; 0 = free
     pkv_block_id *free_stack;   // [capacity]; entries 0..free_top-1 are free blocks
@@ -36,6 +34,7 @@ pkv_status pkv_pool_create(uint32_t num_blocks, pkv_pool **out) {
         pool->free_stack[i] = (pkv_block_id)(num_blocks - 1 - i);
     pool->capacity = num_blocks;
     pool->free_top = num_blocks;
+    pool->low_water = num_blocks;
     *out = pool;
     return PKV_OK;
 }
@@ -61,10 +60,8 @@ pkv_status pkv_pool_alloc(pkv_pool *pool, uint32_t n, pkv_block_id *ids) {
         ids[i] = id;
     }
     pool->free_top = top;
-    uint32_t used = pool->capacity - top;
-    if (used > pool->peak_used) pool->peak_used = used;
-    pool->alloc_calls++;
-    pool->blocks_allocated += n;
+    // A low-water mark rather than a peak counter: one compare on the hot path.
+    if (top < pool->low_water) pool->low_water = top;
     return PKV_OK;
 }
 
@@ -126,9 +123,7 @@ pkv_status pkv_pool_get_stats(const pkv_pool *pool, pkv_pool_stats *stats) {
     stats->capacity = pool->capacity;
     stats->free_blocks = pool->free_top;
     stats->used_blocks = pool->capacity - pool->free_top;
-    stats->peak_used = pool->peak_used;
-    stats->alloc_calls = pool->alloc_calls;
-    stats->blocks_allocated = pool->blocks_allocated;
+    stats->peak_used = pool->capacity - pool->low_water;
     stats->alloc_failures = pool->alloc_failures;
     return PKV_OK;
 }

@@ -1,0 +1,306 @@
+// SPDX-License-Identifier: MIT
+// Allocator benchmark: what one KV block costs to get and give back from the
+// pool, against the general-purpose allocators an engine would otherwise call
+// (glibc malloc, jemalloc's mallocx, and cudaMalloc when a GPU is present), for
+// the same block bytes. Everything is measured side by side in one run; the
+// table's ratio column is (other allocator's ns) / (pool's ns).
+//
+// jemalloc is loaded with dlopen(RTLD_LOCAL) so that it does not replace the
+// process's malloc: the "glibc" rows stay glibc.
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "pkv/pkv.h"
+
+typedef struct options {
+    int json;
+    int quick;
+    size_t block_bytes;  // bytes per block for the malloc-family rows
+    long callgrind_ops;  // > 0: only run pool alloc/free this many times (for callgrind)
+} options;
+
+typedef struct row {
+    const char *name;
+    double ns;           // per operation (an alloc+free pair, or the op named)
+    double ratio;        // ns / pool alloc+free ns of the same batch; 0 = not shown
+} row;
+
+static double now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return 1e9 * (double)ts.tv_sec + (double)ts.tv_nsec;
+}
+
+static volatile uintptr_t sink; // keeps results alive so the compiler cannot drop work
+
+static void die(const char *what, pkv_status st) {
+    fprintf(stderr, "bench_alloc: %s: %s\n", what, pkv_status_str(st));
+    exit(1);
+}
+
+// Each benchmark runs `iters` iterations `reps` times and keeps the fastest rep
+// (the one least disturbed by the other core's work).
+#define REPS 5
+
+static double bench_pool_batch(pkv_pool *pool, uint32_t batch, long iters) {
+    pkv_block_id ids[128];
+    double best = 1e300;
+    for (int r = 0; r < REPS; r++) {
+        double t0 = now_ns();
+        for (long i = 0; i < iters; i++) {
+            if (batch == 1) {
+                pkv_status st = pkv_pool_alloc(pool, 1, ids);
+                sink += (uintptr_t)ids[0];
+                if (st != PKV_OK || pkv_pool_release(pool, ids[0]) != PKV_OK) die("pool", st);
+            } else {
+                if (pkv_pool_alloc(pool, batch, ids) != PKV_OK) die("pool", PKV_ERR_OUT_OF_BLOCKS);
+                sink += (uintptr_t)ids[batch - 1];
+                pkv_pool_release_n(pool, ids, batch);
+            }
+        }
+        double t = (now_ns() - t0) / (double)iters;
+        if (t < best) best = t;
+    }
+    return best;
+}
+
+typedef void *(*alloc_fn)(void *ctx, size_t bytes);
+typedef void (*free_fn)(void *ctx, void *p, size_t bytes);
+
+static double bench_malloc_batch(alloc_fn a, free_fn f, void *ctx, size_t bytes, uint32_t batch,
+                                 long iters) {
+    void *ptrs[128];
+    double best = 1e300;
+    for (int r = 0; r < REPS; r++) {
+        double t0 = now_ns();
+        for (long i = 0; i < iters; i++) {
+            for (uint32_t k = 0; k < batch; k++) {
+                ptrs[k] = a(ctx, bytes);
+                if (!ptrs[k]) die("malloc", PKV_ERR_OUT_OF_MEMORY);
+                // Touch the first line as an engine would; without it glibc may
+                // hand back pages it never faulted in, and that is not the case we model.
+                *(volatile char *)ptrs[k] = 1;
+            }
+            for (uint32_t k = 0; k < batch; k++) f(ctx, ptrs[k], bytes);
+        }
+        double t = (now_ns() - t0) / (double)iters;
+        if (t < best) best = t;
+    }
+    return best;
+}
+
+static void *glibc_alloc(void *ctx, size_t bytes) { (void)ctx; return malloc(bytes); }
+static void glibc_free(void *ctx, void *p, size_t bytes) { (void)ctx; (void)bytes; free(p); }
+
+typedef struct jemalloc_api {
+    void *(*mallocx)(size_t, int);
+    void (*dallocx)(void *, int);
+} jemalloc_api;
+
+static void *je_alloc(void *ctx, size_t bytes) { return ((jemalloc_api *)ctx)->mallocx(bytes, 0); }
+static void je_free(void *ctx, void *p, size_t bytes) {
+    (void)bytes;
+    ((jemalloc_api *)ctx)->dallocx(p, 0);
+}
+
+static void *backend_alloc(void *ctx, size_t bytes) {
+    void *p = NULL;
+    return pkv_backend_alloc(ctx, bytes, &p) == PKV_OK ? p : NULL;
+}
+static void backend_free(void *ctx, void *p, size_t bytes) { pkv_backend_free(ctx, p, bytes); }
+
+static int load_jemalloc(jemalloc_api *je) {
+#ifdef PKV_JEMALLOC_PATH
+    void *h = dlopen(PKV_JEMALLOC_PATH, RTLD_NOW | RTLD_LOCAL);
+    if (!h) return 0;
+    *(void **)&je->mallocx = dlsym(h, "mallocx");
+    *(void **)&je->dallocx = dlsym(h, "dallocx");
+    return je->mallocx && je->dallocx;
+#else
+    (void)je;
+    return 0;
+#endif
+}
+
+// Append one token at a time to sequences of 2048 tokens, freeing and
+// restarting: the block allocations amortize over block_size tokens as they do
+// in a decode loop.
+static double bench_append(pkv_seqset *set, long iters) {
+    double best = 1e300;
+    for (int r = 0; r < REPS; r++) {
+        pkv_seq_id id;
+        pkv_seq_create(set, &id);
+        double t0 = now_ns();
+        for (long i = 0; i < iters; i++) {
+            int64_t slot;
+            pkv_status st = pkv_seq_append(set, id, 1, &slot);
+            if (st != PKV_OK) die("append", st);
+            sink += (uintptr_t)slot;
+            if ((i & 2047) == 2047) {
+                pkv_seq_free(set, id);
+                pkv_seq_create(set, &id);
+            }
+        }
+        double t = (now_ns() - t0) / (double)iters;
+        pkv_seq_free(set, id);
+        if (t < best) best = t;
+    }
+    return best;
+}
+
+// Fork a 2048-token sequence (128 blocks of 16) and free the child.
+static double bench_fork(pkv_seqset *set, long iters) {
+    pkv_seq_id parent;
+    pkv_seq_create(set, &parent);
+    if (pkv_seq_append(set, parent, 2048, NULL) != PKV_OK) die("append", PKV_ERR_OUT_OF_BLOCKS);
+    double best = 1e300;
+    for (int r = 0; r < REPS; r++) {
+        double t0 = now_ns();
+        for (long i = 0; i < iters; i++) {
+            pkv_seq_id child;
+            pkv_status st = pkv_seq_fork(set, parent, &child);
+            if (st != PKV_OK) die("fork", st);
+            pkv_seq_free(set, child);
+        }
+        double t = (now_ns() - t0) / (double)iters;
+        if (t < best) best = t;
+    }
+    pkv_seq_free(set, parent);
+    return best;
+}
+
+static void usage(FILE *out) {
+    fprintf(out,
+            "usage: bench_alloc [--quick] [--json] [--block-bytes N] [--callgrind N]\n"
+            "\n"
+            "Times pool alloc+free (1, 16, 128 blocks), append of one token and fork of a\n"
+            "2k-token sequence, against glibc malloc/free, jemalloc mallocx/dallocx and (with\n"
+            "a GPU) cudaMalloc/cudaFree of block-sized buffers, side by side in one run.\n"
+            "\n"
+            "  --block-bytes N  bytes per block for malloc rows (default 262144: 16 tokens of\n"
+            "                   one Llama-2-7B layer's K and V in fp16, 2x32x128x2x16)\n"
+            "  --quick          fewer iterations (a smoke run)\n"
+            "  --json           one JSON object on stdout instead of the table\n"
+            "  --callgrind N    only N pool alloc+free pairs of 1 block (run under\n"
+            "                   valgrind --tool=callgrind to count instructions per call)\n");
+}
+
+static int parse(int argc, char **argv, options *o) {
+    o->json = 0;
+    o->quick = 0;
+    o->block_bytes = 2u * 32 * 128 * 2 * 16;
+    o->callgrind_ops = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            usage(stdout);
+            exit(0);
+        } else if (!strcmp(argv[i], "--json")) {
+            o->json = 1;
+        } else if (!strcmp(argv[i], "--quick")) {
+            o->quick = 1;
+        } else if (!strcmp(argv[i], "--block-bytes") && i + 1 < argc) {
+            char *end;
+            unsigned long long v = strtoull(argv[++i], &end, 10);
+            if (*end || v == 0 || v > (1ull << 34)) {
+                fprintf(stderr, "bench_alloc: --block-bytes: '%s' is not a size in 1..2^34\n", argv[i]);
+                return 0;
+            }
+            o->block_bytes = (size_t)v;
+        } else if (!strcmp(argv[i], "--callgrind") && i + 1 < argc) {
+            o->callgrind_ops = strtol(argv[++i], NULL, 10);
+            if (o->callgrind_ops <= 0) {
+                fprintf(stderr, "bench_alloc: --callgrind needs a positive count\n");
+                return 0;
+            }
+        } else {
+            fprintf(stderr, "bench_alloc: unknown or incomplete option '%s'\n", argv[i]);
+            usage(stderr);
+            return 0;
+        }
+    }
+    return 1;
+}
+
+int main(int argc, char **argv) {
+    options o;
+    if (!parse(argc, argv, &o)) return 2;
+
+    pkv_pool *pool;
+    pkv_status st = pkv_pool_create(4096, &pool);
+    if (st != PKV_OK) die("pool", st);
+    if (o.callgrind_ops > 0) {
+        pkv_block_id id;
+        for (long i = 0; i < o.callgrind_ops; i++) {
+            pkv_pool_alloc(pool, 1, &id);
+            pkv_pool_release(pool, id);
+        }
+        pkv_pool_destroy(pool);
+        return 0;
+    }
+    pkv_seqset *set;
+    if ((st = pkv_seqset_create(pool, 16, &set)) != PKV_OK) die("seqset", st);
+
+    const long scale = o.quick ? 10 : 1;
+    const long it1 = 2000000 / scale, itb = 100000 / scale, itm = 20000 / scale;
+    const uint32_t batches[3] = {1, 16, 128};
+    row rows[32];
+    int n = 0;
+
+    jemalloc_api je;
+    int have_je = load_jemalloc(&je);
+    pkv_backend *cuda = NULL;
+    int have_cuda = pkv_backend_create_cuda(0, &cuda) == PKV_OK;
+
+    for (int b = 0; b < 3; b++) {
+        uint32_t batch = batches[b];
+        long iters = batch == 1 ? it1 : itb / batch * 4;
+        long miters = batch == 1 ? itm * 10 : itm / batch * 8;
+        double pool_ns = bench_pool_batch(pool, batch, iters) / batch;
+        static char names[3][6][64];
+        snprintf(names[b][0], 64, "pool alloc+free, batch %u", batch);
+        rows[n++] = (row){names[b][0], pool_ns, 1.0};
+        double g = bench_malloc_batch(glibc_alloc, glibc_free, NULL, o.block_bytes, batch, miters) / batch;
+        snprintf(names[b][1], 64, "glibc malloc+free, batch %u", batch);
+        rows[n++] = (row){names[b][1], g, g / pool_ns};
+        if (have_je) {
+            double j = bench_malloc_batch(je_alloc, je_free, &je, o.block_bytes, batch, miters) / batch;
+            snprintf(names[b][2], 64, "jemalloc mallocx+dallocx, batch %u", batch);
+            rows[n++] = (row){names[b][2], j, j / pool_ns};
+        }
+        if (have_cuda) {
+            long citers = miters / 20 + 1;
+            double c = bench_malloc_batch(backend_alloc, backend_free, cuda, o.block_bytes, batch, citers) / batch;
+            snprintf(names[b][3], 64, "cudaMalloc+cudaFree, batch %u", batch);
+            rows[n++] = (row){names[b][3], c, c / pool_ns};
+        }
+    }
+    rows[n++] = (row){"seq append 1 token (block 16)", bench_append(set, it1), 0};
+    rows[n++] = (row){"seq fork+free of 2048 tokens", bench_fork(set, itb / 4), 0};
+
+    if (o.json) {
+        printf("{\"block_bytes\": %zu, \"jemalloc\": %s, \"cuda\": %s, \"rows\": [", o.block_bytes,
+               have_je ? "true" : "false", have_cuda ? "true" : "false");
+        for (int i = 0; i < n; i++)
+            printf("%s{\"name\": \"%s\", \"ns_per_op\": %.3f, \"ratio_vs_pool\": %.3f}",
+                   i ? ", " : "", rows[i].name, rows[i].ns, rows[i].ratio);
+        printf("]}\n");
+    } else {
+        printf("block bytes for malloc rows: %zu (pool rows move block ids only)%s%s\n",
+               o.block_bytes, have_je ? "" : "; jemalloc not found",
+               have_cuda ? "" : "; no CUDA device: cudaMalloc rows skipped");
+        printf("%-40s %14s %14s\n", "operation (per block)", "ns/op", "x pool");
+        for (int i = 0; i < n; i++) {
+            if (rows[i].ratio > 0)
+                printf("%-40s %14.2f %14.1f\n", rows[i].name, rows[i].ns, rows[i].ratio);
+            else
+                printf("%-40s %14.2f %14s\n", rows[i].name, rows[i].ns, "-");
+        }
+    }
+    pkv_backend_destroy(cuda);
+    pkv_seqset_destroy(set);
+    pkv_pool_destroy(pool);
+    return 0;
+}
