@@ -271,7 +271,7 @@ pkv_status pkv_seqset_export_padded(const pkv_seqset *set, const pkv_seq_id *seq
     for (uint32_t i = 0; i < num_seqs; i++) {
         const seq *s = &set->seqs[seqs[i]];
         int32_t *row = table + (size_t)i * max_blocks;
-        memcpy(row, s->blocks, s->num_blocks * sizeof *row);
+        if (s->num_blocks) memcpy(row, s->blocks, s->num_blocks * sizeof *row);
         for (uint32_t j = s->num_blocks; j < max_blocks; j++) row[j] = pad_value;
         if (lens) lens[i] = (int32_t)s->len;
     }
@@ -292,7 +292,7 @@ pkv_status pkv_seqset_export_csr(const pkv_seqset *set, const pkv_seq_id *seqs,
     indptr[0] = 0;
     for (uint32_t i = 0; i < num_seqs; i++) {
         const seq *s = &set->seqs[seqs[i]];
-        memcpy(indices + at, s->blocks, s->num_blocks * sizeof *indices);
+        if (s->num_blocks) memcpy(indices + at, s->blocks, s->num_blocks * sizeof *indices);
         at += (int32_t)s->num_blocks;
         indptr[i + 1] = at;
         last_page_len[i] = s->len == 0 ? 0 : (int32_t)((s->len - 1) % set->block_size + 1);

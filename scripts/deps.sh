@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# Install the Debian packages the build and tests need, only those missing.
+# Usage: scripts/deps.sh [--plots]   (--plots adds python3-matplotlib for bench/ plots)
+# Needs root (or sudo) only when something is missing. The CUDA toolkit is never
+# installed here: with nvcc on PATH the CUDA parts build, without it they are skipped.
+set -euo pipefail
+
+pkgs=(meson ninja-build pkg-config gcc g++ libcriterion-dev libjemalloc-dev libopenblas-dev)
+if [[ "${1:-}" == "--plots" ]]; then pkgs+=(python3-matplotlib); fi
+
+missing=()
+for p in "${pkgs[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]} == 0)); then
+    echo "deps: all present" >&2
+    exit 0
+fi
+echo "deps: installing ${missing[*]}" >&2
+sudo=""
+if [[ $(id -u) -ne 0 ]]; then sudo="sudo"; fi
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

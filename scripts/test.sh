@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# Install what is missing, build, and run the whole test suite.
+# Usage: scripts/test.sh [BUILD_DIR [extra meson setup args...]]   (default build dir: build)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/deps.sh
+build="${1:-build}"
+shift || true
+# nvcc usually lives outside PATH; with it the CUDA backend and kernels build too.
+if [[ -x /usr/local/cuda/bin/nvcc ]]; then export PATH="$PATH:/usr/local/cuda/bin"; fi
+if [[ ! -f "$build/build.ninja" ]]; then meson setup "$build" "$@"; fi
+ninja -C "$build"
+meson test -C "$build" --print-errorlogs --num-processes 2
