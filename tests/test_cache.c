@@ -212,3 +212,97 @@ Test(cache, data_survives_copy_on_write) {
     pkv_backend_destroy(be);
     pkv_pool_destroy(pool);
 }
+
+// Swap a forked sequence out to a host pool and back: the data comes back
+// intact, the sharer keeps its blocks, and no block is lost on either side.
+Test(cache, swap_out_and_in_keeps_data) {
+    const uint32_t layers = 2, bs = 4;
+    pkv_pool *dev_pool, *host_pool;
+    pkv_backend *be;
+    pkv_cache *dev, *host;
+    pkv_seqset *dev_set, *host_set;
+    cr_assert_eq(pkv_pool_create(6, &dev_pool), PKV_OK);
+    cr_assert_eq(pkv_pool_create(4, &host_pool), PKV_OK);
+    cr_assert_eq(pkv_backend_create_host(&be), PKV_OK);
+    pkv_cache_params p = params(layers, 2, 8, bs, PKV_DTYPE_BF16, PKV_LAYOUT_NHD);
+    cr_assert_eq(pkv_cache_create(&p, dev_pool, be, &dev), PKV_OK);
+    cr_assert_eq(pkv_cache_create(&p, host_pool, be, &host), PKV_OK);
+    cr_assert_eq(pkv_seqset_create(dev_pool, bs, &dev_set), PKV_OK);
+    cr_assert_eq(pkv_seqset_create(host_pool, bs, &host_set), PKV_OK);
+
+    pkv_seq_id a, b;
+    cr_assert_eq(pkv_seq_create(dev_set, &a), PKV_OK);
+    cr_assert_eq(pkv_seq_append(dev_set, a, 2 * bs + 1, NULL), PKV_OK); // 3 blocks
+    const pkv_block_id *t;
+    uint32_t n;
+    cr_assert_eq(pkv_seq_block_table(dev_set, a, &t, &n), PKV_OK);
+    pkv_block_id orig[3] = {t[0], t[1], t[2]};
+    for (int i = 0; i < 3; i++) fill_block(dev, layers, orig[i], 10 + i);
+    cr_assert_eq(pkv_seq_fork(dev_set, a, &b), PKV_OK); // b shares all three
+
+    pkv_block_copy pairs[4];
+    pkv_seq_id h, back;
+    cr_assert_eq(pkv_seq_move(dev_set, a, host_set, &h, pairs, 2, &n), PKV_ERR_BUFFER_TOO_SMALL);
+    cr_assert_eq(pkv_seq_move(dev_set, a, dev_set, &h, pairs, 4, &n), PKV_ERR_INVALID_ARG,
+                 "same pool");
+    cr_assert_eq(pkv_seq_move(dev_set, a, host_set, &h, pairs, 4, &n), PKV_OK);
+    cr_assert_eq(n, 3);
+    cr_assert_eq(pkv_cache_transfer(host, dev, pairs, n), PKV_OK);
+    uint32_t len;
+    cr_assert_eq(pkv_seq_length(dev_set, a, &len), PKV_ERR_NOT_FOUND, "moved away");
+    cr_assert_eq(pkv_seq_length(host_set, h, &len), PKV_OK);
+    cr_assert_eq(len, 2 * bs + 1);
+    cr_assert_eq(pkv_pool_free_count(dev_pool), 3, "b still holds the shared blocks");
+    for (int i = 0; i < 3; i++) cr_assert_eq(pkv_pool_refcount(dev_pool, orig[i]), 1);
+
+    // Overwrite the device blocks (as reuse would), then swap back in.
+    cr_assert_eq(pkv_seq_free(dev_set, b), PKV_OK);
+    for (int i = 0; i < 3; i++) fill_block(dev, layers, orig[i], 99);
+    pkv_seq_id big;
+    cr_assert_eq(pkv_seq_create(dev_set, &big), PKV_OK);
+    cr_assert_eq(pkv_seq_append(dev_set, big, 4 * bs, NULL), PKV_OK); // 2 left, 3 needed
+    cr_assert_eq(pkv_seq_move(host_set, h, dev_set, &back, pairs, 4, &n), PKV_ERR_OUT_OF_BLOCKS);
+    cr_assert_eq(pkv_pool_free_count(dev_pool), 2, "a refused move takes nothing");
+    cr_assert_eq(pkv_seq_length(host_set, h, &len), PKV_OK, "and keeps the sequence");
+    cr_assert_eq(pkv_seq_free(dev_set, big), PKV_OK);
+    cr_assert_eq(pkv_seq_move(host_set, h, dev_set, &back, pairs, 4, &n), PKV_OK);
+    cr_assert_eq(pkv_cache_transfer(dev, host, pairs, n), PKV_OK);
+    cr_assert_eq(pkv_seq_block_table(dev_set, back, &t, &n), PKV_OK);
+    cr_assert_eq(n, 3);
+    // Compare against freshly filled reference blocks in the host cache.
+    pkv_block_id ref[3];
+    cr_assert_eq(pkv_pool_alloc(host_pool, 3, ref), PKV_OK);
+    for (int i = 0; i < 3; i++) {
+        fill_block(host, layers, ref[i], 10 + i);
+        void *pd, *ph;
+        pkv_cache_geometry g;
+        pkv_cache_get_geometry(dev, &g);
+        for (uint32_t l = 0; l < layers; l++)
+            for (int kv = 0; kv < 2; kv++) {
+                pkv_cache_block_ptr(dev, l, t[i], (pkv_kv)kv, &pd);
+                pkv_cache_block_ptr(host, l, ref[i], (pkv_kv)kv, &ph);
+                cr_assert_eq(memcmp(pd, ph, g.half_block_bytes), 0, "block %d layer %u", i, l);
+            }
+    }
+    cr_assert_eq(pkv_pool_release_n(host_pool, ref, 3), PKV_OK);
+    cr_assert_eq(pkv_seqset_validate(dev_set, 1), PKV_OK);
+    cr_assert_eq(pkv_seqset_validate(host_set, 1), PKV_OK);
+    cr_assert_eq(pkv_pool_free_count(host_pool), 4);
+
+    pkv_cache_params other = p;
+    other.head_dim = 16;
+    pkv_cache *odd;
+    cr_assert_eq(pkv_cache_create(&other, host_pool, be, &odd), PKV_OK);
+    cr_assert_eq(pkv_cache_transfer(odd, dev, pairs, 1), PKV_ERR_INVALID_ARG, "shapes differ");
+    cr_assert_eq(pkv_cache_transfer(dev, dev, pairs, 1), PKV_ERR_INVALID_ARG);
+    pkv_cache_destroy(odd);
+
+    pkv_seqset_destroy(dev_set);
+    pkv_seqset_destroy(host_set);
+    cr_assert_eq(pkv_pool_free_count(dev_pool), 6);
+    pkv_cache_destroy(dev);
+    pkv_cache_destroy(host);
+    pkv_backend_destroy(be);
+    pkv_pool_destroy(dev_pool);
+    pkv_pool_destroy(host_pool);
+}

@@ -112,6 +112,14 @@ pkv_status pkv_cache_copy_blocks(pkv_cache *cache, const pkv_block_copy *copies,
 // this cache's pool and block size.
 pkv_status pkv_cache_apply_copies(pkv_cache *cache, pkv_seqset *set);
 
+// Move whole blocks (every layer, K and V) between two caches of the same shape,
+// e.g. a CUDA cache and its host swap space: pairs[i].src is a block of `src`,
+// pairs[i].dst a block of `dst` (pairs borrowed, n entries, as pkv_seq_move wrote
+// them). Host<->host, host<->CUDA and CUDA<->host are supported; two different
+// CUDA caches give PKV_ERR_UNSUPPORTED. PKV_ERR_INVALID_ARG if the shapes differ.
+pkv_status pkv_cache_transfer(pkv_cache *dst, const pkv_cache *src, const pkv_block_copy *pairs,
+                              uint32_t n);
+
 #ifdef __cplusplus
 }
 #endif

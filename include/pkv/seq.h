@@ -96,6 +96,18 @@ uint32_t pkv_seqset_pending_copies(const pkv_seqset *set);
 pkv_status pkv_seqset_take_copies(pkv_seqset *set, pkv_block_copy *copies, uint32_t cap,
                                   uint32_t *n);
 
+// Move sequence `id` of `from` into a new sequence *new_id of `to` (swap out to a
+// host pool, or back in): takes ceil(len / block_size) fresh blocks from `to`'s
+// pool (all or nothing: PKV_ERR_OUT_OF_BLOCKS changes nothing), frees the sequence
+// in `from` (its blocks return to the pool unless shared), and writes one pair
+// {src = block in `from`, dst = block in `to`} per table entry into pairs[0..*n-1]
+// (caller-owned, `cap` entries; PKV_ERR_BUFFER_TOO_SMALL changes nothing).
+// The caller moves the data with pkv_cache_transfer before anything is written
+// into `from`'s pool again, and executes `from`'s pending copies before the move.
+// Both sets must have the same block size and different pools.
+pkv_status pkv_seq_move(pkv_seqset *from, pkv_seq_id id, pkv_seqset *to, pkv_seq_id *new_id,
+                        pkv_block_copy *pairs, uint32_t cap, uint32_t *n);
+
 // Export block tables of seqs[0..num_seqs-1] as a padded int32 matrix (vLLM style):
 // table[i * max_blocks + j] = block j of seqs[i], unused entries = pad_value.
 // table: caller-owned, num_seqs * max_blocks entries. lens: optional caller-owned

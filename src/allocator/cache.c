@@ -193,3 +193,34 @@ pkv_status pkv_cache_apply_copies(pkv_cache *cache, pkv_seqset *set) {
     if (st != PKV_OK) return st;
     return pkv_cache_copy_blocks(cache, cache->copies, n);
 }
+
+static int same_shape(const pkv_cache_params *a, const pkv_cache_params *b) {
+    return a->num_layers == b->num_layers && a->kv_heads == b->kv_heads &&
+           a->head_dim == b->head_dim && a->block_size == b->block_size &&
+           a->dtype == b->dtype && a->layout == b->layout;
+}
+
+pkv_status pkv_cache_transfer(pkv_cache *dst, const pkv_cache *src, const pkv_block_copy *pairs,
+                              uint32_t n) {
+    if (!dst || !src || dst == src || (n && !pairs) || !same_shape(&dst->params, &src->params))
+        return PKV_ERR_INVALID_ARG;
+    for (uint32_t i = 0; i < n; i++)
+        if ((uint32_t)pairs[i].src >= src->num_blocks || (uint32_t)pairs[i].dst >= dst->num_blocks)
+            return PKV_ERR_INVALID_ARG;
+    const int src_dev = pkv_backend_get_kind(src->backend) == PKV_BACKEND_CUDA;
+    const int dst_dev = pkv_backend_get_kind(dst->backend) == PKV_BACKEND_CUDA;
+    if (src_dev && dst_dev) return PKV_ERR_UNSUPPORTED;
+    // The device side's backend moves the bytes (upload or download); host to
+    // host is a plain copy through the destination's host backend.
+    const uint64_t bytes = 2 * src->geom.half_block_bytes;
+    for (uint32_t i = 0; i < n; i++) {
+        for (uint32_t l = 0; l < src->params.num_layers; l++) {
+            const char *from = (const char *)src->arena + block_offset(src, l, pairs[i].src, 0);
+            char *to = (char *)dst->arena + block_offset(dst, l, pairs[i].dst, 0);
+            pkv_status st = src_dev ? pkv_backend_download(src->backend, to, from, (size_t)bytes)
+                                    : pkv_backend_upload(dst->backend, to, from, (size_t)bytes);
+            if (st != PKV_OK) return st;
+        }
+    }
+    return PKV_OK;
+}

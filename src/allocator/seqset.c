@@ -239,6 +239,36 @@ pkv_status pkv_seq_block_table(const pkv_seqset *set, pkv_seq_id id,
     return PKV_OK;
 }
 
+pkv_status pkv_seq_move(pkv_seqset *from, pkv_seq_id id, pkv_seqset *to, pkv_seq_id *new_id,
+                        pkv_block_copy *pairs, uint32_t cap, uint32_t *n) {
+    if (!from || !to || !new_id || !n || (!pairs && cap) || from->pool == to->pool ||
+        from->block_size != to->block_size)
+        return PKV_ERR_INVALID_ARG;
+    seq *s = get_seq(from, id);
+    if (!s) return PKV_ERR_NOT_FOUND;
+    const uint32_t nb = s->num_blocks, len = s->len;
+    if (cap < nb) return PKV_ERR_BUFFER_TOO_SMALL;
+    if (pkv_pool_free_count(to->pool) < nb) return PKV_ERR_OUT_OF_BLOCKS;
+    pkv_seq_id dst_id;
+    pkv_status st = pkv_seq_create(to, &dst_id);
+    if (st != PKV_OK) return st;
+    // The destination has the pool space (checked above), so only the table can fail.
+    st = pkv_seq_append(to, dst_id, len, NULL);
+    if (st != PKV_OK) {
+        pkv_seq_free(to, dst_id);
+        return st;
+    }
+    const seq *d = &to->seqs[dst_id];
+    for (uint32_t i = 0; i < nb; i++) {
+        pairs[i].src = s->blocks[i];
+        pairs[i].dst = d->blocks[i];
+    }
+    pkv_seq_free(from, id);
+    *new_id = dst_id;
+    *n = nb;
+    return PKV_OK;
+}
+
 uint32_t pkv_seqset_pending_copies(const pkv_seqset *set) { return set ? set->num_copies : 0; }
 
 pkv_status pkv_seqset_take_copies(pkv_seqset *set, pkv_block_copy *copies, uint32_t cap,
