@@ -10,6 +10,7 @@
 #include "pkv/seq.h"
 #include "pkv/backend.h"
 #include "pkv/cache.h"
+#include "pkv/prefix.h"
 #include "pkv/attention.h"
 #include "pkv/model_config.h"
 

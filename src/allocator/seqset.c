@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "pkv/seq.h"
+#include "seqset_internal.h"
 
 typedef struct seq {
     uint32_t len;          // tokens
@@ -218,6 +219,20 @@ pkv_status pkv_seq_fork(pkv_seqset *set, pkv_seq_id parent, pkv_seq_id *child) {
     c->len = p->len;
     c->num_blocks = p->num_blocks;
     *child = id;
+    return PKV_OK;
+}
+
+pkv_status pkvi_seq_adopt_block(pkv_seqset *set, pkv_seq_id id, pkv_block_id block) {
+    seq *s = get_seq(set, id);
+    if (!s) return PKV_ERR_NOT_FOUND;
+    if (s->len % set->block_size != 0 || s->len > (uint32_t)INT32_MAX - set->block_size)
+        return PKV_ERR_INVALID_ARG;
+    if (!grow((void **)&s->blocks, &s->cap, s->num_blocks + 1, sizeof(pkv_block_id)))
+        return PKV_ERR_OUT_OF_MEMORY;
+    pkv_status st = pkv_pool_retain(set->pool, block);
+    if (st != PKV_OK) return st;
+    s->blocks[s->num_blocks++] = block;
+    s->len += set->block_size;
     return PKV_OK;
 }
 

@@ -1,0 +1,243 @@
+// SPDX-License-Identifier: MIT
+// Prefix cache: hits share blocks, the chain hash and token check refuse wrong
+// matches, eviction is LRU and only touches blocks the cache alone holds, and a
+// randomized run reads every sequence's tokens back through its blocks.
+#include <criterion/criterion.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pkv/prefix.h"
+
+#define B 4u
+
+static pkv_pool *pool;
+static pkv_seqset *set;
+static pkv_prefix_cache *pc;
+
+static void setup(void) {
+    cr_assert_eq(pkv_pool_create(32, &pool), PKV_OK);
+    cr_assert_eq(pkv_seqset_create(pool, B, &set), PKV_OK);
+    cr_assert_eq(pkv_prefix_cache_create(pool, B, 16, &pc), PKV_OK);
+}
+
+static void teardown(void) {
+    cr_assert_eq(pkv_prefix_cache_validate(pc), PKV_OK);
+    pkv_prefix_cache_destroy(pc);
+    pkv_seqset_destroy(set);
+    cr_assert_eq(pkv_pool_free_count(pool), 32, "blocks lost");
+    cr_assert_eq(pkv_pool_validate(pool), PKV_OK);
+    pkv_pool_destroy(pool);
+}
+
+TestSuite(prefix, .init = setup, .fini = teardown);
+
+// A prompt: create through the cache, then append what was not cached.
+static pkv_seq_id prompt(const int32_t *tokens, uint32_t n, uint32_t *cached) {
+    pkv_seq_id id;
+    cr_assert_eq(pkv_seq_create_cached(set, pc, tokens, n, &id, cached), PKV_OK);
+    cr_assert_eq(pkv_seq_append(set, id, n - *cached, NULL), PKV_OK);
+    return id;
+}
+
+static const pkv_block_id *table_of(pkv_seq_id id) {
+    const pkv_block_id *t;
+    uint32_t n;
+    cr_assert_eq(pkv_seq_block_table(set, id, &t, &n), PKV_OK);
+    return t;
+}
+
+Test(prefix, hit_shares_whole_blocks) {
+    int32_t a[14] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14};
+    uint32_t cached, inserted;
+    pkv_seq_id sa = prompt(a, 14, &cached);
+    cr_assert_eq(cached, 0);
+    cr_assert_eq(pkv_prefix_cache_insert(pc, set, sa, a, 14, &inserted), PKV_OK);
+    cr_assert_eq(inserted, 3, "three full blocks, the partial one is not cached");
+    int32_t b[10] = {1, 2, 3, 4, 5, 6, 7, 8, 99, 98};
+    pkv_seq_id sb = prompt(b, 10, &cached);
+    cr_assert_eq(cached, 2 * B);
+    cr_assert_eq(table_of(sb)[0], table_of(sa)[0]);
+    cr_assert_eq(table_of(sb)[1], table_of(sa)[1]);
+    cr_assert_neq(table_of(sb)[2], table_of(sa)[2]);
+    cr_assert_eq(pkv_pool_refcount(pool, table_of(sa)[0]), 3, "A, B and the cache");
+    pkv_prefix_stats st;
+    cr_assert_eq(pkv_prefix_cache_get_stats(pc, &st), PKV_OK);
+    cr_assert_eq(st.entries, 3);
+    cr_assert_eq(st.hits, 2);
+    cr_assert_eq(st.evictable, 0);
+    // Inserting B adds only its new full block (2); the shared ones are refreshed.
+    cr_assert_eq(pkv_prefix_cache_insert(pc, set, sb, b, 10, &inserted), PKV_OK);
+    cr_assert_eq(inserted, 0, "b's block 2 is partial: 10 tokens = 2 full blocks");
+}
+
+Test(prefix, last_prompt_token_is_never_cached) {
+    int32_t a[12] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
+    uint32_t cached;
+    pkv_seq_id sa = prompt(a, 12, &cached);
+    cr_assert_eq(pkv_prefix_cache_insert(pc, set, sa, a, 12, NULL), PKV_OK);
+    pkv_seq_id sb = prompt(a, 12, &cached);
+    cr_assert_eq(cached, 2 * B, "3 blocks cached, but the last token must be computed");
+    pkv_seq_id sc = prompt(a, 1, &cached);
+    cr_assert_eq(cached, 0);
+    (void)sb;
+    (void)sc;
+}
+
+Test(prefix, chain_and_tokens_must_match) {
+    int32_t a[9] = {1, 2, 3, 4, 5, 6, 7, 8, 0};
+    int32_t b[9] = {9, 2, 3, 4, 5, 6, 7, 8, 0}; // same block 1, different block 0
+    uint32_t cached;
+    pkv_seq_id sa = prompt(a, 9, &cached);
+    cr_assert_eq(pkv_prefix_cache_insert(pc, set, sa, a, 8, NULL), PKV_OK);
+    pkv_seq_id sb = prompt(b, 9, &cached);
+    cr_assert_eq(cached, 0, "block 1 alone must not match under another prefix");
+    (void)sb;
+}
+
+Test(prefix, eviction_is_lru_and_spares_blocks_in_use) {
+    int32_t p[3][5] = {{1, 1, 1, 1, 0}, {2, 2, 2, 2, 0}, {3, 3, 3, 3, 0}};
+    pkv_seq_id s[3];
+    uint32_t cached;
+    for (int i = 0; i < 3; i++) {
+        s[i] = prompt(p[i], 5, &cached);
+        cr_assert_eq(pkv_prefix_cache_insert(pc, set, s[i], p[i], 4, NULL), PKV_OK);
+    }
+    pkv_block_id first[3];
+    for (int i = 0; i < 3; i++) first[i] = table_of(s[i])[0];
+    for (int i = 0; i < 3; i++) cr_assert_eq(pkv_seq_free(set, s[i]), PKV_OK);
+    cr_assert_eq(pkv_pool_free_count(pool), 32 - 3, "cached blocks stay out of the free list");
+    // Use prompt 0 again: a hit, and it becomes the most recently used.
+    pkv_seq_id again = prompt(p[0], 5, &cached);
+    cr_assert_eq(cached, B);
+    cr_assert_eq(pkv_seq_free(set, again), PKV_OK);
+    // Reclaim one block: the oldest unused is prompt 1's.
+    cr_assert_eq(pkv_prefix_cache_reclaim(pc, 32 - 2), PKV_OK);
+    cr_assert_eq(pkv_pool_refcount(pool, first[1]), 0, "LRU entry evicted");
+    cr_assert_eq(pkv_pool_refcount(pool, first[0]), 1);
+    cr_assert_eq(pkv_pool_refcount(pool, first[2]), 1);
+    // A block in use is never evicted.
+    pkv_seq_id hold = prompt(p[2], 5, &cached);
+    (void)hold; // freed with the set at teardown
+    cr_assert_eq(cached, B);
+    uint32_t used_by_hold = 2; // one cached block shared, one fresh for the 5th token
+    cr_assert_eq(pkv_prefix_cache_reclaim(pc, 32), PKV_ERR_OUT_OF_BLOCKS);
+    cr_assert_eq(pkv_pool_free_count(pool), 32 - used_by_hold);
+    cr_assert_eq(pkv_pool_refcount(pool, first[2]), 2);
+    pkv_prefix_stats st;
+    cr_assert_eq(pkv_prefix_cache_get_stats(pc, &st), PKV_OK);
+    cr_assert_eq(st.evictions, 2);
+    cr_assert_eq(st.entries, 1);
+}
+
+Test(prefix, full_cache_makes_room_or_stops) {
+    pkv_prefix_cache *small;
+    cr_assert_eq(pkv_prefix_cache_create(pool, B, 2, &small), PKV_OK);
+    int32_t a[12] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
+    pkv_seq_id sa;
+    cr_assert_eq(pkv_seq_create(set, &sa), PKV_OK);
+    cr_assert_eq(pkv_seq_append(set, sa, 12, NULL), PKV_OK);
+    uint32_t inserted;
+    cr_assert_eq(pkv_prefix_cache_insert(small, set, sa, a, 12, &inserted), PKV_OK);
+    cr_assert_eq(inserted, 2, "room for two; both in use, nothing to evict");
+    cr_assert_eq(pkv_prefix_cache_validate(small), PKV_OK);
+    cr_assert_eq(pkv_seq_free(set, sa), PKV_OK);
+    int32_t b[8] = {7, 7, 7, 7, 8, 8, 8, 8};
+    pkv_seq_id sb;
+    cr_assert_eq(pkv_seq_create(set, &sb), PKV_OK);
+    cr_assert_eq(pkv_seq_append(set, sb, 8, NULL), PKV_OK);
+    cr_assert_eq(pkv_prefix_cache_insert(small, set, sb, b, 8, &inserted), PKV_OK);
+    cr_assert_eq(inserted, 2, "the unused entries made room");
+    cr_assert_eq(pkv_prefix_cache_validate(small), PKV_OK);
+    cr_assert_eq(pkv_seq_free(set, sb), PKV_OK);
+    pkv_prefix_cache_destroy(small);
+}
+
+Test(prefix, bad_args) {
+    pkv_prefix_cache *c = (pkv_prefix_cache *)1;
+    cr_assert_eq(pkv_prefix_cache_create(NULL, B, 4, &c), PKV_ERR_INVALID_ARG);
+    cr_assert_null(c);
+    cr_assert_eq(pkv_prefix_cache_create(pool, 0, 4, &c), PKV_ERR_INVALID_ARG);
+    cr_assert_eq(pkv_prefix_cache_create(pool, B, 0, &c), PKV_ERR_INVALID_ARG);
+    pkv_seqset *other;
+    cr_assert_eq(pkv_seqset_create(pool, 2 * B, &other), PKV_OK);
+    pkv_seq_id id;
+    uint32_t cached;
+    int32_t t[4] = {0};
+    cr_assert_eq(pkv_seq_create_cached(other, pc, t, 4, &id, &cached), PKV_ERR_INVALID_ARG,
+                 "block size differs");
+    pkv_seqset_destroy(other);
+    cr_assert_eq(pkv_seq_create_cached(set, pc, NULL, 4, &id, &cached), PKV_ERR_INVALID_ARG);
+    cr_assert_eq(pkv_prefix_cache_insert(pc, set, 1234, t, 4, NULL), PKV_ERR_NOT_FOUND);
+    cr_assert_eq(pkv_seq_create_cached(set, pc, t, 4, &id, &cached), PKV_OK);
+    cr_assert_eq(pkv_prefix_cache_insert(pc, set, id, t, 4, NULL), PKV_ERR_INVALID_ARG,
+                 "more tokens than the sequence has");
+    cr_assert_eq(pkv_seq_free(set, id), PKV_OK);
+    cr_assert_eq(pkv_prefix_cache_reclaim(NULL, 1), PKV_ERR_INVALID_ARG);
+    cr_assert_eq(pkv_prefix_cache_get_stats(pc, NULL), PKV_ERR_INVALID_ARG);
+    pkv_prefix_cache_destroy(NULL);
+}
+
+// Random prompts built from a few shared prefixes; each token's "K/V" is its id
+// written into a simulated cache. Wrong sharing would read back wrong ids.
+Test(prefix, randomized_reads_back_every_token, .timeout = 120) {
+    enum { POOL = 64, SEQS = 8, MAXLEN = 40, OPS = 20000 };
+    pkv_pool *p;
+    pkv_seqset *s;
+    pkv_prefix_cache *c;
+    cr_assert_eq(pkv_pool_create(POOL, &p), PKV_OK);
+    cr_assert_eq(pkv_seqset_create(p, B, &s), PKV_OK);
+    cr_assert_eq(pkv_prefix_cache_create(p, B, 24, &c), PKV_OK);
+    static int32_t mem[POOL * B];
+    int32_t toks[SEQS][MAXLEN];
+    uint32_t lens[SEQS] = {0};
+    pkv_seq_id ids[SEQS];
+    int live[SEQS] = {0};
+    uint64_t rng = 42, hits = 0, refused = 0;
+#define RND(n) ((uint32_t)((rng = rng * 6364136223846793005ull + 1442695040888963407ull) >> 33) % (n))
+    for (int op = 0; op < OPS; op++) {
+        int k = (int)RND(SEQS);
+        if (live[k]) {
+            cr_assert_eq(pkv_prefix_cache_insert(c, s, ids[k], toks[k], lens[k], NULL), PKV_OK);
+            cr_assert_eq(pkv_seq_free(s, ids[k]), PKV_OK);
+            live[k] = 0;
+        } else {
+            // Prefix family f (shared first 12 tokens), then random tokens.
+            uint32_t f = RND(3), n = 1 + RND(MAXLEN);
+            for (uint32_t i = 0; i < n; i++)
+                toks[k][i] = i < 12 ? (int32_t)(f * 100 + i) : (int32_t)(1000 + RND(5));
+            uint32_t cached;
+            cr_assert_eq(pkv_seq_create_cached(s, c, toks[k], n, &ids[k], &cached), PKV_OK);
+            hits += cached / B;
+            uint32_t need;
+            cr_assert_eq(pkv_seq_blocks_needed(s, ids[k], n - cached, &need), PKV_OK);
+            if (pkv_prefix_cache_reclaim(c, need) != PKV_OK) {
+                refused++;
+                cr_assert_eq(pkv_seq_free(s, ids[k]), PKV_OK);
+                continue;
+            }
+            int64_t slots[MAXLEN];
+            cr_assert_eq(pkv_seq_append(s, ids[k], n - cached, slots), PKV_OK);
+            for (uint32_t i = 0; i < n - cached; i++) mem[slots[i]] = toks[k][cached + i];
+            lens[k] = n;
+            live[k] = 1;
+        }
+        for (int j = 0; j < SEQS; j++) {
+            if (!live[j]) continue;
+            const pkv_block_id *t;
+            uint32_t nb;
+            cr_assert_eq(pkv_seq_block_table(s, ids[j], &t, &nb), PKV_OK);
+            for (uint32_t i = 0; i < lens[j]; i++)
+                cr_assert_eq(mem[t[i / B] * B + i % B], toks[j][i], "op %d seq %d token %u", op, j, i);
+        }
+        cr_assert_eq(pkv_prefix_cache_validate(c), PKV_OK);
+        cr_assert_eq(pkv_seqset_validate(s, 0), PKV_OK);
+    }
+    cr_assert_gt(hits, 100, "the run must actually hit the cache");
+    cr_log_info("prefix randomized: %lu block hits, %lu refused prompts", (unsigned long)hits,
+                (unsigned long)refused);
+    pkv_seqset_destroy(s);
+    pkv_prefix_cache_destroy(c);
+    cr_assert_eq(pkv_pool_free_count(p), POOL);
+    pkv_pool_destroy(p);
+#undef RND
+}
