@@ -18,7 +18,6 @@
 // - Bad arguments (NULL pointers, heads that do not divide, a length that needs more
 //   blocks than max_blocks_per_seq, a block id outside 0..num_blocks-1) return
 //   PKV_ERR_INVALID_ARG and read nothing out of bounds.
-//
 // - A head_dim or block size that this implementation does not support (see the
 //   fields below) returns PKV_ERR_UNSUPPORTED. *_cuda launch failures return
 //   PKV_ERR_BACKEND. Device-side tables (block_tables, seq_lens, slots, copies of
@@ -84,7 +83,8 @@ typedef struct pkv_attn_contig_kv {
 } pkv_attn_contig_kv;
 
 // Decode: out[s][h][:] = softmax(scale * q[s][h] . K[s][kvh][0..len-1]) V[s][kvh].
-// q, out: [num_seqs][num_heads][head_dim].
+// q, out: [num_seqs][num_heads][head_dim] (borrowed; out is written). num_seqs 0
+// does nothing and returns PKV_OK.
 pkv_status pkv_attn_decode_paged_cpu(const pkv_attn_shape *shape, uint32_t num_seqs,
                                      const void *q, const pkv_attn_paged_kv *kv, void *out);
 pkv_status pkv_attn_decode_contig_cpu(const pkv_attn_shape *shape, uint32_t num_seqs,
@@ -110,8 +110,13 @@ pkv_status pkv_attn_prefill_paged_cpu(const pkv_attn_shape *shape, uint32_t num_
                                       const int32_t *q_indptr, const void *q,
                                       const pkv_attn_paged_kv *kv, void *out);
 
-// CUDA twins: same arguments and semantics, device pointers, `stream` is a
-// cudaStream_t (NULL = default). They launch asynchronously on `stream`.
+// CUDA twins: same arguments and semantics, device pointers (q, out, caches, every
+// table), `stream` is a cudaStream_t (NULL = default). They launch asynchronously
+// on `stream`, except pkv_attn_prefill_paged_cuda, which reads the packed row count
+// q_indptr[num_seqs] back from the device and so synchronizes `stream` once.
+// q, out, the caches and every stride must allow 16-byte vector access (16-byte
+// aligned rows), else PKV_ERR_UNSUPPORTED. Out-of-range slots in
+// pkv_attn_cache_write_cuda are skipped (the CPU call refuses them).
 pkv_status pkv_attn_decode_paged_cuda(const pkv_attn_shape *shape, uint32_t num_seqs,
                                       const void *q, const pkv_attn_paged_kv *kv, void *out,
                                       void *stream);

@@ -1,0 +1,96 @@
+#!/bin/sh
+# SPDX-License-Identifier: MIT
+# GPU check for the attention kernels: on a machine with an NVIDIA GPU, build with
+# CUDA, run the cuda test suite (CUDA vs CPU on the same inputs), record the
+# registers/spills of every attention kernel, and run the attention benchmark in
+# GPU mode (paged vs contiguous, fraction of device-to-device copy bandwidth).
+# Writes everything under OUT_DIR and a summary in OUT_DIR/report.md.
+# Budget: under 5 minutes on a 16-core machine (the build dominates).
+#
+# usage: bench/gpu_check.sh OUT_DIR [BUILD_DIR]
+# exit: 0 all ran and tests passed, 1 a step failed, 2 bad usage / no GPU.
+set -u
+
+if [ $# -lt 1 ] || [ "$1" = "--help" ] || [ "$1" = "-h" ]; then
+    echo "usage: $0 OUT_DIR [BUILD_DIR]   (run from the repository root)" >&2
+    exit 2
+fi
+out=$1
+build=${2:-build-gpucheck}
+mkdir -p "$out" || exit 1
+report="$out/report.md"
+status=0
+
+if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >"$out/gpu.txt" 2>&1; then
+    echo "no NVIDIA GPU visible (nvidia-smi failed); nothing to check" >&2
+    exit 2
+fi
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem,driver_version \
+    --format=csv >>"$out/gpu.txt" 2>&1
+
+{
+    echo "# Attention GPU check"
+    echo
+    echo "- date: $(date -u '+%Y-%m-%d %H:%M UTC')"
+    echo "- commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+    echo "- GPU: $(sed -n 1p "$out/gpu.txt")"
+    echo "- nvcc: $(nvcc --version 2>/dev/null | tail -1)"
+    echo
+} >"$report"
+
+jobs=$(nproc 2>/dev/null || echo 4)
+start=$(date +%s)
+if [ ! -d "$build" ]; then
+    meson setup "$build" -Dcuda=enabled -Dbuildtype=release >"$out/setup.log" 2>&1 || {
+        echo "meson setup failed: see setup.log" >>"$report"; exit 1; }
+fi
+# -Xptxas -v output of the attention .cu files is kept for the register table.
+ninja -C "$build" -j "$jobs" >"$out/build.log" 2>&1 || {
+    echo "build failed: see build.log" >>"$report"; exit 1; }
+echo "- build: $(( $(date +%s) - start )) s" >>"$report"
+
+# Registers and spills per kernel, from the compiled objects.
+if command -v cuobjdump >/dev/null 2>&1; then
+    for o in "$build"/libpagedkv.a.p/src_attention_attn_*.cu.o \
+             "$build"/libpagedkv.so*.p/src_attention_attn_*.cu.o; do
+        [ -f "$o" ] && cuobjdump -res-usage "$o" 2>/dev/null
+    done >"$out/res_usage.txt"
+    {
+        echo
+        echo "## Registers per thread (cuobjdump -res-usage)"
+        echo '```'
+        grep -E "Function|REG" "$out/res_usage.txt" | paste - - | \
+            sed -E 's/.*Function ([^ :]+).*REG:([0-9]+).*STACK:([0-9]+).*/\2 regs, stack \3: \1/' | \
+            sort -u | head -60
+        echo '```'
+    } >>"$report"
+fi
+
+echo >>"$report"
+echo "## CUDA tests" >>"$report"
+if timeout 150 meson test -C "$build" --suite cuda --print-errorlogs >"$out/tests.log" 2>&1; then
+    echo "- meson test --suite cuda: PASS" >>"$report"
+else
+    echo "- meson test --suite cuda: FAIL (see tests.log)" >>"$report"
+    status=1
+fi
+grep -E "^ *[0-9]+/[0-9]+ " "$out/tests.log" | sed 's/^/    /' >>"$report"
+"$build/tests/test_attention_cuda" --verbose >"$out/test_attention_cuda.log" 2>&1
+
+echo >>"$report"
+echo "## Attention benchmark (GPU mode)" >>"$report"
+cmd="$build/bench/bench_attention --gpu --batch 1,8,64 --context 1024,4096,16384 --max-mib 4096 --min-time 0.2"
+echo "command: \`$cmd\`" >>"$report"
+echo '```' >>"$report"
+if timeout 120 $cmd >"$out/bench_attention_gpu.txt" 2>"$out/bench_attention_gpu.err"; then
+    cat "$out/bench_attention_gpu.txt" >>"$report"
+    $cmd --json >"$out/bench_attention_gpu.json" 2>/dev/null || true
+else
+    echo "benchmark failed:" >>"$report"
+    cat "$out/bench_attention_gpu.err" >>"$report"
+    status=1
+fi
+echo '```' >>"$report"
+echo "- total: $(( $(date +%s) - start )) s" >>"$report"
+cat "$report"
+exit $status

@@ -1,0 +1,402 @@
+// SPDX-License-Identifier: MIT
+// CPU decode and prefill attention over paged and contiguous caches. One routine
+// (attend) does the math for every entry point: it walks a (sequence, kv head)
+// context in tiles of TILE_T tokens, scoring each K row against a group of query
+// heads that share it (GQA reads each K/V row once per group) and folding the tile
+// into an online (running-max) softmax. The entry points differ only in how a
+// token's row address is computed (row_addrs). Invariant: no allocation; all
+// scratch lives in one work_state on the calling thread's stack (~53 KiB).
+// The build is -O2, where GCC 12 vectorizes only loops that need no epilogue; the
+// row kernels (attn_cpu_rows.h, included below) need -O3's vectorizer, and FMA
+// contraction, which ISO C mode turns off.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("O3", "fp-contract=fast")
+#endif
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "attn_cpu_rows.h"
+#include "attn_internal.h"
+#include "half.h"
+
+#define TILE_T 32u    // tokens scored before one softmax rescale
+#define MAX_GROUP 32u // query heads per work item (a larger GQA group is cut)
+
+typedef struct work_state {
+    float q[PKV_ATTN_CPU_MAX_HEAD_DIM];   // [group][head_dim], already scaled
+    float acc[PKV_ATTN_CPU_MAX_HEAD_DIM]; // [group][head_dim], unnormalized output
+    float row[PKV_ATTN_CPU_MAX_HEAD_DIM]; // [4][head_dim] (or [head_dim]): K or V rows in fp32
+    float p[MAX_GROUP][TILE_T];           // scores, then probabilities, of a tile
+    float m[MAX_GROUP];                   // running max per head
+    float l[MAX_GROUP];                   // running sum of exp per head
+} work_state;
+
+// Where the K/V rows of one (sequence, kv head) are. table == NULL: contiguous rows.
+typedef struct kv_view {
+    const char *k;          // byte address of token 0's row (contiguous) or of the
+    const char *v;          // head inside block 0 (paged)
+    const int32_t *table;   // [blocks of this sequence] or NULL
+    size_t block_stride;    // bytes
+    size_t token_stride;    // bytes
+    uint32_t block_size;
+} kv_view;
+
+static inline void prefetch(const void *p) {
+#if defined(__GNUC__)
+    __builtin_prefetch(p, 0, 3);
+#else
+    (void)p;
+#endif
+}
+
+// Row addresses of tokens t0..t0+n-1: the only place paged and contiguous differ.
+static void row_addrs(const kv_view *kv, uint32_t t0, uint32_t n, const void **kr,
+                      const void **vr) {
+    if (kv->table == NULL) {
+        for (uint32_t i = 0; i < n; i++) {
+            size_t off = (size_t)(t0 + i) * kv->token_stride;
+            kr[i] = kv->k + off;
+            vr[i] = kv->v + off;
+        }
+        return;
+    }
+    uint32_t blk = t0 / kv->block_size;
+    uint32_t in = t0 % kv->block_size;
+    // Block ids are int32; widen before multiplying by the byte stride.
+    size_t base = (size_t)kv->table[blk] * kv->block_stride;
+    for (uint32_t i = 0; i < n; i++) {
+        size_t off = base + (size_t)in * kv->token_stride;
+        kr[i] = kv->k + off;
+        vr[i] = kv->v + off;
+        if (++in == kv->block_size && i + 1 < n) {
+            in = 0;
+            base = (size_t)kv->table[++blk] * kv->block_stride;
+        }
+    }
+}
+
+// out[g] = softmax(q[g] . K[0..len-1]) V for the `group` query heads whose rows
+// start at q / out (consecutive heads, head_dim apart), all reading `kv`.
+PKVI_CLONES static void attend(const pkv_attn_shape *shape, const kv_view *kv, uint32_t len,
+                               const void *q, void *out, uint32_t group, int f16c) {
+    work_state w;
+    const pkv_dtype dt = shape->dtype;
+    const uint32_t d = shape->head_dim;
+    to_f32(dt, q, group * d, w.q, f16c);
+    scale_row(w.q, shape->scale, group * d);
+    memset(w.acc, 0, (size_t)group * d * sizeof(float));
+    for (uint32_t g = 0; g < group; g++) {
+        w.m[g] = -INFINITY;
+        w.l[g] = 0.0f;
+    }
+    const void *kr[TILE_T];
+    const void *vr[TILE_T];
+    const void *kn[TILE_T];
+    const void *vn[TILE_T];
+    const int quad = 4 * d <= PKV_ATTN_CPU_MAX_HEAD_DIM;
+    // f16c != 0 means AVX2 + FMA + F16C: 16-bit rows go through the fused kernels.
+    const int fused = f16c && dt != PKV_DTYPE_F32;
+    (void)fused;
+    const size_t row_bytes = (size_t)d * pkv_dtype_size(dt);
+    uint32_t n = len < TILE_T ? len : TILE_T;
+    row_addrs(kv, 0, n, kr, vr);
+    for (uint32_t t0 = 0; t0 < len; t0 += TILE_T) {
+        n = len - t0 < TILE_T ? len - t0 : TILE_T;
+        if (t0 > 0) {
+            for (uint32_t i = 0; i < n; i++) {
+                kr[i] = kn[i];
+                vr[i] = vn[i];
+            }
+        }
+        // Prefetch the next tile's rows: with blocks scattered in memory the
+        // hardware prefetcher loses the stream at every block boundary.
+        if (t0 + TILE_T < len) {
+            uint32_t nn = len - t0 - TILE_T < TILE_T ? len - t0 - TILE_T : TILE_T;
+            row_addrs(kv, t0 + TILE_T, nn, kn, vn);
+            for (uint32_t i = 0; i < nn; i++) {
+                for (size_t off = 0; off < row_bytes; off += 64) {
+                    prefetch((const char *)kn[i] + off);
+                    prefetch((const char *)vn[i] + off);
+                }
+            }
+        }
+        uint32_t i = 0;
+        // Rows four at a time while four converted rows fit the row buffer.
+#if PKVI_X86
+        for (; fused && i + 4 <= n; i += 4) {
+            const uint16_t *k4[4] = {kr[i], kr[i + 1], kr[i + 2], kr[i + 3]};
+            for (uint32_t g = 0; g < group; g++) {
+                float s4[4];
+                dot4_16(w.q + (size_t)g * d, k4, d, dt == PKV_DTYPE_BF16, s4);
+                for (uint32_t r = 0; r < 4; r++) {
+                    w.p[g][i + r] = s4[r];
+                }
+            }
+        }
+#endif
+        for (; quad && i + 4 <= n; i += 4) {
+            const float *k4[4];
+            for (uint32_t r = 0; r < 4; r++) {
+                k4[r] = row_f32(dt, kr[i + r], d, w.row + (size_t)r * d, f16c);
+            }
+            for (uint32_t g = 0; g < group; g++) {
+                float s4[4];
+                dot4(w.q + (size_t)g * d, k4, d, s4);
+                for (uint32_t r = 0; r < 4; r++) {
+                    w.p[g][i + r] = s4[r];
+                }
+            }
+        }
+        for (; i < n; i++) {
+            const float *k = row_f32(dt, kr[i], d, w.row, f16c);
+            for (uint32_t g = 0; g < group; g++) {
+                w.p[g][i] = dot(w.q + (size_t)g * d, k, d);
+            }
+        }
+        for (uint32_t g = 0; g < group; g++) {
+            float mx = w.m[g];
+            for (uint32_t i = 0; i < n; i++) {
+                mx = w.p[g][i] > mx ? w.p[g][i] : mx;
+            }
+            if (mx != w.m[g]) {
+                // exp(-inf) = 0 on the first tile: acc and l are still zero.
+                float alpha = expf(w.m[g] - mx);
+                scale_row(w.acc + (size_t)g * d, alpha, d);
+                w.l[g] *= alpha;
+                w.m[g] = mx;
+            }
+            float sum = 0.0f;
+            for (uint32_t i = 0; i < n; i++) {
+                float e = expf(w.p[g][i] - mx);
+                w.p[g][i] = e;
+                sum += e;
+            }
+            w.l[g] += sum;
+        }
+        i = 0;
+#if PKVI_X86
+        for (; fused && i + 4 <= n; i += 4) {
+            const uint16_t *v4[4] = {vr[i], vr[i + 1], vr[i + 2], vr[i + 3]};
+            for (uint32_t g = 0; g < group; g++) {
+                const float p4[4] = {w.p[g][i], w.p[g][i + 1], w.p[g][i + 2], w.p[g][i + 3]};
+                axpy4_16(w.acc + (size_t)g * d, p4, v4, d, dt == PKV_DTYPE_BF16);
+            }
+        }
+#endif
+        for (; quad && i + 4 <= n; i += 4) {
+            const float *v4[4];
+            for (uint32_t r = 0; r < 4; r++) {
+                v4[r] = row_f32(dt, vr[i + r], d, w.row + (size_t)r * d, f16c);
+            }
+            for (uint32_t g = 0; g < group; g++) {
+                const float p4[4] = {w.p[g][i], w.p[g][i + 1], w.p[g][i + 2], w.p[g][i + 3]};
+                axpy4(w.acc + (size_t)g * d, p4, v4, d);
+            }
+        }
+        for (; i < n; i++) {
+            const float *v = row_f32(dt, vr[i], d, w.row, f16c);
+            for (uint32_t g = 0; g < group; g++) {
+                axpy(w.acc + (size_t)g * d, w.p[g][i], v, d);
+            }
+        }
+    }
+    for (uint32_t g = 0; g < group; g++) {
+        scale_row(w.acc + (size_t)g * d, 1.0f / w.l[g], d);
+    }
+    from_f32(dt, w.acc, group * d, out);
+}
+
+// Query heads per work item: the whole GQA group if its scratch fits.
+static uint32_t item_group(const pkv_attn_shape *shape) {
+    uint32_t g = shape->num_heads / shape->num_kv_heads;
+    uint32_t cap = PKV_ATTN_CPU_MAX_HEAD_DIM / shape->head_dim;
+    if (cap > MAX_GROUP) {
+        cap = MAX_GROUP;
+    }
+    while (g > cap) { // largest divisor of the group that fits, so items are equal
+        uint32_t x = cap;
+        while (g % x != 0) {
+            x--;
+        }
+        g = x;
+    }
+    return g;
+}
+
+static int thread_count(const pkv_attn_shape *shape, uint64_t items) {
+#ifdef _OPENMP
+    int nt = shape->num_threads ? (int)shape->num_threads : omp_get_max_threads();
+    if ((uint64_t)nt > items) {
+        nt = (int)items;
+    }
+    return nt < 1 ? 1 : nt;
+#else
+    (void)shape;
+    (void)items;
+    return 1;
+#endif
+}
+
+static kv_view paged_view(const pkv_attn_paged_kv *kv, size_t es, uint32_t s, uint32_t kvh) {
+    kv_view v;
+    size_t head = (size_t)kvh * kv->head_stride * es;
+    v.k = (const char *)kv->k_cache + head;
+    v.v = (const char *)kv->v_cache + head;
+    v.table = kv->block_tables + (size_t)s * kv->max_blocks_per_seq;
+    v.block_stride = kv->block_stride * es;
+    v.token_stride = kv->token_stride * es;
+    v.block_size = kv->block_size;
+    return v;
+}
+
+pkv_status pkv_attn_decode_paged_cpu(const pkv_attn_shape *shape, uint32_t num_seqs,
+                                     const void *q, const pkv_attn_paged_kv *kv, void *out) {
+    pkv_status st = pkvi_attn_check_shape(shape, 0);
+    if (st == PKV_OK) {
+        st = pkvi_attn_check_paged_desc(kv);
+    }
+    if (st != PKV_OK) {
+        return st;
+    }
+    if (q == NULL || out == NULL) {
+        return PKV_ERR_INVALID_ARG;
+    }
+    st = pkvi_attn_check_paged_tables(kv, num_seqs);
+    if (st != PKV_OK) {
+        return st;
+    }
+    const size_t es = pkv_dtype_size(shape->dtype);
+    const uint32_t group = item_group(shape);
+    const uint32_t subs = shape->num_heads / shape->num_kv_heads / group;
+    const uint64_t items = (uint64_t)num_seqs * shape->num_kv_heads * subs;
+    const int nt = thread_count(shape, items);
+    const int f16c = cpu_has_f16c();
+    (void)nt;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
+#endif
+    for (int64_t it = 0; it < (int64_t)items; it++) {
+        uint32_t sub = (uint32_t)((uint64_t)it % subs);
+        uint32_t kvh = (uint32_t)((uint64_t)it / subs % shape->num_kv_heads);
+        uint32_t s = (uint32_t)((uint64_t)it / subs / shape->num_kv_heads);
+        uint32_t h0 = kvh * (shape->num_heads / shape->num_kv_heads) + sub * group;
+        size_t row = ((size_t)s * shape->num_heads + h0) * shape->head_dim * es;
+        kv_view v = paged_view(kv, es, s, kvh);
+        attend(shape, &v, (uint32_t)kv->seq_lens[s], (const char *)q + row, (char *)out + row,
+               group, f16c);
+    }
+    return PKV_OK;
+}
+
+pkv_status pkv_attn_decode_contig_cpu(const pkv_attn_shape *shape, uint32_t num_seqs,
+                                      const void *q, const pkv_attn_contig_kv *kv, void *out) {
+    pkv_status st = pkvi_attn_check_shape(shape, 0);
+    if (st == PKV_OK) {
+        st = pkvi_attn_check_contig_desc(kv);
+    }
+    if (st != PKV_OK) {
+        return st;
+    }
+    if (q == NULL || out == NULL) {
+        return PKV_ERR_INVALID_ARG;
+    }
+    st = pkvi_attn_check_contig_lens(kv, num_seqs);
+    if (st != PKV_OK) {
+        return st;
+    }
+    const size_t es = pkv_dtype_size(shape->dtype);
+    const uint32_t group = item_group(shape);
+    const uint32_t subs = shape->num_heads / shape->num_kv_heads / group;
+    const uint64_t items = (uint64_t)num_seqs * shape->num_kv_heads * subs;
+    const int nt = thread_count(shape, items);
+    const int f16c = cpu_has_f16c();
+    (void)nt;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
+#endif
+    for (int64_t it = 0; it < (int64_t)items; it++) {
+        uint32_t sub = (uint32_t)((uint64_t)it % subs);
+        uint32_t kvh = (uint32_t)((uint64_t)it / subs % shape->num_kv_heads);
+        uint32_t s = (uint32_t)((uint64_t)it / subs / shape->num_kv_heads);
+        uint32_t h0 = kvh * (shape->num_heads / shape->num_kv_heads) + sub * group;
+        size_t row = ((size_t)s * shape->num_heads + h0) * shape->head_dim * es;
+        size_t base = ((size_t)s * kv->seq_stride + (size_t)kvh * kv->head_stride) * es;
+        kv_view v;
+        v.k = (const char *)kv->k_cache + base;
+        v.v = (const char *)kv->v_cache + base;
+        v.table = NULL;
+        v.block_stride = 0;
+        v.token_stride = kv->token_stride * es;
+        v.block_size = 1;
+        attend(shape, &v, (uint32_t)kv->seq_lens[s], (const char *)q + row, (char *)out + row,
+               group, f16c);
+    }
+    return PKV_OK;
+}
+
+// The prompt whose packed rows contain row r (q_indptr is non-decreasing).
+static uint32_t find_seq(const int32_t *q_indptr, uint32_t num_seqs, int64_t r) {
+    uint32_t lo = 0;
+    uint32_t hi = num_seqs; // invariant: q_indptr[lo] <= r < q_indptr[hi]
+    while (hi - lo > 1) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (q_indptr[mid] <= r) {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    return lo;
+}
+
+pkv_status pkv_attn_prefill_paged_cpu(const pkv_attn_shape *shape, uint32_t num_seqs,
+                                      const int32_t *q_indptr, const void *q,
+                                      const pkv_attn_paged_kv *kv, void *out) {
+    pkv_status st = pkvi_attn_check_shape(shape, 0);
+    if (st == PKV_OK) {
+        st = pkvi_attn_check_paged_desc(kv);
+    }
+    if (st != PKV_OK) {
+        return st;
+    }
+    if (q == NULL || out == NULL || q_indptr == NULL) {
+        return PKV_ERR_INVALID_ARG;
+    }
+    st = pkvi_attn_check_paged_tables(kv, num_seqs);
+    if (st == PKV_OK) {
+        st = pkvi_attn_check_prefill(kv, num_seqs, q_indptr);
+    }
+    if (st != PKV_OK) {
+        return st;
+    }
+    const size_t es = pkv_dtype_size(shape->dtype);
+    const uint32_t group = item_group(shape);
+    const uint32_t subs = shape->num_heads / shape->num_kv_heads / group;
+    const uint64_t rows = (uint64_t)q_indptr[num_seqs];
+    const uint64_t items = rows * shape->num_kv_heads * subs;
+    const int nt = thread_count(shape, items);
+    const int f16c = cpu_has_f16c();
+    (void)nt;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
+#endif
+    for (int64_t it = 0; it < (int64_t)items; it++) {
+        uint32_t sub = (uint32_t)((uint64_t)it % subs);
+        uint32_t kvh = (uint32_t)((uint64_t)it / subs % shape->num_kv_heads);
+        int64_t r = (int64_t)((uint64_t)it / subs / shape->num_kv_heads);
+        uint32_t s = find_seq(q_indptr, num_seqs, r);
+        // Row j of an n-token prompt is position len - n + j: it sees tokens 0..that.
+        int64_t n = (int64_t)q_indptr[s + 1] - q_indptr[s];
+        uint32_t ctx = (uint32_t)(kv->seq_lens[s] - n + (r - q_indptr[s]) + 1);
+        uint32_t h0 = kvh * (shape->num_heads / shape->num_kv_heads) + sub * group;
+        size_t row = ((size_t)r * shape->num_heads + h0) * shape->head_dim * es;
+        kv_view v = paged_view(kv, es, s, kvh);
+        attend(shape, &v, ctx, (const char *)q + row, (char *)out + row, group, f16c);
+    }
+    return PKV_OK;
+}

@@ -1,0 +1,98 @@
+// SPDX-License-Identifier: MIT
+// Device helpers shared by the attention .cu files: 16-byte vector loads turned
+// into fp32, fp32 back to the storage type, warp reductions, and the host check
+// that a pointer or stride allows 16-byte vector access. Element types are the
+// only template parameters besides head_dim.
+#ifndef PKV_ATTN_CUDA_CUH
+#define PKV_ATTN_CUDA_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "attn_internal.h"
+
+// Elements of T in one 16-byte vector.
+template <typename T> struct pkvi_vec {
+    static constexpr int n = 16 / (int)sizeof(T);
+};
+
+template <typename T> __device__ __forceinline__ void pkvi_unpack(const uint4 &u, float *f);
+
+template <> __device__ __forceinline__ void pkvi_unpack<float>(const uint4 &u, float *f) {
+    f[0] = __uint_as_float(u.x);
+    f[1] = __uint_as_float(u.y);
+    f[2] = __uint_as_float(u.z);
+    f[3] = __uint_as_float(u.w);
+}
+
+template <> __device__ __forceinline__ void pkvi_unpack<__half>(const uint4 &u, float *f) {
+    const __half2 *h = reinterpret_cast<const __half2 *>(&u);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float2 t = __half22float2(h[i]);
+        f[2 * i] = t.x;
+        f[2 * i + 1] = t.y;
+    }
+}
+
+template <>
+__device__ __forceinline__ void pkvi_unpack<__nv_bfloat16>(const uint4 &u, float *f) {
+    const __nv_bfloat162 *h = reinterpret_cast<const __nv_bfloat162 *>(&u);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float2 t = __bfloat1622float2(h[i]);
+        f[2 * i] = t.x;
+        f[2 * i + 1] = t.y;
+    }
+}
+
+template <typename T> __device__ __forceinline__ float pkvi_to_f32(T x);
+template <> __device__ __forceinline__ float pkvi_to_f32<float>(float x) { return x; }
+template <> __device__ __forceinline__ float pkvi_to_f32<__half>(__half x) {
+    return __half2float(x);
+}
+template <> __device__ __forceinline__ float pkvi_to_f32<__nv_bfloat16>(__nv_bfloat16 x) {
+    return __bfloat162float(x);
+}
+
+template <typename T> __device__ __forceinline__ T pkvi_from_f32(float x);
+template <> __device__ __forceinline__ float pkvi_from_f32<float>(float x) { return x; }
+template <> __device__ __forceinline__ __half pkvi_from_f32<__half>(float x) {
+    return __float2half_rn(x);
+}
+template <> __device__ __forceinline__ __nv_bfloat16 pkvi_from_f32<__nv_bfloat16>(float x) {
+    return __float2bfloat16_rn(x);
+}
+
+// Reductions over aligned groups of `width` lanes (a power of two up to 32).
+__device__ __forceinline__ float pkvi_group_sum(float x, int width) {
+    for (int off = width / 2; off > 0; off /= 2) {
+        x += __shfl_xor_sync(0xffffffffu, x, off);
+    }
+    return x;
+}
+
+__device__ __forceinline__ float pkvi_warp_max(float x) {
+    for (int off = 16; off > 0; off /= 2) {
+        x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, off));
+    }
+    return x;
+}
+
+static inline bool pkvi_aligned16(const void *p) {
+    return ((uintptr_t)p & 15u) == 0;
+}
+
+// A stride in elements allows 16-byte vectors if its byte size is a multiple of 16.
+static inline bool pkvi_stride16(uint64_t elems, size_t es) {
+    return (elems * es) % 16u == 0;
+}
+
+// The status of the last launch on this thread (and clear it).
+static inline pkv_status pkvi_launch_status(void) {
+    return cudaGetLastError() == cudaSuccess ? PKV_OK : PKV_ERR_BACKEND;
+}
+
+#endif // PKV_ATTN_CUDA_CUH

@@ -1,0 +1,62 @@
+// SPDX-License-Identifier: MIT
+// The CUDA attention entry points of a build without CUDA: same symbols, every
+// call returns PKV_ERR_UNSUPPORTED, so engines link the same API everywhere.
+#include "pkv/attention.h"
+
+pkv_status pkv_attn_decode_paged_cuda(const pkv_attn_shape *shape, uint32_t num_seqs,
+                                      const void *q, const pkv_attn_paged_kv *kv, void *out,
+                                      void *stream) {
+    (void)shape, (void)num_seqs, (void)q, (void)kv, (void)out, (void)stream;
+    return PKV_ERR_UNSUPPORTED;
+}
+
+pkv_status pkv_attn_decode_contig_cuda(const pkv_attn_shape *shape, uint32_t num_seqs,
+                                       const void *q, const pkv_attn_contig_kv *kv, void *out,
+                                       void *stream) {
+    (void)shape, (void)num_seqs, (void)q, (void)kv, (void)out, (void)stream;
+    return PKV_ERR_UNSUPPORTED;
+}
+
+pkv_status pkv_attn_decode_paged_cuda_ex(const pkv_attn_shape *shape, uint32_t num_seqs,
+                                         const void *q, const pkv_attn_paged_kv *kv,
+                                         void *out, const pkv_attn_cuda_opts *opts,
+                                         void *stream) {
+    (void)shape, (void)num_seqs, (void)q, (void)kv, (void)out, (void)opts, (void)stream;
+    return PKV_ERR_UNSUPPORTED;
+}
+
+pkv_status pkv_attn_decode_contig_cuda_ex(const pkv_attn_shape *shape, uint32_t num_seqs,
+                                          const void *q, const pkv_attn_contig_kv *kv,
+                                          void *out, const pkv_attn_cuda_opts *opts,
+                                          void *stream) {
+    (void)shape, (void)num_seqs, (void)q, (void)kv, (void)out, (void)opts, (void)stream;
+    return PKV_ERR_UNSUPPORTED;
+}
+
+pkv_status pkv_attn_cache_write_cuda(const pkv_attn_shape *shape, uint32_t num_tokens,
+                                     const void *k, const void *v, const int64_t *slots,
+                                     void *k_cache, void *v_cache, uint64_t block_stride,
+                                     uint64_t head_stride, uint64_t token_stride,
+                                     uint32_t block_size, uint32_t num_blocks, void *stream) {
+    (void)shape, (void)num_tokens, (void)k, (void)v, (void)slots, (void)k_cache;
+    (void)v_cache, (void)block_stride, (void)head_stride, (void)token_stride;
+    (void)block_size, (void)num_blocks, (void)stream;
+    return PKV_ERR_UNSUPPORTED;
+}
+
+pkv_status pkv_attn_prefill_paged_cuda(const pkv_attn_shape *shape, uint32_t num_seqs,
+                                       const int32_t *q_indptr, const void *q,
+                                       const pkv_attn_paged_kv *kv, void *out, void *stream) {
+    (void)shape, (void)num_seqs, (void)q_indptr, (void)q, (void)kv, (void)out, (void)stream;
+    return PKV_ERR_UNSUPPORTED;
+}
+
+pkv_status pkv_attn_copy_blocks_cuda(pkv_dtype dtype, void *base, uint32_t num_layers,
+                                     uint64_t layer_stride, uint64_t block_stride,
+                                     uint64_t block_elems, uint32_t num_blocks,
+                                     const pkv_block_copy *copies, uint32_t num_copies,
+                                     void *stream) {
+    (void)dtype, (void)base, (void)num_layers, (void)layer_stride, (void)block_stride;
+    (void)block_elems, (void)num_blocks, (void)copies, (void)num_copies, (void)stream;
+    return PKV_ERR_UNSUPPORTED;
+}

@@ -1,0 +1,61 @@
+// SPDX-License-Identifier: MIT
+// Private prototypes of src/attention, grouped by the file that defines them.
+// Argument checks live in one place so that the CPU functions and the CUDA
+// launchers refuse exactly the same inputs.
+#ifndef PKV_ATTN_INTERNAL_H
+#define PKV_ATTN_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pkv/attention.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// CUDA decode: query heads handled by one thread block (a GQA group larger than
+// this is cut into several head groups, each reading the K/V blocks once).
+#define PKVI_ATTN_CUDA_MAX_GROUP 8u
+// CUDA split-K: smallest partition, largest number of partitions.
+#define PKVI_ATTN_MIN_PARTITION 512u
+#define PKVI_ATTN_MAX_SPLITS 64u
+
+// ---- attn_check.c ----
+// Shape: non-NULL, heads >= 1 and kv heads divide them, a known dtype, a finite
+// scale, head_dim in 1..PKV_ATTN_CPU_MAX_HEAD_DIM (cuda = 0) or one of 64/128/256
+// (cuda = 1, else PKV_ERR_UNSUPPORTED).
+pkv_status pkvi_attn_check_shape(const pkv_attn_shape *shape, int cuda);
+// Paged descriptor without its host-side tables (pointers non-NULL, sizes >= 1).
+pkv_status pkvi_attn_check_paged_desc(const pkv_attn_paged_kv *kv);
+// Every sequence's length (1..max_blocks_per_seq * block_size) and every block id
+// it uses (0..num_blocks-1); tables in host memory.
+pkv_status pkvi_attn_check_paged_tables(const pkv_attn_paged_kv *kv, uint32_t num_seqs);
+pkv_status pkvi_attn_check_contig_desc(const pkv_attn_contig_kv *kv);
+pkv_status pkvi_attn_check_contig_lens(const pkv_attn_contig_kv *kv, uint32_t num_seqs);
+// Prefill: q_indptr[0] == 0, non-decreasing, prompt i no longer than seq_lens[i].
+pkv_status pkvi_attn_check_prefill(const pkv_attn_paged_kv *kv, uint32_t num_seqs,
+                                   const int32_t *q_indptr);
+// Cache write scalars (pointers, sizes); slots are checked by the caller.
+pkv_status pkvi_attn_check_write_args(const pkv_attn_shape *shape, const void *k,
+                                      const void *v, const int64_t *slots, const void *k_cache,
+                                      const void *v_cache, uint32_t block_size,
+                                      uint32_t num_blocks);
+pkv_status pkvi_attn_check_copy_args(pkv_dtype dtype, const void *base, uint32_t num_layers,
+                                     uint64_t block_stride, uint64_t block_elems,
+                                     uint32_t num_blocks, const pkv_block_copy *copies);
+
+// ---- attn_plan.c ----
+// Query heads per thread block and head groups per kv head on CUDA.
+void pkvi_attn_cuda_groups(const pkv_attn_shape *shape, uint32_t *heads_per_cta,
+                           uint32_t *groups_per_kv_head);
+// Tokens per split-K partition for a context bound and a number of splits (a
+// multiple of 256), and the number of partitions that it actually gives.
+void pkvi_attn_partition(uint32_t max_context, uint32_t num_splits, uint32_t *part_len,
+                         uint32_t *parts);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif // PKV_ATTN_INTERNAL_H

@@ -1,0 +1,82 @@
+// SPDX-License-Identifier: MIT
+// The split-K (flash-decoding) plan of the CUDA decode kernels, as plain host
+// arithmetic so that every build has it and the unit tests can check it.
+// Invariant: the plan depends only on its arguments (no device query here).
+#include "attn_internal.h"
+
+void pkvi_attn_cuda_groups(const pkv_attn_shape *shape, uint32_t *heads_per_cta,
+                           uint32_t *groups_per_kv_head) {
+    uint32_t g = shape->num_heads / shape->num_kv_heads;
+    uint32_t h = g;
+    while (h > PKVI_ATTN_CUDA_MAX_GROUP) { // largest divisor of the group that fits
+        uint32_t x = PKVI_ATTN_CUDA_MAX_GROUP;
+        while (g % x != 0) {
+            x--;
+        }
+        h = x;
+    }
+    *heads_per_cta = h;
+    *groups_per_kv_head = g / h;
+}
+
+void pkvi_attn_partition(uint32_t max_context, uint32_t num_splits, uint32_t *part_len,
+                         uint32_t *parts) {
+    if (num_splits <= 1) {
+        *part_len = max_context;
+        *parts = 1;
+        return;
+    }
+    uint32_t len = (max_context + num_splits - 1) / num_splits;
+    len = (len + 255u) / 256u * 256u; // whole kernel tiles
+    *part_len = len;
+    *parts = (max_context + len - 1) / len;
+}
+
+pkv_status pkv_attn_cuda_num_splits(const pkv_attn_shape *shape, uint32_t num_seqs,
+                                    uint32_t max_context, uint32_t num_sms,
+                                    uint32_t *num_splits) {
+    if (shape == NULL || num_splits == NULL || shape->num_kv_heads == 0 ||
+        shape->num_heads == 0 || shape->num_heads % shape->num_kv_heads != 0 ||
+        num_sms == 0 || max_context == 0) {
+        return PKV_ERR_INVALID_ARG;
+    }
+    uint32_t hpc;
+    uint32_t gpk;
+    pkvi_attn_cuda_groups(shape, &hpc, &gpk);
+    // Thread blocks without splitting: one per (sequence, kv head, head group).
+    uint64_t ctas = (uint64_t)num_seqs * shape->num_kv_heads * gpk;
+    uint64_t target = 2ull * num_sms;
+    uint32_t max_by_len = max_context / PKVI_ATTN_MIN_PARTITION;
+    if (ctas == 0 || ctas >= target || max_by_len < 2) {
+        *num_splits = 1;
+        return PKV_OK;
+    }
+    uint64_t want = (target + ctas - 1) / ctas;
+    if (want > max_by_len) {
+        want = max_by_len;
+    }
+    if (want > PKVI_ATTN_MAX_SPLITS) {
+        want = PKVI_ATTN_MAX_SPLITS;
+    }
+    uint32_t part_len;
+    uint32_t parts;
+    pkvi_attn_partition(max_context, (uint32_t)want, &part_len, &parts);
+    *num_splits = parts;
+    return PKV_OK;
+}
+
+pkv_status pkv_attn_cuda_workspace_bytes(const pkv_attn_shape *shape, uint32_t num_seqs,
+                                         uint32_t num_splits, size_t *bytes) {
+    if (shape == NULL || bytes == NULL || shape->head_dim == 0 || shape->num_heads == 0 ||
+        num_splits == 0) {
+        return PKV_ERR_INVALID_ARG;
+    }
+    if (num_splits == 1) {
+        *bytes = 0;
+        return PKV_OK;
+    }
+    // Per (sequence, head, partition): head_dim fp32 outputs, a max and a sum.
+    uint64_t per = (uint64_t)shape->head_dim + 2u;
+    *bytes = (size_t)((uint64_t)num_seqs * shape->num_heads * num_splits * per * sizeof(float));
+    return PKV_OK;
+}
