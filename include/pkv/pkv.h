@@ -13,5 +13,7 @@
 #include "pkv/prefix.h"
 #include "pkv/attention.h"
 #include "pkv/model_config.h"
+#include "pkv/model.h"
+#include "pkv/generate.h"
 
 #endif // PKV_PKV_H

@@ -1,0 +1,216 @@
+// SPDX-License-Identifier: MIT
+// The decoder model and its step-level API. A pkv_model holds the weights of one
+// decoder (pkv_model_config: GPT-2 style, or Llama style with RMSNorm, RoPE,
+// SwiGLU, GQA) on one device (CPU or CUDA) and runs forward passes whose keys and
+// values go to a KV store that the CALLER owns:
+//   - a paged store: a pkv_cache (memory) + a pkv_seqset (block tables), or
+//   - a contiguous store: a pkv_contig_kv (one max_len row per sequence),
+// or to no store at all (pkv_model_forward_nocache recomputes whole sequences).
+// The same forward code runs every store and both devices.
+//
+// Step protocol (paged), for an external scheduler:
+//   1. pkv_seq_append(set, id, n, NULL) for every sequence that gets n new tokens
+//      (the scheduler owns block allocation, forks and preemption);
+//   2. pkv_model_prefill_paged (n >= 1 tokens per sequence, e.g. a prompt) or
+//      pkv_model_decode_paged (exactly 1 token per sequence). The new tokens are
+//      the LAST n positions of each sequence: their K/V are computed and written
+//      into the slots the append took; earlier positions must already hold K/V.
+//      Queued copy-on-write copies of `set` are executed first
+//      (pkv_cache_apply_copies), so a forked sequence may append right away.
+//   3. read logits [num_seqs][vocab] of each sequence's last new token and/or the
+//      greedy next token; sample (generate.h) and go to 1.
+// The contiguous store follows the same protocol with pkv_contig_kv_append.
+//
+// Numerics: weights and activations are fp32; the KV store is fp32 by default,
+// or fp16 / bf16 (q, k, v are rounded to the store's dtype before attention,
+// attention accumulates in fp32, its output is widened back to fp32).
+// Thread-safety: a model is used by one thread at a time (it owns scratch
+// buffers); different models are independent. CPU GEMMs use OpenBLAS, whose
+// thread count follows OPENBLAS_NUM_THREADS; attention uses params.num_threads.
+#ifndef PKV_MODEL_H
+#define PKV_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pkv/cache.h"
+#include "pkv/model_config.h"
+#include "pkv/seq.h"
+#include "pkv/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum pkv_device {
+    PKV_DEVICE_CPU = 0,  // host memory, OpenBLAS GEMMs, CPU attention
+    PKV_DEVICE_CUDA = 1, // device memory, cuBLAS GEMMs, CUDA attention kernels
+} pkv_device;
+
+const char *pkv_device_name(pkv_device device); // "cpu", "cuda" or "unknown"
+
+typedef struct pkv_model pkv_model;
+
+// How to build a model. Plain data; start from pkv_model_params_default().
+typedef struct pkv_model_params {
+    pkv_device device;    // default PKV_DEVICE_CPU
+    int cuda_device;      // CUDA device ordinal (default 0)
+    uint64_t seed;        // random weights: same seed, same config -> same weights
+    uint32_t num_threads; // CPU attention threads, 0 = all cores (default 0). For
+                          // small models 1 is faster: decode is memory-bound and
+                          // an OpenMP team spin-waiting beside BLAS threads on a
+                          // busy machine stalls (docs/bench_runtime.md)
+    int profile;          // 1: time every op class (on CUDA this synchronizes per op)
+} pkv_model_params;
+
+pkv_model_params pkv_model_params_default(void);
+
+// Bytes of the model's fp32 weights (param count x 4). 0 for an invalid config.
+uint64_t pkv_model_weight_bytes(const pkv_model_config *config);
+
+// Build a model with deterministic random weights (uniform, std 0.02; norm scales
+// 1, norm shifts 0) from params->seed. config, params: borrowed. *out is owned by
+// the caller. PKV_ERR_INVALID_ARG for an invalid config, PKV_ERR_OUT_OF_MEMORY if
+// the weights cannot be allocated, PKV_ERR_UNSUPPORTED / PKV_ERR_NO_DEVICE for
+// CUDA in a build without it / on a machine without a device.
+pkv_status pkv_model_create(const pkv_model_config *config, const pkv_model_params *params,
+                            pkv_model **out);
+
+// Load a llama2.c checkpoint (karpathy/llama2.c "run.c" format, version 0):
+//   header: 7 little-endian int32: dim, hidden_dim, n_layers, n_heads, n_kv_heads,
+//           vocab_size (negative: the LM head is stored, not tied), seq_len;
+//   then fp32 tensors in this order: token_embedding [vocab][dim],
+//   rms_att [L][dim], wq [L][dim][dim], wk [L][kv_dim][dim], wv [L][kv_dim][dim],
+//   wo [L][dim][dim], rms_ffn [L][dim], w1 [L][hidden][dim], w2 [L][dim][hidden],
+//   w3 [L][hidden][dim], rms_final [dim], two unused RoPE tables
+//   [seq_len][head_dim / 2] each, and wcls [vocab][dim] when vocab_size < 0.
+// The model is Llama style (RMSNorm eps 1e-5, RoPE theta 10000 on interleaved
+// pairs, SwiGLU w2(silu(w1 x) * w3 x), no biases), name "llama2c".
+// Errors: PKV_ERR_IO (cannot open or read), PKV_ERR_FORMAT (bad header, file
+// shorter or longer than the header implies). err: optional caller-owned buffer
+// of err_cap bytes that receives a one-line message naming the file and problem.
+pkv_status pkv_model_load_llama2c(const char *path, const pkv_model_params *params,
+                                  pkv_model **out, char *err, size_t err_cap);
+
+// Write the model's weights as a llama2.c checkpoint (the inverse of the loader).
+// Only Llama-style models without biases (RMSNorm, RoPE, SwiGLU) can be written:
+// PKV_ERR_UNSUPPORTED otherwise; PKV_ERR_IO if the file cannot be written.
+pkv_status pkv_model_save_llama2c(const pkv_model *model, const char *path);
+
+// Free the weights and scratch buffers. NULL does nothing.
+void pkv_model_destroy(pkv_model *model);
+
+// The model's config and device (copied out).
+pkv_status pkv_model_get_config(const pkv_model *model, pkv_model_config *config);
+pkv_device pkv_model_device(const pkv_model *model);
+
+// Params of a pkv_cache this model can use: its layers, kv heads and head dim,
+// fp32, HND, with the given block size. The caller may change dtype to
+// PKV_DTYPE_F16 or PKV_DTYPE_BF16 and layout to NHD. Create the cache on a host
+// backend for a CPU model and on a CUDA backend for a CUDA model.
+pkv_status pkv_model_cache_params(const pkv_model *model, uint32_t block_size,
+                                  pkv_cache_params *params);
+
+// ---- step API: paged store -------------------------------------------------
+
+// Prefill: for each i < num_seqs, sequence seqs[i] of `set` gets counts[i] >= 1
+// new tokens, tokens[sum(counts[0..i-1]) .. + counts[i] - 1] (packed, borrowed),
+// at its last counts[i] positions (the caller appended them already). Their K/V
+// are written into `cache`; attention sees every earlier position of the sequence.
+// seqs: borrowed [num_seqs], distinct; counts: borrowed [num_seqs].
+// logits: optional caller-owned host buffer [num_seqs][vocab_size] that receives
+// the logits after each sequence's last new token. next_tokens: optional
+// caller-owned [num_seqs] that receives the greedy (argmax) next token.
+// cache and set: borrowed; cache must come from pkv_model_cache_params (same
+// layers, kv heads, head dim, block size) on this model's device, and set
+// must use cache's pool. Errors: PKV_ERR_INVALID_ARG (shapes, a position past
+// max_seq_len for learned positions, a count larger than the sequence),
+// PKV_ERR_NOT_FOUND (a sequence id that is not live), PKV_ERR_BACKEND (a CUDA
+// failure); on error the cache contents of the new slots are unspecified.
+pkv_status pkv_model_prefill_paged(pkv_model *model, pkv_cache *cache, pkv_seqset *set,
+                                   uint32_t num_seqs, const pkv_seq_id *seqs,
+                                   const uint32_t *counts, const int32_t *tokens,
+                                   float *logits, int32_t *next_tokens);
+
+// Decode one step: exactly one new token per sequence (tokens: [num_seqs], the
+// token each sequence produced last; the caller appended one slot for it).
+// Same arguments and errors as pkv_model_prefill_paged with counts all 1.
+pkv_status pkv_model_decode_paged(pkv_model *model, pkv_cache *cache, pkv_seqset *set,
+                                  uint32_t num_seqs, const pkv_seq_id *seqs,
+                                  const int32_t *tokens, float *logits,
+                                  int32_t *next_tokens);
+
+// ---- contiguous store ------------------------------------------------------
+
+// One fixed row of max_len token slots per sequence, in this model's device
+// memory: per layer, K and V each [max_rows][kv_heads][max_len][head_dim] of
+// the store's dtype (fp32, fp16 or bf16).
+// Rows are named 0..max_rows-1; each has a length in tokens (0 after create).
+typedef struct pkv_contig_kv pkv_contig_kv;
+
+// Create a store for `model` (borrowed; must outlive the store). *out is owned by
+// the caller. PKV_ERR_OUT_OF_MEMORY if the buffers cannot be allocated.
+pkv_status pkv_contig_kv_create(const pkv_model *model, uint32_t max_rows, uint32_t max_len,
+                                pkv_dtype dtype, pkv_contig_kv **out);
+void pkv_contig_kv_destroy(pkv_contig_kv *kv); // NULL does nothing
+
+// Grow row's length by n tokens (the slots the next forward pass fills).
+// PKV_ERR_BUFFER_TOO_SMALL (nothing changed) if it would exceed max_len.
+pkv_status pkv_contig_kv_append(pkv_contig_kv *kv, uint32_t row, uint32_t n);
+// Set a row's length to 0 (the row is free for a new sequence).
+pkv_status pkv_contig_kv_reset(pkv_contig_kv *kv, uint32_t row);
+pkv_status pkv_contig_kv_length(const pkv_contig_kv *kv, uint32_t row, uint32_t *len);
+// Copy row src's K/V (every layer) and length into row dst: the contiguous layout's
+// fork, which must copy what the paged layout shares.
+pkv_status pkv_contig_kv_copy_row(pkv_contig_kv *kv, uint32_t src, uint32_t dst);
+uint64_t pkv_contig_kv_bytes(const pkv_contig_kv *kv); // bytes of K/V memory held
+
+// Same as the paged calls, with rows of `kv` (distinct, borrowed [num_seqs]) in
+// place of sequence ids.
+pkv_status pkv_model_prefill_contig(pkv_model *model, pkv_contig_kv *kv, uint32_t num_seqs,
+                                    const uint32_t *rows, const uint32_t *counts,
+                                    const int32_t *tokens, float *logits,
+                                    int32_t *next_tokens);
+pkv_status pkv_model_decode_contig(pkv_model *model, pkv_contig_kv *kv, uint32_t num_seqs,
+                                   const uint32_t *rows, const int32_t *tokens, float *logits,
+                                   int32_t *next_tokens);
+
+// ---- no cache --------------------------------------------------------------
+
+// Full recompute: sequence i is tokens[sum(lens[0..i-1]) .. + lens[i] - 1]
+// (all its tokens, packed); it runs the whole causal forward pass over it and
+// returns the logits after its last token. Nothing is kept between calls: the
+// K/V live in model scratch for the call only. Arguments as for prefill.
+pkv_status pkv_model_forward_nocache(pkv_model *model, uint32_t num_seqs, const uint32_t *lens,
+                                     const int32_t *tokens, float *logits,
+                                     int32_t *next_tokens);
+
+// ---- profile ---------------------------------------------------------------
+
+// Seconds spent per op class since creation or the last reset. The GEMM classes
+// and attention are timed only with params.profile (on CUDA that synchronizes);
+// total and bookkeeping are always timed.
+typedef struct pkv_model_profile {
+    double total;       // wall time inside forward calls
+    double bookkeeping; // block tables, slots, lengths, metadata upload, CoW copies
+    double attention;   // cache write + attention
+    double gemm_qkv;    // Q, K, V projections
+    double gemm_out;    // attention output projection
+    double gemm_ffn;    // FFN up/gate/down
+    double lm_head;     // final norm + LM head
+    double other;       // embeddings, norms, RoPE, activations (profile only)
+    uint64_t forward_calls;
+    uint64_t tokens;    // tokens processed (new tokens, or whole sequences without cache)
+} pkv_model_profile;
+
+pkv_status pkv_model_get_profile(const pkv_model *model, pkv_model_profile *profile);
+void pkv_model_reset_profile(pkv_model *model);
+
+// Index of the largest of logits[0..n-1] (the first on ties); -1 for n == 0.
+int32_t pkv_argmax(const float *logits, uint32_t n);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif // PKV_MODEL_H

@@ -1,0 +1,442 @@
+// SPDX-License-Identifier: MIT
+// The CUDA op table of the decoder: cuBLAS SGEMM for every linear layer, the
+// attention engineer's CUDA kernels for the paged cache and contiguous decode,
+// and small kernels of our own for embeddings, norms, RoPE, activations, the
+// contiguous-store write and the contiguous causal pass (prefill / no cache).
+// Invariant: every op is enqueued on the model's one stream, so they run in
+// program order; only download and sync wait for the device.
+#include <cuda_runtime.h>
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <math.h>
+#include <stdlib.h>
+
+#include "model_internal.h"
+
+typedef struct cuda_state {
+    cublasHandle_t blas;
+    cudaStream_t stream;
+} cuda_state;
+
+static cuda_state *st_of(pkv_model *m) { return (cuda_state *)m->dev; }
+
+static pkv_status check(cudaError_t e) {
+    return e == cudaSuccess ? PKV_OK : PKV_ERR_BACKEND;
+}
+
+// A launch error (bad configuration) shows up here; execution errors surface
+// at the next synchronizing call.
+static pkv_status launched(void) { return check(cudaGetLastError()); }
+
+static pkv_status cuda_init(pkv_model *m) {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count <= m->params.cuda_device ||
+        m->params.cuda_device < 0) {
+        cudaGetLastError(); // clear the sticky "no device" error
+        return PKV_ERR_NO_DEVICE;
+    }
+    if (cudaSetDevice(m->params.cuda_device) != cudaSuccess) return PKV_ERR_NO_DEVICE;
+    cuda_state *s = (cuda_state *)calloc(1, sizeof *s);
+    if (!s) return PKV_ERR_OUT_OF_MEMORY;
+    if (cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking) != cudaSuccess) {
+        free(s);
+        return PKV_ERR_BACKEND;
+    }
+    if (cublasCreate(&s->blas) != CUBLAS_STATUS_SUCCESS) {
+        cudaStreamDestroy(s->stream);
+        free(s);
+        return PKV_ERR_BACKEND;
+    }
+    cublasSetStream(s->blas, s->stream);
+    // Full fp32 math: the CUDA backend is checked against the CPU one.
+    cublasSetMathMode(s->blas, CUBLAS_DEFAULT_MATH);
+    m->dev = s;
+    return PKV_OK;
+}
+
+static void cuda_fini(pkv_model *m) {
+    cuda_state *s = st_of(m);
+    if (!s) return;
+    cudaStreamSynchronize(s->stream);
+    cublasDestroy(s->blas);
+    cudaStreamDestroy(s->stream);
+    free(s);
+    m->dev = NULL;
+}
+
+static pkv_status cuda_alloc(pkv_model *m, size_t bytes, void **ptr) {
+    (void)m;
+    void *p = NULL;
+    if (cudaMalloc(&p, bytes ? bytes : 1) != cudaSuccess) {
+        cudaGetLastError();
+        return PKV_ERR_OUT_OF_MEMORY;
+    }
+    *ptr = p;
+    return PKV_OK;
+}
+
+static void cuda_release(pkv_model *m, void *ptr) {
+    if (m->dev) cudaStreamSynchronize(st_of(m)->stream);
+    cudaFree(ptr);
+}
+
+static pkv_status cuda_upload(pkv_model *m, void *dst, const void *src, size_t bytes) {
+    // From pageable host memory the call returns once the source is staged, so
+    // the host may refill its metadata right after.
+    return check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, st_of(m)->stream));
+}
+
+static pkv_status cuda_download(pkv_model *m, void *dst, const void *src, size_t bytes) {
+    cudaStream_t s = st_of(m)->stream;
+    pkv_status st = check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s));
+    if (st == PKV_OK) st = check(cudaStreamSynchronize(s));
+    return st;
+}
+
+static pkv_status cuda_copy(pkv_model *m, void *dst, const void *src, size_t bytes) {
+    return check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, st_of(m)->stream));
+}
+
+static pkv_status cuda_sync(pkv_model *m) { return check(cudaStreamSynchronize(st_of(m)->stream)); }
+
+// ---- kernels ----------------------------------------------------------------
+
+#define THREADS 256
+
+// Sum (or max) over a block of THREADS threads; every thread gets the result.
+__device__ float block_reduce(float v, int is_max) {
+    __shared__ float warp_part[THREADS / 32];
+    for (int o = 16; o > 0; o >>= 1) {
+        float other = __shfl_xor_sync(0xffffffffu, v, o);
+        v = is_max ? fmaxf(v, other) : v + other;
+    }
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    if (lane == 0) warp_part[warp] = v;
+    __syncthreads();
+    v = warp_part[0];
+    for (int w = 1; w < (int)(blockDim.x / 32); w++)
+        v = is_max ? fmaxf(v, warp_part[w]) : v + warp_part[w];
+    __syncthreads();
+    return v;
+}
+
+__global__ void embed_kernel(uint32_t d, const int32_t *tok, const int32_t *pos,
+                             const float *wte, const float *wpe, float *x) {
+    // x: [T][d]; wte: [vocab][d]; wpe: [max_seq_len][d] or NULL
+    uint32_t t = blockIdx.x;
+    const float *e = wte + (size_t)tok[t] * d;
+    const float *p = wpe ? wpe + (size_t)pos[t] * d : NULL;
+    for (uint32_t i = threadIdx.x; i < d; i += blockDim.x)
+        x[(size_t)t * d + i] = e[i] + (p ? p[i] : 0.0f);
+}
+
+__global__ void norm_kernel(uint32_t d, int rms, float eps, const float *x, const float *w,
+                            const float *b, float *y) {
+    // x, y: [rows][d]; w, b: [d]
+    const float *xr = x + (size_t)blockIdx.x * d;
+    float *yr = y + (size_t)blockIdx.x * d;
+    float mean = 0.0f;
+    if (!rms) {
+        float s = 0.0f;
+        for (uint32_t i = threadIdx.x; i < d; i += blockDim.x) s += xr[i];
+        mean = block_reduce(s, 0) / d;
+    }
+    float ss = 0.0f;
+    for (uint32_t i = threadIdx.x; i < d; i += blockDim.x) ss += (xr[i] - mean) * (xr[i] - mean);
+    float inv = rsqrtf(block_reduce(ss, 0) / d + eps);
+    for (uint32_t i = threadIdx.x; i < d; i += blockDim.x)
+        yr[i] = (xr[i] - mean) * inv * w[i] + (b ? b[i] : 0.0f);
+}
+
+__global__ void bias_kernel(uint32_t n, const float *b, float *y) {
+    // y: [T][n]; b: [n]
+    for (uint32_t j = threadIdx.x; j < n; j += blockDim.x) y[(size_t)blockIdx.x * n + j] += b[j];
+}
+
+__global__ void rope_kernel(uint32_t heads, uint32_t kv_heads, uint32_t hd, double theta,
+                            const int32_t *pos, float *q, float *k) {
+    // q: [T][heads][hd]; k: [T][kv_heads][hd]; interleaved pairs (2i, 2i+1)
+    uint32_t t = blockIdx.x, half = hd / 2;
+    for (uint32_t e = threadIdx.x; e < (heads + kv_heads) * half; e += blockDim.x) {
+        uint32_t h = e / half, i = e % half;
+        float *v = h < heads ? q + ((size_t)t * heads + h) * hd
+                             : k + ((size_t)t * kv_heads + (h - heads)) * hd;
+        double a = (double)pos[t] * pow(theta, -2.0 * (double)i / (double)hd);
+        float c = (float)cos(a), s = (float)sin(a);
+        float x0 = v[2 * i], x1 = v[2 * i + 1];
+        v[2 * i] = x0 * c - x1 * s;
+        v[2 * i + 1] = x0 * s + x1 * c;
+    }
+}
+
+__global__ void act_kernel(size_t n, float *a, const float *b) {
+    // a, b: [T][d_ff]; b NULL = GELU (tanh form), else SwiGLU silu(a) * b
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        float x = a[i];
+        a[i] = b ? x / (1.0f + expf(-x)) * b[i]
+                 : 0.5f * x * (1.0f + tanhf(0.7978845608f * (x + 0.044715f * x * x * x)));
+    }
+}
+
+__global__ void gather_kernel(uint32_t d, const int32_t *last, const float *x, float *xl) {
+    // x: [T][d]; xl: [S][d]
+    for (uint32_t i = threadIdx.x; i < d; i += blockDim.x)
+        xl[(size_t)blockIdx.x * d + i] = x[(size_t)last[blockIdx.x] * d + i];
+}
+
+// Store element types: fp32, fp16 (__half) and bf16 (__nv_bfloat16).
+__device__ __forceinline__ float widen(float x) { return x; }
+__device__ __forceinline__ float widen(__half x) { return __half2float(x); }
+__device__ __forceinline__ float widen(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ void narrow(float x, __half *d) { *d = __float2half_rn(x); }
+__device__ __forceinline__ void narrow(float x, __nv_bfloat16 *d) { *d = __float2bfloat16_rn(x); }
+
+template <typename H>
+__global__ void to_half_kernel(size_t n, const float *src, H *dst) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        narrow(src[i], &dst[i]);
+}
+
+template <typename H>
+__global__ void from_half_kernel(size_t n, const H *src, float *dst) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = widen(src[i]);
+}
+
+template <typename T>
+__global__ void contig_write_kernel(uint32_t kvh, uint32_t hd, uint32_t max_len,
+                                    const int32_t *tseq, const int32_t *pos, const int32_t *rows,
+                                    const T *k, const T *v, T *ck, T *cv) {
+    // k, v: [T][kvh][hd] -> ck, cv: [rows][kvh][max_len][hd] (one layer)
+    uint32_t t = blockIdx.x, h = blockIdx.y;
+    size_t dst = (((size_t)rows[tseq[t]] * kvh + h) * max_len + (size_t)pos[t]) * hd;
+    size_t src = ((size_t)t * kvh + h) * hd;
+    for (uint32_t i = threadIdx.x; i < hd; i += blockDim.x) {
+        ck[dst + i] = k[src + i];
+        cv[dst + i] = v[src + i];
+    }
+}
+
+template <typename T>
+__global__ void causal_contig_kernel(uint32_t H, uint32_t kvh, uint32_t hd, uint32_t max_len,
+                                     float scale, const int32_t *tseq, const int32_t *pos,
+                                     const int32_t *rows, const float *q, const T *ck,
+                                     const T *cv, float *att) {
+    // q, att: [T][H][hd] fp32; ck, cv: [rows][kvh][max_len][hd]; token t attends 0..pos[t]
+    extern __shared__ float sh[]; // [hd] query, then [pos + 1] scores
+    uint32_t t = blockIdx.x, h = blockIdx.y, n = (uint32_t)pos[t] + 1;
+    const size_t base = ((size_t)rows[tseq[t]] * kvh + h / (H / kvh)) * max_len * hd;
+    const T *kh = ck + base, *vh = cv + base;
+    float *qs = sh, *sc = sh + hd;
+    for (uint32_t i = threadIdx.x; i < hd; i += blockDim.x) qs[i] = q[((size_t)t * H + h) * hd + i];
+    __syncthreads();
+    float mx = -INFINITY;
+    for (uint32_t j = threadIdx.x; j < n; j += blockDim.x) {
+        float s = 0.0f;
+        for (uint32_t i = 0; i < hd; i++) s += qs[i] * widen(kh[(size_t)j * hd + i]);
+        sc[j] = s * scale;
+        mx = fmaxf(mx, sc[j]);
+    }
+    mx = block_reduce(mx, 1);
+    float sum = 0.0f;
+    for (uint32_t j = threadIdx.x; j < n; j += blockDim.x) {
+        sc[j] = expf(sc[j] - mx);
+        sum += sc[j];
+    }
+    sum = block_reduce(sum, 0); // also a barrier: every score is written
+    for (uint32_t i = threadIdx.x; i < hd; i += blockDim.x) {
+        float o = 0.0f;
+        for (uint32_t j = 0; j < n; j++) o += sc[j] * widen(vh[(size_t)j * hd + i]);
+        att[((size_t)t * H + h) * hd + i] = o / sum;
+    }
+}
+
+// ---- ops --------------------------------------------------------------------
+
+static pkv_status cuda_embed(pkv_model *m, uint32_t T, float *x) {
+    // Grid: one block per token, threads over d_model.
+    embed_kernel<<<T, THREADS, 0, st_of(m)->stream>>>(m->cfg.d_model, m->s.tok, m->s.pos,
+                                                      m->w.wte, m->w.wpe, x);
+    return launched();
+}
+
+static pkv_status cuda_norm(pkv_model *m, uint32_t rows, const float *x, const float *w,
+                            const float *b, float *y) {
+    // Grid: one block per row, THREADS threads reduce over d_model.
+    norm_kernel<<<rows, THREADS, 0, st_of(m)->stream>>>(
+        m->cfg.d_model, m->cfg.norm == PKV_NORM_RMSNORM, m->cfg.norm_eps, x, w, b, y);
+    return launched();
+}
+
+static pkv_status cuda_linear(pkv_model *m, uint32_t T, uint32_t k, uint32_t n, const float *x,
+                              const float *w, const float *b, float *y, int accumulate) {
+    // Row-major y[T][n] = x[T][k] w[n][k]^T, seen column-major: y is (n x T, ld n),
+    // w is (k x n, ld k) used transposed, x is (k x T, ld k): y = w^T x.
+    const float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+    if (cublasSgemm(st_of(m)->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)n, (int)T, (int)k, &one, w,
+                    (int)k, x, (int)k, &beta, y, (int)n) != CUBLAS_STATUS_SUCCESS)
+        return PKV_ERR_BACKEND;
+    if (b) {
+        // Grid: one block per token row, threads over n.
+        bias_kernel<<<T, THREADS, 0, st_of(m)->stream>>>(n, b, y);
+        return launched();
+    }
+    return PKV_OK;
+}
+
+static pkv_status cuda_rope(pkv_model *m, uint32_t T, float *q, float *k) {
+    // Grid: one block per token, threads over (head, pair).
+    rope_kernel<<<T, THREADS, 0, st_of(m)->stream>>>(m->cfg.num_heads, m->cfg.num_kv_heads,
+                                                     m->cfg.head_dim, m->cfg.rope_theta,
+                                                     m->s.pos, q, k);
+    return launched();
+}
+
+static pkv_status cuda_act(pkv_model *m, uint32_t T, float *a, const float *b) {
+    size_t n = (size_t)T * m->cfg.d_ff;
+    unsigned blocks = (unsigned)((n + THREADS - 1) / THREADS);
+    if (blocks > 65535u) blocks = 65535u;
+    // Grid: 1-D grid-stride over T * d_ff elements.
+    act_kernel<<<blocks, THREADS, 0, st_of(m)->stream>>>(n, a, b);
+    return launched();
+}
+
+static pkv_status cuda_gather_last(pkv_model *m, uint32_t S, const float *x, float *xl) {
+    // Grid: one block per sequence, threads over d_model.
+    gather_kernel<<<S, THREADS, 0, st_of(m)->stream>>>(m->cfg.d_model, m->s.last, x, xl);
+    return launched();
+}
+
+static unsigned grid_for(size_t n) {
+    size_t blocks = (n + THREADS - 1) / THREADS;
+    return (unsigned)(blocks > 65535 ? 65535 : blocks ? blocks : 1);
+}
+
+// Round n fp32 values to the store's 16-bit dtype.
+static pkv_status narrow_n(pkv_model *m, size_t n, pkv_dtype dtype, const float *src, uint16_t *dst) {
+    cudaStream_t stream = st_of(m)->stream;
+    // Grid: 1-D grid-stride over n elements.
+    if (dtype == PKV_DTYPE_F16)
+        to_half_kernel<__half><<<grid_for(n), THREADS, 0, stream>>>(n, src, (__half *)dst);
+    else
+        to_half_kernel<__nv_bfloat16><<<grid_for(n), THREADS, 0, stream>>>(n, src, (__nv_bfloat16 *)dst);
+    return launched();
+}
+
+// Widen n 16-bit values of dtype back to fp32.
+static pkv_status widen_n(pkv_model *m, size_t n, pkv_dtype dtype, const uint16_t *src, float *dst) {
+    cudaStream_t stream = st_of(m)->stream;
+    // Grid: 1-D grid-stride over n elements.
+    if (dtype == PKV_DTYPE_F16)
+        from_half_kernel<__half><<<grid_for(n), THREADS, 0, stream>>>(n, (const __half *)src, dst);
+    else
+        from_half_kernel<__nv_bfloat16><<<grid_for(n), THREADS, 0, stream>>>(
+            n, (const __nv_bfloat16 *)src, dst);
+    return launched();
+}
+
+template <typename T>
+static pkv_status contig_prefill(pkv_model *m, const pkvi_call *call, const pkvi_kv_target *kv,
+                                 const void *k, const void *v, void *kc, void *vc) {
+    const pkv_model_config *c = &m->cfg;
+    pkvi_scratch *s = &m->s;
+    cudaStream_t stream = st_of(m)->stream;
+    const uint32_t hd = c->head_dim, kvh = c->num_kv_heads;
+    // Grid: (token, kv head), threads over head_dim.
+    contig_write_kernel<T><<<dim3(call->num_tokens, kvh), 128, 0, stream>>>(
+        kvh, hd, kv->max_len, s->tseq, s->pos, s->rows, (const T *)k, (const T *)v, (T *)kc,
+        (T *)vc);
+    pkv_status st = launched();
+    if (st != PKV_OK || call->all_single) return st;
+    size_t shmem = ((size_t)hd + kv->max_len) * sizeof(float);
+    if (shmem > 48 * 1024) return PKV_ERR_UNSUPPORTED; // scores must fit shared memory
+    // Grid: (token, query head), THREADS threads over keys, then over head_dim.
+    causal_contig_kernel<T><<<dim3(call->num_tokens, c->num_heads), THREADS, shmem, stream>>>(
+        c->num_heads, kvh, hd, kv->max_len, 1.0f / sqrtf((float)hd), s->tseq, s->pos, s->rows,
+        s->q, (const T *)kc, (const T *)vc, s->att);
+    return launched();
+}
+
+// One layer's attention in the store's dtype; q/k/v/att are fp32 or 16-bit scratch.
+static pkv_status attend(pkv_model *m, uint32_t layer, const pkvi_call *call,
+                         const pkvi_kv_target *kv, const void *q, const void *k, const void *v,
+                         void *att) {
+    const pkv_model_config *c = &m->cfg;
+    pkvi_scratch *s = &m->s;
+    cudaStream_t stream = st_of(m)->stream;
+    const size_t es = pkv_dtype_size(kv->dtype);
+    pkv_attn_shape sh;
+    sh.num_heads = c->num_heads;
+    sh.num_kv_heads = c->num_kv_heads;
+    sh.head_dim = c->head_dim;
+    sh.dtype = kv->dtype;
+    sh.scale = 1.0f / sqrtf((float)c->head_dim);
+    sh.num_threads = 0;
+    if (kv->kind == PKVI_KV_PAGED) {
+        char *kc = (char *)kv->base + kv->layer_stride * layer * es;
+        char *vc = kc + kv->kv_stride * es;
+        pkv_status st = pkv_attn_cache_write_cuda(&sh, call->num_tokens, k, v, s->slots, kc, vc,
+                                                  kv->block_stride, kv->head_stride,
+                                                  kv->token_stride, kv->block_size,
+                                                  kv->num_blocks, stream);
+        if (st != PKV_OK) return st;
+        pkv_attn_paged_kv pk = {kc, vc, kv->block_stride, kv->head_stride, kv->token_stride,
+                                kv->block_size, kv->num_blocks, s->table, kv->max_blocks,
+                                s->lens};
+        if (call->all_single)
+            return pkv_attn_decode_paged_cuda(&sh, call->num_seqs, q, &pk, att, stream);
+        return pkv_attn_prefill_paged_cuda(&sh, call->num_seqs, s->indptr, q, &pk, att, stream);
+    }
+    const uint32_t hd = c->head_dim, kvh = c->num_kv_heads;
+    const uint64_t head_stride = (uint64_t)kv->max_len * hd, seq_stride = head_stride * kvh,
+                   layer_stride = seq_stride * kv->max_rows;
+    char *kc = (char *)kv->ck + layer_stride * layer * es;
+    char *vc = (char *)kv->cv + layer_stride * layer * es;
+    pkv_status st;
+    if (kv->dtype == PKV_DTYPE_F32) st = contig_prefill<float>(m, call, kv, k, v, kc, vc);
+    else if (kv->dtype == PKV_DTYPE_F16) st = contig_prefill<__half>(m, call, kv, k, v, kc, vc);
+    else st = contig_prefill<__nv_bfloat16>(m, call, kv, k, v, kc, vc);
+    if (st != PKV_OK || !call->all_single) return st; // the causal pass wrote fp32 s->att
+    if (call->consecutive) {
+        pkv_attn_contig_kv ck = {kc + seq_stride * call->row0 * es, vc + seq_stride * call->row0 * es,
+                                 seq_stride, head_stride, hd, kv->max_len, s->lens};
+        return pkv_attn_decode_contig_cuda(&sh, call->num_seqs, q, &ck, att, stream);
+    }
+    for (uint32_t i = 0; i < call->num_seqs; i++) {
+        uint64_t row = (uint64_t)m->meta.rows[i];
+        pkv_attn_contig_kv ck = {kc + seq_stride * row * es, vc + seq_stride * row * es, seq_stride,
+                                 head_stride, hd, kv->max_len, s->lens + i};
+        st = pkv_attn_decode_contig_cuda(&sh, 1, (const char *)q + (size_t)i * m->q_dim * es, &ck,
+                                         (char *)att + (size_t)i * m->q_dim * es, stream);
+        if (st != PKV_OK) return st;
+    }
+    return PKV_OK;
+}
+
+static pkv_status cuda_attention(pkv_model *m, uint32_t layer, const pkvi_call *call,
+                                 const pkvi_kv_target *kv) {
+    pkvi_scratch *s = &m->s;
+    if (kv->dtype == PKV_DTYPE_F32) return attend(m, layer, call, kv, s->q, s->k, s->v, s->att);
+    const size_t T = call->num_tokens;
+    pkv_status st = narrow_n(m, T * m->q_dim, kv->dtype, s->q, s->q16);
+    if (st == PKV_OK) st = narrow_n(m, T * m->kv_dim, kv->dtype, s->k, s->k16);
+    if (st == PKV_OK) st = narrow_n(m, T * m->kv_dim, kv->dtype, s->v, s->v16);
+    const int causal = kv->kind == PKVI_KV_CONTIG && !call->all_single;
+    // The contiguous causal pass reads fp32 q: give it the rounded values that
+    // every other path sees, and round its fp32 output like theirs.
+    if (st == PKV_OK && causal) st = widen_n(m, T * m->q_dim, kv->dtype, s->q16, s->q);
+    if (st == PKV_OK) st = attend(m, layer, call, kv, s->q16, s->k16, s->v16, s->att16);
+    if (st == PKV_OK && causal) st = narrow_n(m, T * m->q_dim, kv->dtype, s->att, s->att16);
+    if (st == PKV_OK) st = widen_n(m, T * m->q_dim, kv->dtype, s->att16, s->att);
+    return st;
+}
+
+extern "C" const pkvi_ops pkvi_model_cuda_ops = {
+    "cuda",        cuda_init,     cuda_fini, cuda_alloc, cuda_release, cuda_upload,
+    cuda_download, cuda_copy,     cuda_sync, cuda_embed, cuda_norm,    cuda_linear,
+    cuda_rope,     cuda_act,      cuda_gather_last, cuda_attention,
+};

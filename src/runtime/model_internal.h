@@ -1,0 +1,195 @@
+// SPDX-License-Identifier: MIT
+// Internals of the decoder model shared by the engine (model.c), the weight
+// layout (model_weights.c), the loader, the contiguous store and the two device
+// op tables (model_cpu.c, model_cuda.cu). Invariant: every float pointer in
+// pkvi_weights and pkvi_scratch lives in the model's device memory (host memory
+// for the CPU ops), and the forward pass touches memory only through `ops`.
+#ifndef PKV_MODEL_INTERNAL_H
+#define PKV_MODEL_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pkv/attention.h"
+#include "pkv/model.h"
+#include "pkv_config.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// All weights in one allocation, carved into named tensors (fp32, row-major,
+// linear weights stored [out][in] so that y = x W^T).
+typedef struct pkvi_weights {
+    float *wte;    // [vocab][d]
+    float *wpe;    // [max_seq_len][d]  learned positions only, else NULL
+    float *ln1_w;  // [L][d]
+    float *ln1_b;  // [L][d]            LayerNorm only, else NULL
+    float *wqkv;   // [L][q_dim + 2 kv_dim][d]  rows: Q heads, then K heads, then V heads
+    float *bqkv;   // [L][q_dim + 2 kv_dim]     use_bias only, else NULL
+    float *wo;     // [L][d][q_dim]
+    float *bo;     // [L][d]            use_bias only
+    float *ln2_w;  // [L][d]
+    float *ln2_b;  // [L][d]            LayerNorm only
+    float *w_up;   // [L][d_ff][d]      GELU: the FFN input layer; SwiGLU: w3
+    float *b_up;   // [L][d_ff]         GELU with use_bias only
+    float *w_gate; // [L][d_ff][d]      SwiGLU only (w1, through SiLU)
+    float *w_down; // [L][d][d_ff]
+    float *b_down; // [L][d]            GELU with use_bias only
+    float *lnf_w;  // [d]
+    float *lnf_b;  // [d]               LayerNorm only
+    float *lm_head; // [vocab][d]       == wte when tied
+} pkvi_weights;
+
+// Number of floats of the whole weight block (== pkv_model_param_count).
+uint64_t pkvi_weights_count(const pkv_model_config *c);
+// Point w's tensors into base (which holds pkvi_weights_count floats).
+void pkvi_weights_carve(const pkv_model_config *c, float *base, pkvi_weights *w);
+// Fill a host weight block with the deterministic random init for `seed`.
+void pkvi_weights_init_random(const pkv_model_config *c, uint64_t seed, float *base);
+
+// Activations for up to cap_tokens tokens and cap_seqs sequences of one call.
+typedef struct pkvi_scratch {
+    uint32_t cap_tokens, cap_seqs, cap_table; // capacities (table: int32 entries)
+    float *x;      // [T][d]       residual stream
+    float *h;      // [T][d]       normed input of a sub-block
+    float *q;      // [T][q_dim]
+    float *k;      // [T][kv_dim]
+    float *v;      // [T][kv_dim]
+    float *att;    // [T][q_dim]   attention output
+    float *ff;     // [T][d_ff]
+    float *ff2;    // [T][d_ff]    SwiGLU up branch
+    float *xl;     // [S][d]       last token of each sequence
+    float *logits; // [S][vocab]
+    // 16-bit copies for an fp16 / bf16 KV store (attention takes q, out and the
+    // cache in one dtype):
+    uint16_t *q16;   // [T][q_dim]
+    uint16_t *k16;   // [T][kv_dim]
+    uint16_t *v16;   // [T][kv_dim]
+    uint16_t *att16; // [T][q_dim]
+    // Metadata, device side (== host side arrays for the CPU ops):
+    int32_t *tok;    // [T]
+    int32_t *pos;    // [T]
+    int32_t *tseq;   // [T] batch index of each token
+    int32_t *lens;   // [S] context length after this call
+    int32_t *indptr; // [S + 1] packed token offsets
+    int32_t *last;   // [S] row of each sequence's last token in x
+    int32_t *rows;   // [S] contiguous-store row of each sequence
+    int32_t *table;  // [S][max_blocks] block tables (paged)
+    int64_t *slots;  // [T] cache slot of each new token (paged)
+} pkvi_scratch;
+
+// Host mirror of the metadata (what the engine fills before the upload).
+typedef struct pkvi_meta {
+    uint32_t cap_tokens, cap_seqs, cap_table;
+    int32_t *tok, *pos, *tseq, *lens, *indptr, *last, *rows, *table;
+    int64_t *slots;
+    float *logits; // [S][vocab] host logits when the caller passes none
+} pkvi_meta;
+
+// The KV target of one forward pass, as the ops see it.
+typedef enum pkvi_kv_kind { PKVI_KV_PAGED = 0, PKVI_KV_CONTIG = 1 } pkvi_kv_kind;
+
+typedef struct pkvi_kv_target {
+    pkvi_kv_kind kind;
+    pkv_dtype dtype; // of the store's elements (strides below count elements)
+    // paged: per-layer K base of layer 0; V = K + kv_stride; layer l adds layer_stride
+    void *base;
+    uint64_t layer_stride, kv_stride, block_stride, head_stride, token_stride;
+    uint32_t block_size, num_blocks, max_blocks;
+    // contiguous: K and V bases [L][rows][kv_heads][max_len][hd]
+    void *ck, *cv;
+    uint32_t max_len, max_rows;
+} pkvi_kv_target;
+
+typedef struct pkvi_call {
+    uint32_t num_seqs, num_tokens;
+    int all_single;   // every sequence has exactly one new token (decode path)
+    int consecutive;  // contiguous rows are rows[0], rows[0]+1, ... (one decode call)
+    uint32_t row0;
+} pkvi_call;
+
+struct pkv_model;
+
+// Device operations. Pointers are device pointers; metadata arrays are the
+// scratch's device copies. Each returns PKV_OK or an error status.
+typedef struct pkvi_ops {
+    const char *name;
+    pkv_status (*init)(struct pkv_model *m);    // create handles, streams
+    void (*fini)(struct pkv_model *m);
+    pkv_status (*alloc)(struct pkv_model *m, size_t bytes, void **ptr);
+    void (*release)(struct pkv_model *m, void *ptr);
+    pkv_status (*upload)(struct pkv_model *m, void *dst, const void *src, size_t bytes);
+    pkv_status (*download)(struct pkv_model *m, void *dst, const void *src, size_t bytes);
+    pkv_status (*copy)(struct pkv_model *m, void *dst, const void *src, size_t bytes);
+    pkv_status (*sync)(struct pkv_model *m);
+    // x[t] = wte[tok[t]] (+ wpe[pos[t]])
+    pkv_status (*embed)(struct pkv_model *m, uint32_t T, float *x);
+    // y[n_rows][d] = norm(x) * w (+ b): LayerNorm or RMSNorm per config
+    pkv_status (*norm)(struct pkv_model *m, uint32_t rows, const float *x, const float *w,
+                       const float *b, float *y);
+    // y[T][n] (+)= x[T][k] W[n][k]^T (+ b[n]); accumulate: add into y
+    pkv_status (*linear)(struct pkv_model *m, uint32_t T, uint32_t k, uint32_t n,
+                         const float *x, const float *w, const float *b, float *y,
+                         int accumulate);
+    // Rotate q [T][heads][hd] and k [T][kv_heads][hd] by position pos[t].
+    pkv_status (*rope)(struct pkv_model *m, uint32_t T, float *q, float *k);
+    // GELU: a = gelu(a); SwiGLU: a = silu(a) * b. a, b: [T][d_ff]
+    pkv_status (*act)(struct pkv_model *m, uint32_t T, float *a, const float *b);
+    // xl[s] = x[last[s]]
+    pkv_status (*gather_last)(struct pkv_model *m, uint32_t S, const float *x, float *xl);
+    // Write this layer's new K/V and compute attention into att.
+    pkv_status (*attention)(struct pkv_model *m, uint32_t layer, const pkvi_call *call,
+                            const pkvi_kv_target *kv);
+} pkvi_ops;
+
+extern const pkvi_ops pkvi_model_cpu_ops;
+#if PKV_HAVE_CUDA
+extern const pkvi_ops pkvi_model_cuda_ops;
+#endif
+
+struct pkv_model {
+    pkv_model_config cfg;
+    pkv_model_params params;
+    const pkvi_ops *ops;
+    void *dev;            // per-device state (CUDA: handle + stream), owned by ops
+    float *weights_mem;   // device block of pkvi_weights_count floats
+    pkvi_weights w;
+    pkvi_scratch s;       // device scratch
+    pkvi_meta meta;       // host metadata
+    pkv_contig_kv *nocache_kv; // scratch store of the no-cache path
+    pkv_model_profile prof;
+    uint32_t *ones;       // [ones_cap] all 1: the counts of a decode step
+    uint32_t ones_cap;
+    uint32_t q_dim, kv_dim;
+};
+
+struct pkv_contig_kv {
+    const pkv_model *model;
+    uint32_t max_rows, max_len;
+    pkv_dtype dtype;
+    size_t esize;    // bytes per element
+    uint32_t *len;   // [max_rows] host
+    void *k, *v;     // device [L][max_rows][kv_heads][max_len][hd] of dtype
+    uint64_t bytes_each;
+};
+
+// Engine helpers shared by the loader and the contiguous store.
+pkv_status pkvi_model_alloc(const pkv_model_config *c, const pkv_model_params *p,
+                            pkv_model **out);
+pkv_status pkvi_model_set_weights(pkv_model *m, const float *host_block);
+pkv_status pkvi_model_get_weights(const pkv_model *m, float *host_block);
+
+// Plain-C reference helpers used by the CPU ops and the contiguous store.
+// ck, cv: one layer of a contiguous store of `dtype` elements.
+void pkvi_causal_attention_contig_cpu(const pkv_model_config *c, const pkvi_call *call,
+                                      const int32_t *tseq, const int32_t *pos,
+                                      const int32_t *rows, const float *q, const void *ck,
+                                      const void *cv, pkv_dtype dtype, uint32_t max_len,
+                                      float *att);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif // PKV_MODEL_INTERNAL_H

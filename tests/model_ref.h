@@ -1,0 +1,164 @@
+// SPDX-License-Identifier: MIT
+// A naive reference decoder for the runtime tests: plain loops, one token at a
+// time, every tensor addressed by its own pointer (Q, K, V separate), written
+// independently of src/runtime. Also small configs shared by the model tests.
+#ifndef PKV_TEST_MODEL_REF_H
+#define PKV_TEST_MODEL_REF_H
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pkv/model.h"
+
+#define REF_MAX_LAYERS 8
+
+typedef struct ref_layer {
+    const float *ln1_w, *ln1_b, *ln2_w, *ln2_b; // [d]
+    const float *wq, *wk, *wv;                  // [q_dim][d], [kv_dim][d], [kv_dim][d]
+    const float *bq, *bk, *bv;                  // [q_dim], [kv_dim], [kv_dim] or NULL
+    const float *wo, *bo;                       // [d][q_dim], [d]
+    const float *w_up, *b_up, *w_gate;          // [ff][d], [ff], [ff][d]
+    const float *w_down, *b_down;               // [d][ff], [d]
+} ref_layer;
+
+typedef struct ref_model {
+    pkv_model_config c;
+    const float *wte, *wpe, *lnf_w, *lnf_b, *lm_head;
+    ref_layer layer[REF_MAX_LAYERS];
+} ref_model;
+
+static inline void ref_norm(const pkv_model_config *c, const float *x, const float *w, const float *b,
+                     float *y) {
+    const uint32_t d = c->d_model;
+    double mean = 0.0, var = 0.0;
+    if (c->norm == PKV_NORM_LAYERNORM) {
+        for (uint32_t i = 0; i < d; i++) mean += x[i];
+        mean /= d;
+    }
+    for (uint32_t i = 0; i < d; i++) var += (x[i] - mean) * (x[i] - mean);
+    var /= d;
+    for (uint32_t i = 0; i < d; i++)
+        y[i] = (float)((x[i] - mean) / sqrt(var + c->norm_eps)) * w[i] + (b ? b[i] : 0.0f);
+}
+
+// y[n] = W[n][k] x[k] + b
+static inline void ref_matvec(uint32_t n, uint32_t k, const float *w, const float *b, const float *x,
+                       float *y) {
+    for (uint32_t j = 0; j < n; j++) {
+        double acc = b ? b[j] : 0.0;
+        for (uint32_t i = 0; i < k; i++) acc += (double)w[(size_t)j * k + i] * x[i];
+        y[j] = (float)acc;
+    }
+}
+
+static inline void ref_rope(float *v, uint32_t hd, uint32_t pos, double theta) {
+    for (uint32_t i = 0; i < hd; i += 2) {
+        double a = pos / pow(theta, (double)i / hd);
+        double x0 = v[i], x1 = v[i + 1];
+        v[i] = (float)(x0 * cos(a) - x1 * sin(a));
+        v[i + 1] = (float)(x0 * sin(a) + x1 * cos(a));
+    }
+}
+
+// Logits after every position of tokens[0..n-1]: logits_all [n][vocab].
+static inline void ref_forward(const ref_model *r, const int32_t *tokens, uint32_t n, float *logits_all) {
+    const pkv_model_config *c = &r->c;
+    const uint32_t d = c->d_model, H = c->num_heads, KH = c->num_kv_heads, hd = c->head_dim;
+    const uint32_t qd = H * hd, kvd = KH * hd, ff = c->d_ff;
+    float *x = calloc((size_t)n * d, sizeof(float)), *h = calloc(d, sizeof(float));
+    float *K = calloc((size_t)c->num_layers * n * kvd, sizeof(float));
+    float *Vv = calloc((size_t)c->num_layers * n * kvd, sizeof(float));
+    float *q = calloc(qd, sizeof(float)), *att = calloc(qd, sizeof(float));
+    float *o = calloc(d, sizeof(float)), *f1 = calloc(ff, sizeof(float));
+    float *f2 = calloc(ff, sizeof(float)), *sc = calloc(n, sizeof(float));
+    for (uint32_t t = 0; t < n; t++) {
+        float *xt = x + (size_t)t * d;
+        for (uint32_t i = 0; i < d; i++)
+            xt[i] = r->wte[(size_t)tokens[t] * d + i] + (r->wpe ? r->wpe[(size_t)t * d + i] : 0.0f);
+        for (uint32_t l = 0; l < c->num_layers; l++) {
+            const ref_layer *L = &r->layer[l];
+            float *Kl = K + (size_t)l * n * kvd, *Vl = Vv + (size_t)l * n * kvd;
+            ref_norm(c, xt, L->ln1_w, L->ln1_b, h);
+            ref_matvec(qd, d, L->wq, L->bq, h, q);
+            ref_matvec(kvd, d, L->wk, L->bk, h, Kl + (size_t)t * kvd);
+            ref_matvec(kvd, d, L->wv, L->bv, h, Vl + (size_t)t * kvd);
+            if (c->pos == PKV_POS_ROPE) {
+                for (uint32_t hh = 0; hh < H; hh++) ref_rope(q + hh * hd, hd, t, c->rope_theta);
+                for (uint32_t hh = 0; hh < KH; hh++)
+                    ref_rope(Kl + (size_t)t * kvd + hh * hd, hd, t, c->rope_theta);
+            }
+            for (uint32_t hh = 0; hh < H; hh++) {
+                uint32_t kh = hh / (H / KH);
+                double mx = -INFINITY, sum = 0.0;
+                for (uint32_t j = 0; j <= t; j++) {
+                    double s = 0.0;
+                    for (uint32_t i = 0; i < hd; i++)
+                        s += (double)q[hh * hd + i] * Kl[(size_t)j * kvd + kh * hd + i];
+                    sc[j] = (float)(s / sqrt((double)hd));
+                    if (sc[j] > mx) mx = sc[j];
+                }
+                for (uint32_t j = 0; j <= t; j++) sum += exp(sc[j] - mx);
+                for (uint32_t i = 0; i < hd; i++) {
+                    double acc = 0.0;
+                    for (uint32_t j = 0; j <= t; j++)
+                        acc += exp(sc[j] - mx) / sum * Vl[(size_t)j * kvd + kh * hd + i];
+                    att[hh * hd + i] = (float)acc;
+                }
+            }
+            ref_matvec(d, qd, L->wo, L->bo, att, o);
+            for (uint32_t i = 0; i < d; i++) xt[i] += o[i];
+            ref_norm(c, xt, L->ln2_w, L->ln2_b, h);
+            if (c->ffn == PKV_FFN_GELU) {
+                ref_matvec(ff, d, L->w_up, L->b_up, h, f1);
+                for (uint32_t i = 0; i < ff; i++) {
+                    double v = f1[i];
+                    f1[i] = (float)(0.5 * v * (1.0 + tanh(0.7978845608028654 * (v + 0.044715 * v * v * v))));
+                }
+            } else {
+                ref_matvec(ff, d, L->w_gate, NULL, h, f1);
+                ref_matvec(ff, d, L->w_up, NULL, h, f2);
+                for (uint32_t i = 0; i < ff; i++) f1[i] = (float)(f1[i] / (1.0 + exp(-(double)f1[i])) * f2[i]);
+            }
+            ref_matvec(d, ff, L->w_down, L->b_down, f1, o);
+            for (uint32_t i = 0; i < d; i++) xt[i] += o[i];
+        }
+        ref_norm(c, xt, r->lnf_w, r->lnf_b, h);
+        ref_matvec(c->vocab_size, d, r->lm_head, NULL, h, logits_all + (size_t)t * c->vocab_size);
+    }
+    free(x), free(h), free(K), free(Vv), free(q), free(att), free(o), free(f1), free(f2), free(sc);
+}
+
+// A small Llama-style config with GQA (8 query heads over 2 kv heads), untied head.
+static inline pkv_model_config small_llama_config(void) {
+    pkv_model_config c;
+    memset(&c, 0, sizeof c);
+    strcpy(c.name, "small-llama");
+    c.num_layers = 2;
+    c.d_model = 128;
+    c.num_heads = 8;
+    c.num_kv_heads = 2;
+    c.head_dim = 16;
+    c.d_ff = 344;
+    c.vocab_size = 300;
+    c.max_seq_len = 512;
+    c.norm = PKV_NORM_RMSNORM;
+    c.ffn = PKV_FFN_SWIGLU;
+    c.pos = PKV_POS_ROPE;
+    c.tied_embeddings = 0;
+    c.use_bias = 0;
+    c.norm_eps = 1e-5f;
+    c.rope_theta = 10000.0f;
+    return c;
+}
+
+static inline float max_abs_diff(const float *a, const float *b, size_t n) {
+    float m = 0.0f;
+    for (size_t i = 0; i < n; i++) {
+        float e = fabsf(a[i] - b[i]);
+        if (!(e <= m)) m = e; // NaN propagates as a failure
+    }
+    return m;
+}
+
+#endif // PKV_TEST_MODEL_REF_H

@@ -1,0 +1,197 @@
+// SPDX-License-Identifier: MIT
+// pkv-size: the KV-cache size calculator. KV bytes per token =
+// 2 x layers x kv_heads x head_dim x bytes per element (DESIGN.md); a request
+// of `seq` tokens holds seq times that, a batch holds batch times that. Given
+// a memory size it also says how many such requests fit after the weights.
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pkv/model.h"
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: pkv-size [options]\n"
+            "KV-cache bytes for a model: 2 x layers x kv_heads x head_dim x dtype bytes per token.\n"
+            "  --model NAME       preset (default tiny): ");
+    const char *const *names = pkv_model_preset_names();
+    for (int i = 0; names[i]; i++) fprintf(f, "%s%s", i ? ", " : "", names[i]);
+    fprintf(f,
+            "\n"
+            "  --layers N         override the number of layers\n"
+            "  --kv-heads N       override the number of K/V heads (GQA / MQA)\n"
+            "  --head-dim N       override the head dimension\n"
+            "  --params N         override the parameter count (for the weights)\n"
+            "  --seq N            tokens per request (default: the model's context)\n"
+            "  --batch N          requests (default 1)\n"
+            "  --dtype T          KV element type: fp32, fp16, bf16, fp8, int8 (default fp16)\n"
+            "  --weights-dtype T  weight element type (default: same as --dtype)\n"
+            "  --memory SIZE      device memory, e.g. 80GB, 141GB, 80GiB, or bytes: how many\n"
+            "                     requests of --seq tokens fit after the weights\n"
+            "  --json             one JSON object on stdout\n"
+            "  --help             this text\n"
+            "example: pkv-size --model gpt3-175b --seq 2048 --dtype fp16\n");
+}
+
+static int parse_u64(const char *s, uint64_t *v) {
+    if (!s || !*s || *s == '-') return 0;
+    char *end = NULL;
+    errno = 0;
+    unsigned long long x = strtoull(s, &end, 10);
+    if (errno || *end) return 0;
+    *v = x;
+    return 1;
+}
+
+// "80GB" (decimal), "80GiB" (binary), "80G" (binary), or plain bytes.
+static int parse_size(const char *s, uint64_t *v) {
+    if (!s || !*s || *s == '-') return 0;
+    char *end = NULL;
+    errno = 0;
+    double x = strtod(s, &end);
+    if (errno || end == s || x < 0) return 0;
+    static const struct { const char *suf; double mul; } sufs[] = {
+        {"", 1},        {"B", 1},         {"K", 1024.0},   {"KiB", 1024.0}, {"KB", 1e3},
+        {"M", 1048576.0}, {"MiB", 1048576.0}, {"MB", 1e6}, {"G", 1073741824.0},
+        {"GiB", 1073741824.0}, {"GB", 1e9}, {"T", 1099511627776.0}, {"TiB", 1099511627776.0},
+        {"TB", 1e12},
+    };
+    for (size_t i = 0; i < sizeof sufs / sizeof sufs[0]; i++)
+        if (strcmp(end, sufs[i].suf) == 0) {
+            double b = x * sufs[i].mul;
+            if (b > 1.8e19) return 0;
+            *v = (uint64_t)b;
+            return 1;
+        }
+    return 0;
+}
+
+static int dtype_bytes(const char *s) {
+    if (strcmp(s, "fp32") == 0) return 4;
+    if (strcmp(s, "fp16") == 0 || strcmp(s, "bf16") == 0) return 2;
+    if (strcmp(s, "fp8") == 0 || strcmp(s, "int8") == 0) return 1;
+    return 0;
+}
+
+static double gib(uint64_t b) { return (double)b / 1073741824.0; }
+
+int main(int argc, char **argv) {
+    const char *model = "tiny", *dtype = "fp16", *wdtype = NULL;
+    uint64_t layers = 0, kv_heads = 0, head_dim = 0, params = 0, seq = 0, batch = 1, memory = 0;
+    int json = 0, have_memory = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int ok = 1;
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            usage(stdout);
+            return 0;
+        } else if (strcmp(a, "--json") == 0) {
+            json = 1;
+            continue;
+        } else if (strcmp(a, "--model") == 0) {
+            model = v;
+            ok = v != NULL;
+        } else if (strcmp(a, "--dtype") == 0) {
+            dtype = v;
+            ok = v && dtype_bytes(v);
+        } else if (strcmp(a, "--weights-dtype") == 0) {
+            wdtype = v;
+            ok = v && dtype_bytes(v);
+        } else if (strcmp(a, "--layers") == 0) {
+            ok = parse_u64(v, &layers) && layers > 0 && layers < (1u << 20);
+        } else if (strcmp(a, "--kv-heads") == 0) {
+            ok = parse_u64(v, &kv_heads) && kv_heads > 0 && kv_heads < (1u << 20);
+        } else if (strcmp(a, "--head-dim") == 0) {
+            ok = parse_u64(v, &head_dim) && head_dim > 0 && head_dim < (1u << 20);
+        } else if (strcmp(a, "--params") == 0) {
+            ok = parse_u64(v, &params);
+        } else if (strcmp(a, "--seq") == 0) {
+            ok = parse_u64(v, &seq) && seq > 0 && seq < (1ull << 40);
+        } else if (strcmp(a, "--batch") == 0) {
+            ok = parse_u64(v, &batch) && batch > 0 && batch < (1ull << 32);
+        } else if (strcmp(a, "--memory") == 0) {
+            ok = parse_size(v, &memory);
+            have_memory = 1;
+        } else {
+            fprintf(stderr, "pkv-size: unknown option '%s' (see --help)\n", a);
+            return 2;
+        }
+        if (!ok) {
+            fprintf(stderr, "pkv-size: bad or missing value for %s: '%s'\n", a, v ? v : "");
+            return 2;
+        }
+        i++;
+    }
+    pkv_model_config c;
+    if (pkv_model_preset(model, &c) != PKV_OK) {
+        fprintf(stderr, "pkv-size: unknown model '%s' (see --help for the presets)\n", model);
+        return 2;
+    }
+    int custom = layers || kv_heads || head_dim;
+    if (layers) c.num_layers = (uint32_t)layers;
+    if (kv_heads) {
+        c.num_kv_heads = (uint32_t)kv_heads;
+        if (c.num_kv_heads > c.num_heads) c.num_heads = c.num_kv_heads;
+    }
+    if (head_dim) c.head_dim = (uint32_t)head_dim;
+    if (!seq) seq = c.max_seq_len;
+    const uint64_t eb = (uint64_t)dtype_bytes(dtype);
+    const uint64_t wb = (uint64_t)dtype_bytes(wdtype ? wdtype : dtype);
+    if (pkv_model_config_validate(&c) != PKV_OK) {
+        fprintf(stderr, "pkv-size: inconsistent shape: %u query heads, %u kv heads (kv heads must "
+                        "divide query heads)\n", c.num_heads, c.num_kv_heads);
+        return 2;
+    }
+    const uint64_t per_token = pkv_model_kv_bytes_per_token(&c, (size_t)eb);
+    const uint64_t per_request = per_token * seq, total = per_request * batch;
+    // Parameters: the preset's unless the shape was overridden (then only --params).
+    const uint64_t nparams = params ? params : (custom ? 0 : pkv_model_param_count(&c));
+    const uint64_t weights = nparams * wb;
+    uint64_t fit = 0, left = 0;
+    if (have_memory && memory > weights) {
+        left = memory - weights;
+        fit = per_request ? left / per_request : 0;
+    }
+    if (json) {
+        printf("{\"model\": \"%s\", \"custom_shape\": %s, \"layers\": %u, \"kv_heads\": %u, "
+               "\"head_dim\": %u, \"dtype\": \"%s\", \"elem_bytes\": %" PRIu64 ", \"seq\": %" PRIu64
+               ", \"batch\": %" PRIu64 ", \"kv_bytes_per_token\": %" PRIu64
+               ", \"kv_bytes_per_request\": %" PRIu64 ", \"kv_bytes_total\": %" PRIu64
+               ", \"params\": %" PRIu64 ", \"weights_bytes\": %" PRIu64,
+               c.name, custom ? "true" : "false", c.num_layers, c.num_kv_heads, c.head_dim, dtype,
+               eb, seq, batch, per_token, per_request, total, nparams, weights);
+        if (have_memory)
+            printf(", \"memory_bytes\": %" PRIu64 ", \"kv_budget_bytes\": %" PRIu64
+                   ", \"requests_fit\": %" PRIu64,
+                   memory, left, fit);
+        printf("}\n");
+        return 0;
+    }
+    printf("model              %s%s\n", c.name, custom ? " (shape overridden)" : "");
+    printf("layers             %u\n", c.num_layers);
+    printf("kv heads           %u (query heads %u)\n", c.num_kv_heads, c.num_heads);
+    printf("head dim           %u\n", c.head_dim);
+    printf("dtype              %s (%" PRIu64 " bytes)\n", dtype, eb);
+    printf("seq                %" PRIu64 " tokens\n", seq);
+    printf("batch              %" PRIu64 "\n", batch);
+    printf("kv per token       %" PRIu64 " bytes\n", per_token);
+    printf("kv per request     %" PRIu64 " bytes (%.3f GiB)\n", per_request, gib(per_request));
+    printf("kv total           %" PRIu64 " bytes (%.3f GiB)\n", total, gib(total));
+    if (nparams)
+        printf("weights            %" PRIu64 " bytes (%.3f GiB, %" PRIu64 " params x %" PRIu64 ")\n",
+               weights, gib(weights), nparams, wb);
+    else
+        printf("weights            unknown (shape overridden; give --params)\n");
+    if (have_memory) {
+        printf("memory             %" PRIu64 " bytes (%.3f GiB)\n", memory, gib(memory));
+        if (memory <= weights)
+            printf("requests that fit  0 (the weights alone need %.3f GiB)\n", gib(weights));
+        else
+            printf("requests that fit  %" PRIu64 " of %" PRIu64 " tokens (%.3f GiB left for KV)\n",
+                   fit, seq, gib(left));
+    }
+    return 0;
+}
