@@ -70,7 +70,8 @@ static model_seq *pick_empty(world *w) {
     return NULL;
 }
 
-// Execute queued copies, then queued writes, as an engine step would.
+// Execute queued copies, then queued writes, as an engine step would. Half the
+// time through take_copies, half through the borrowed view + copies_done.
 static void flush(world *w, int small_buffer) {
     pkv_block_copy copies[64];
     uint32_t n = 0, pending = pkv_seqset_pending_copies(w->set);
@@ -80,8 +81,23 @@ static void flush(world *w, int small_buffer) {
         cr_assert_eq(pkv_seqset_pending_copies(w->set), pending, "refused take keeps queue");
     }
     cr_assert_leq(pending, 64u);
-    cr_assert_eq(pkv_seqset_take_copies(w->set, copies, 64, &n), PKV_OK);
+    const pkv_block_copy *view;
+    cr_assert_eq(pkv_seqset_copies(w->set, &view, &n), PKV_OK);
     cr_assert_eq(n, pending);
+    // The queue must be safe to run in parallel (one CUDA thread block per copy):
+    // no dst twice, no dst that another copy reads.
+    for (uint32_t i = 0; i < n; i++)
+        for (uint32_t j = 0; j < n; j++) {
+            if (i != j) cr_assert_neq(view[i].dst, view[j].dst, "dst twice (op %lu)", (unsigned long)w->ops);
+            cr_assert_neq(view[i].dst, view[j].src, "dst is a src (op %lu)", (unsigned long)w->ops);
+        }
+    if (rnd(w, 2)) {
+        memcpy(copies, view, n * sizeof *copies);
+        cr_assert_eq(pkv_seqset_copies_done(w->set), PKV_OK);
+    } else {
+        cr_assert_eq(pkv_seqset_take_copies(w->set, copies, 64, &n), PKV_OK);
+    }
+    cr_assert_eq(pkv_seqset_pending_copies(w->set), 0);
     for (uint32_t i = 0; i < n; i++) {
         cr_assert_neq(copies[i].src, copies[i].dst);
         memcpy(w->mem + (size_t)copies[i].dst * w->bs, w->mem + (size_t)copies[i].src * w->bs,

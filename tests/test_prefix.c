@@ -129,6 +129,25 @@ Test(prefix, eviction_is_lru_and_spares_blocks_in_use) {
     cr_assert_eq(st.entries, 1);
 }
 
+// Reclaiming one block of a cached 3-block prompt takes the chain's last block:
+// the first two stay cached and still hit.
+Test(prefix, chains_are_evicted_leaf_first) {
+    int32_t a[13] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13};
+    uint32_t cached;
+    pkv_seq_id sa = prompt(a, 13, &cached);
+    cr_assert_eq(pkv_prefix_cache_insert(pc, set, sa, a, 12, NULL), PKV_OK);
+    pkv_block_id blocks[3] = {table_of(sa)[0], table_of(sa)[1], table_of(sa)[2]};
+    cr_assert_eq(pkv_seq_free(set, sa), PKV_OK);
+    cr_assert_eq(pkv_prefix_cache_reclaim(pc, pkv_pool_free_count(pool) + 1), PKV_OK);
+    cr_assert_eq(pkv_pool_refcount(pool, blocks[2]), 0, "the leaf went first");
+    cr_assert_eq(pkv_pool_refcount(pool, blocks[0]), 1);
+    cr_assert_eq(pkv_pool_refcount(pool, blocks[1]), 1);
+    pkv_seq_id again = prompt(a, 13, &cached);
+    cr_assert_eq(cached, 2 * B, "the rest of the chain still hits");
+    cr_assert_eq(pkv_seq_free(set, again), PKV_OK);
+    cr_assert_eq(pkv_prefix_cache_reclaim(pc, 32), PKV_OK, "and it can all go, leaf first");
+}
+
 Test(prefix, full_cache_makes_room_or_stops) {
     pkv_prefix_cache *small;
     cr_assert_eq(pkv_prefix_cache_create(pool, B, 2, &small), PKV_OK);

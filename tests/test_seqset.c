@@ -162,7 +162,8 @@ Test(seqset, copy_on_write_on_partial_last_block) {
     cr_assert_neq(t[2], partial, "the partial block was remapped");
     pkv_block_id copy_dst = t[2];
     cr_assert_eq(slot, (int64_t)copy_dst * B + 5);
-    cr_assert_eq(pkv_pool_refcount(pool, partial), 1, "parent alone holds the old block");
+    cr_assert_eq(pkv_pool_refcount(pool, partial), 2, "the parent and the copy's pin");
+    cr_assert_eq(pkv_pool_refcount(pool, copy_dst), 2, "the child and the copy's pin");
     cr_assert_eq(pkv_pool_refcount(pool, full0), 2);
 
     // The parent is now the only holder: it appends in place, no second copy.
@@ -179,6 +180,65 @@ Test(seqset, copy_on_write_on_partial_last_block) {
     cr_assert_eq(copies[0].src, partial);
     cr_assert_eq(copies[0].dst, copy_dst);
     cr_assert_eq(pkv_seqset_pending_copies(set), 0);
+    cr_assert_eq(pkv_pool_refcount(pool, partial), 1, "pins dropped");
+    cr_assert_eq(pkv_pool_refcount(pool, copy_dst), 1);
+}
+
+// A queued copy pins its blocks: freeing every sequence that held them does not
+// return them to the pool until the copies ran, so a later allocation (an append,
+// a swap-in) can never be handed a block a pending copy still reads or writes.
+Test(seqset, queued_copies_pin_their_blocks) {
+    pkv_seq_id a = new_seq(2), b, c;
+    cr_assert_eq(pkv_seq_fork(set, a, &b), PKV_OK);
+    cr_assert_eq(pkv_seq_append(set, a, 1, NULL), PKV_OK); // copy src -> dst
+    const pkv_block_copy *q;
+    uint32_t n;
+    cr_assert_eq(pkv_seqset_copies(set, &q, &n), PKV_OK);
+    cr_assert_eq(n, 1);
+    pkv_block_copy queued = q[0];
+    uint32_t free_before = pkv_pool_free_count(pool);
+    cr_assert_eq(pkv_seq_free(set, b), PKV_OK); // src's last sequence
+    cr_assert_eq(pkv_seq_free(set, a), PKV_OK); // dst's only sequence
+    cr_assert_eq(pkv_pool_free_count(pool), free_before, "pinned blocks stay allocated");
+    // Take every free block: none of them may be the copy's src or dst.
+    cr_assert_eq(pkv_seq_create(set, &c), PKV_OK);
+    cr_assert_eq(pkv_seq_append(set, c, pkv_pool_free_count(pool) * B, NULL), PKV_OK);
+    const pkv_block_id *t;
+    uint32_t nb;
+    cr_assert_eq(pkv_seq_block_table(set, c, &t, &nb), PKV_OK);
+    for (uint32_t i = 0; i < nb; i++) {
+        cr_assert_neq(t[i], queued.src);
+        cr_assert_neq(t[i], queued.dst);
+    }
+    cr_assert_eq(pkv_seqset_validate(set, 1), PKV_OK, "pins count as references");
+    cr_assert_eq(pkv_seqset_copies_done(set), PKV_OK);
+    cr_assert_eq(pkv_pool_free_count(pool), 2, "done: both pinned blocks come back");
+    cr_assert_eq(pkv_seqset_copies_done(NULL), PKV_ERR_INVALID_ARG);
+    cr_assert_eq(pkv_seqset_copies(set, NULL, &n), PKV_ERR_INVALID_ARG);
+}
+
+// n-way fork of a partial block: the first n-1 appends copy, the last sharer
+// writes in place even though pins are outstanding.
+Test(seqset, last_sharer_appends_in_place_despite_pins) {
+    pkv_seq_id s[4];
+    s[0] = new_seq(B + 3);
+    for (int i = 1; i < 4; i++) cr_assert_eq(pkv_seq_fork(set, s[0], &s[i]), PKV_OK);
+    const pkv_block_id *t;
+    uint32_t n;
+    cr_assert_eq(pkv_seq_block_table(set, s[0], &t, &n), PKV_OK);
+    pkv_block_id partial = t[1];
+    for (int i = 0; i < 4; i++) cr_assert_eq(pkv_seq_append(set, s[i], 1, NULL), PKV_OK);
+    cr_assert_eq(pkv_seqset_pending_copies(set), 3, "n - 1 copies");
+    cr_assert_eq(pkv_seq_block_table(set, s[3], &t, &n), PKV_OK);
+    cr_assert_eq(t[1], partial, "the last sharer kept the original block");
+    const pkv_block_copy *q;
+    cr_assert_eq(pkv_seqset_copies(set, &q, &n), PKV_OK);
+    for (uint32_t i = 0; i < n; i++)
+        for (uint32_t j = 0; j < n; j++) {
+            if (i != j) cr_assert_neq(q[i].dst, q[j].dst, "a dst twice");
+            cr_assert_neq(q[i].dst, q[j].src, "a dst that is also a src");
+        }
+    cr_assert_eq(pkv_seqset_copies_done(set), PKV_OK);
 }
 
 Test(seqset, fork_at_block_boundary_never_copies) {

@@ -10,7 +10,8 @@
 // The cache holds one pool reference on every block it keeps. A cached block that
 // no sequence uses any more (refcount 1: the cache's own) stays reusable until the
 // pool runs dry; then pkv_prefix_cache_reclaim evicts the least recently used such
-// blocks. The pool itself knows nothing of the cache: its alloc/free fast path is
+// blocks, leaf first: a block whose successor in a chain is still cached stays, so
+// freeing one block never strands the rest of a shared prompt. The pool itself knows nothing of the cache: its alloc/free fast path is
 // unchanged.
 //
 // Thread-safety: as for the pool; one thread at a time for the cache, its pool and
@@ -71,8 +72,8 @@ pkv_status pkv_prefix_cache_reclaim(pkv_prefix_cache *cache, uint32_t need);
 
 pkv_status pkv_prefix_cache_get_stats(const pkv_prefix_cache *cache, pkv_prefix_stats *stats);
 
-// Structure check: hash table and LRU list agree, every entry's block is live.
-// PKV_OK or PKV_ERR_CORRUPT.
+// Structure check, O(entries^2): hash table and LRU list agree, every entry's block
+// is live, child counts match. PKV_OK or PKV_ERR_CORRUPT.
 pkv_status pkv_prefix_cache_validate(const pkv_prefix_cache *cache);
 
 #ifdef __cplusplus

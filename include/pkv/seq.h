@@ -84,15 +84,27 @@ pkv_status pkv_seq_block_table(const pkv_seqset *set, pkv_seq_id id,
 // Number of queued copy-on-write copies.
 uint32_t pkv_seqset_pending_copies(const pkv_seqset *set);
 
-// Move the queued copies into copies[0..*n-1] (caller-owned, `cap` entries) in the
-// order they were queued. PKV_ERR_BUFFER_TOO_SMALL if cap is too small, and then
-// nothing is taken.
-// Contract (as in vLLM): execute the copies of a step before any K/V is written for
-// that step, write K/V only for sequences still live (a sequence freed or
-// preempted before the step ran writes nothing), and fork only sequences whose
-// K/V is written. A queued copy holds no reference on its src, so the last sharer
-// writes into src in place and a freed src can be reused at once; both are safe
-// because every write comes after the copy has read src.
+// The queued copies, in the order they were queued: *copies points into the set
+// (borrowed, valid until the next call that changes the set), *n entries.
+// A queued copy pins both its blocks (one pool reference each) until
+// pkv_seqset_copies_done, so neither can be freed and handed out again before the
+// copy has run: within one queue no dst appears twice and no dst is another
+// copy's src, so the copies may run in parallel. The pins do not count as sharers:
+// the last sequence sharing a block still appends into it in place.
+// Contract (as in vLLM): execute the queued copies before any K/V is written for
+// the tokens appended since they were queued, write K/V only for sequences still
+// live, and fork only sequences whose K/V is written.
+pkv_status pkv_seqset_copies(const pkv_seqset *set, const pkv_block_copy **copies, uint32_t *n);
+
+// The caller has executed every queued copy: empty the queue and drop the pins
+// (a block whose last holder was its pin returns to the pool).
+pkv_status pkv_seqset_copies_done(pkv_seqset *set);
+
+// pkv_seqset_copies + pkv_seqset_copies_done in one call: copy the queue into
+// copies[0..*n-1] (caller-owned, `cap` entries) and empty it. Since the pins are
+// gone when this returns, execute the copies before the next call that allocates
+// from the pool. PKV_ERR_BUFFER_TOO_SMALL if cap is too small, and then nothing
+// is taken.
 pkv_status pkv_seqset_take_copies(pkv_seqset *set, pkv_block_copy *copies, uint32_t cap,
                                   uint32_t *n);
 
@@ -103,7 +115,8 @@ pkv_status pkv_seqset_take_copies(pkv_seqset *set, pkv_block_copy *copies, uint3
 // {src = block in `from`, dst = block in `to`} per table entry into pairs[0..*n-1]
 // (caller-owned, `cap` entries; PKV_ERR_BUFFER_TOO_SMALL changes nothing).
 // The caller moves the data with pkv_cache_transfer before anything is written
-// into `from`'s pool again, and executes `from`'s pending copies before the move.
+// into `from`'s pool again, and executes `from`'s queued copies before the move
+// (the moved sequence's last block may be a copy's dst still waiting for its data).
 // Both sets must have the same block size and different pools.
 pkv_status pkv_seq_move(pkv_seqset *from, pkv_seq_id id, pkv_seqset *to, pkv_seq_id *new_id,
                         pkv_block_copy *pairs, uint32_t cap, uint32_t *n);
@@ -128,8 +141,8 @@ pkv_status pkv_seqset_export_csr(const pkv_seqset *set, const pkv_seq_id *seqs,
 
 // Full check of this set against its pool, O(capacity + blocks held): the pool is
 // valid (pkv_pool_validate); every sequence's table has ceil(len / block_size)
-// entries; every block referenced by a sequence has a refcount at least the number
-// of those references; queued copies name blocks in range. With `exclusive` != 0 (this set is the
+// entries; every block referenced by a sequence or pinned by a queued copy has a
+// refcount at least the number of those references. With `exclusive` != 0 (this set is the
 // pool's only user) refcounts must equal those references exactly, so a lost or
 // leaked block is caught. Returns PKV_OK, PKV_ERR_CORRUPT, or PKV_ERR_OUT_OF_MEMORY
 // if the scratch counts cannot be allocated.

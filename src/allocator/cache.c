@@ -18,8 +18,6 @@ struct pkv_cache {
     // Scratch for batched copies, grown on demand (copies are not the hot path).
     pkv_copy_region *regions;
     uint32_t cap_regions;
-    pkv_block_copy *copies;
-    uint32_t cap_copies;
 };
 
 size_t pkv_dtype_size(pkv_dtype dtype) {
@@ -54,13 +52,24 @@ static int params_valid(const pkv_cache_params *p) {
            (p->layout == PKV_LAYOUT_HND || p->layout == PKV_LAYOUT_NHD);
 }
 
+// a * b, or 0 when the product does not fit in 64 bits (0 is never a valid size).
+static uint64_t mul_or_zero(uint64_t a, uint64_t b) {
+    uint64_t r;
+    return __builtin_mul_overflow(a, b, &r) ? 0 : r;
+}
+
 uint64_t pkv_cache_bytes_per_token(const pkv_cache_params *p) {
     if (!params_valid(p)) return 0;
-    return 2ull * p->num_layers * p->kv_heads * p->head_dim * pkv_dtype_size(p->dtype);
+    // 2 x layers x kv_heads x head_dim x dtype size; 0 if it overflows. Every other
+    // size and stride of the cache is a factor of bytes_per_block, so this check
+    // and the one in pkv_cache_create keep all of them in range.
+    uint64_t b = mul_or_zero(2ull * p->num_layers, p->kv_heads);
+    b = mul_or_zero(b, p->head_dim);
+    return mul_or_zero(b, pkv_dtype_size(p->dtype));
 }
 
 uint64_t pkv_cache_bytes_per_block(const pkv_cache_params *p) {
-    return pkv_cache_bytes_per_token(p) * (p ? p->block_size : 0);
+    return mul_or_zero(pkv_cache_bytes_per_token(p), p ? p->block_size : 0);
 }
 
 static pkv_cache_geometry geometry_of(const pkv_cache_params *p, uint32_t num_blocks) {
@@ -110,7 +119,6 @@ void pkv_cache_destroy(pkv_cache *cache) {
     if (!cache) return;
     pkv_backend_free(cache->backend, cache->arena, (size_t)cache->arena_bytes);
     free(cache->regions);
-    free(cache->copies);
     free(cache);
 }
 
@@ -185,13 +193,14 @@ pkv_status pkv_cache_apply_copies(pkv_cache *cache, pkv_seqset *set) {
     if (!cache || !set || pkv_seqset_pool(set) != cache->pool ||
         pkv_seqset_block_size(set) != cache->params.block_size)
         return PKV_ERR_INVALID_ARG;
-    uint32_t pending = pkv_seqset_pending_copies(set), n = 0;
-    if (pending == 0) return PKV_OK;
-    if (!grow((void **)&cache->copies, &cache->cap_copies, pending, sizeof *cache->copies))
-        return PKV_ERR_OUT_OF_MEMORY;
-    pkv_status st = pkv_seqset_take_copies(set, cache->copies, cache->cap_copies, &n);
-    if (st != PKV_OK) return st;
-    return pkv_cache_copy_blocks(cache, cache->copies, n);
+    const pkv_block_copy *copies;
+    uint32_t n;
+    pkv_status st = pkv_seqset_copies(set, &copies, &n);
+    if (st != PKV_OK || n == 0) return st;
+    // The queue is emptied only once the copies ran, so a failure here (no memory
+    // for the regions, a CUDA error) leaves them queued and pinned for a retry.
+    st = pkv_cache_copy_blocks(cache, copies, n);
+    return st == PKV_OK ? pkv_seqset_copies_done(set) : st;
 }
 
 static int same_shape(const pkv_cache_params *a, const pkv_cache_params *b) {

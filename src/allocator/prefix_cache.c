@@ -2,7 +2,10 @@
 // Prefix cache: full KV blocks keyed by a hash chained over the prefix, kept in an
 // open-addressing table (linear probing, backward-shift deletion) and an LRU list.
 // Invariant: every entry is in the table once and in the LRU list once, and holds
-// one pool reference on its block; unused entries sit on a free stack.
+// one pool reference on its block; unused entries sit on a free stack. An entry
+// with cached children is never evicted, so chains are evicted leaf first and a
+// cached block is always reachable from the root (no stranded tails, and a parent
+// block id can never be reused while a child names it).
 #include <stdlib.h>
 #include <string.h>
 
@@ -13,6 +16,8 @@ typedef struct entry {
     uint64_t key;            // chain hash of the prefix up to and including this block
     pkv_block_id block;
     pkv_block_id parent;     // block of the previous entry in the chain, -1 for the first
+    int32_t parent_entry;    // that entry's index, -1 for the first
+    uint32_t children;       // entries whose parent_entry is this one
     int32_t prev, next;      // LRU neighbours (entry indices, -1 = none); head = oldest
 } entry;
 
@@ -159,10 +164,13 @@ static void table_remove(pkv_prefix_cache *c, int32_t e) {
     c->table[i] = -1;
 }
 
-// Evict the least recently used entry that only the cache holds. 0 if none.
-static int evict_one(pkv_prefix_cache *c) {
+// Evict the least recently used leaf entry that only the cache holds, other than
+// `keep` (the parent an insert is about to chain to). 0 if none.
+static int evict_one(pkv_prefix_cache *c, int32_t keep) {
     for (int32_t e = c->lru_head; e >= 0; e = c->entries[e].next) {
-        if (pkv_pool_refcount(c->pool, c->entries[e].block) != 1) continue;
+        const entry *x = &c->entries[e];
+        if (e == keep || x->children > 0 || pkv_pool_refcount(c->pool, x->block) != 1) continue;
+        if (x->parent_entry >= 0) c->entries[x->parent_entry].children--;
         table_remove(c, e);
         lru_unlink(c, e);
         pkv_pool_release(c->pool, c->entries[e].block);
@@ -226,6 +234,7 @@ pkv_status pkv_prefix_cache_insert(pkv_prefix_cache *c, const pkv_seqset *set, p
     const uint32_t bs = c->block_size, full = n / bs;
     uint64_t key = ROOT_KEY;
     pkv_block_id parent = -1;
+    int32_t parent_entry = -1;
     uint32_t added = 0;
     for (uint32_t i = 0; i < full; i++) {
         const int32_t *t = tokens + (size_t)i * bs;
@@ -236,14 +245,18 @@ pkv_status pkv_prefix_cache_insert(pkv_prefix_cache *c, const pkv_seqset *set, p
             // blocks chain to the cached one, which is what lookups will find.
             lru_touch(c, e);
             parent = c->entries[e].block;
+            parent_entry = e;
             continue;
         }
-        if (c->num_free == 0 && !evict_one(c)) break;
+        if (c->num_free == 0 && !evict_one(c, parent_entry)) break;
         e = c->free_entries[--c->num_free];
         entry *x = &c->entries[e];
         x->key = key;
         x->block = table[i];
         x->parent = parent;
+        x->parent_entry = parent_entry;
+        x->children = 0;
+        if (parent_entry >= 0) c->entries[parent_entry].children++;
         memcpy(c->tokens + (size_t)e * bs, t, bs * sizeof *t);
         pkv_pool_retain(c->pool, table[i]); // live: the sequence holds it
         table_insert(c, e);
@@ -252,6 +265,7 @@ pkv_status pkv_prefix_cache_insert(pkv_prefix_cache *c, const pkv_seqset *set, p
         c->stats.inserts++;
         added++;
         parent = table[i];
+        parent_entry = e;
     }
     if (inserted) *inserted = added;
     return PKV_OK;
@@ -260,7 +274,7 @@ pkv_status pkv_prefix_cache_insert(pkv_prefix_cache *c, const pkv_seqset *set, p
 pkv_status pkv_prefix_cache_reclaim(pkv_prefix_cache *c, uint32_t need) {
     if (!c) return PKV_ERR_INVALID_ARG;
     while (pkv_pool_free_count(c->pool) < need)
-        if (!evict_one(c)) return PKV_ERR_OUT_OF_BLOCKS;
+        if (!evict_one(c, -1)) return PKV_ERR_OUT_OF_BLOCKS;
     return PKV_OK;
 }
 
@@ -286,5 +300,18 @@ pkv_status pkv_prefix_cache_validate(const pkv_prefix_cache *c) {
     }
     uint32_t in_table = 0;
     for (uint32_t i = 0; i <= c->table_mask; i++) in_table += c->table[i] >= 0;
-    return in_list == c->count && in_table == c->count ? PKV_OK : PKV_ERR_CORRUPT;
+    if (in_list != c->count || in_table != c->count) return PKV_ERR_CORRUPT;
+    // Child counts: each entry's count equals the entries that name it as parent,
+    // and a parent's block is the block its children chain to.
+    for (int32_t e = c->lru_head; e >= 0; e = c->entries[e].next) {
+        uint32_t kids = 0;
+        for (int32_t k = c->lru_head; k >= 0; k = c->entries[k].next) {
+            const entry *child = &c->entries[k];
+            if (child->parent_entry != e) continue;
+            if (child->parent != c->entries[e].block) return PKV_ERR_CORRUPT;
+            kids++;
+        }
+        if (kids != c->entries[e].children) return PKV_ERR_CORRUPT;
+    }
+    return PKV_OK;
 }

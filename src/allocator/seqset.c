@@ -4,6 +4,8 @@
 // blocks in its table, and holds one pool reference on each table entry.
 // Every mutating call checks everything that can fail (table growth, pool space)
 // before it changes anything, so a failed call leaves the set and pool as they were.
+// A queued copy-on-write copy pins its src and dst (one reference each) until the
+// caller says the copies ran; pins are not sharers when deciding copy-on-write.
 #include <stdlib.h>
 #include <string.h>
 
@@ -72,6 +74,7 @@ void pkv_seqset_destroy(pkv_seqset *set) {
         if (s->live) pkv_pool_release_n(set->pool, s->blocks, s->num_blocks);
         free(s->blocks);
     }
+    pkv_seqset_copies_done(set); // drop the pins of copies nobody ran
     free(set->seqs);
     free(set->free_ids);
     free(set->copies);
@@ -128,10 +131,22 @@ pkv_status pkv_seq_free(pkv_seqset *set, pkv_seq_id id) {
     return PKV_OK;
 }
 
-// Would appending to s write into a shared, partly filled last block?
+// References on block b held by queued copies (pins), not by sequences. The queue
+// holds one step's copies, so the scan is short.
+static int32_t pins_on(const pkv_seqset *set, pkv_block_id b) {
+    int32_t pins = 0;
+    for (uint32_t i = 0; i < set->num_copies; i++)
+        pins += (set->copies[i].src == b) + (set->copies[i].dst == b);
+    return pins;
+}
+
+// Would appending to s write into a partly filled last block that another
+// sequence also holds?
 static int needs_cow(const pkv_seqset *set, const seq *s) {
-    return s->len % set->block_size != 0 &&
-           pkv_pool_refcount(set->pool, s->blocks[s->num_blocks - 1]) > 1;
+    if (s->len % set->block_size == 0) return 0;
+    pkv_block_id last = s->blocks[s->num_blocks - 1];
+    int32_t rc = pkv_pool_refcount(set->pool, last);
+    return rc > 1 && rc - pins_on(set, last) > 1;
 }
 
 static pkv_status check_append(const pkv_seqset *set, const seq *s, uint32_t n,
@@ -181,11 +196,12 @@ pkv_status pkv_seq_append(pkv_seqset *set, pkv_seq_id id, uint32_t n, int64_t *s
         return st;
     }
     if (cow) {
-        // This sequence's reference to src is dropped: the other sharers keep it
-        // alive, and the copy runs before any write of this step (see seq.h).
-        pkv_pool_release(set->pool, src);
+        // The sequence's reference to src becomes the copy's pin on src; dst gets a
+        // pin of its own. Both go when the caller says the copies ran.
+        pkv_block_id dst = s->blocks[s->num_blocks - 1];
+        pkv_pool_retain(set->pool, dst);
         set->copies[set->num_copies].src = src;
-        set->copies[set->num_copies].dst = s->blocks[s->num_blocks - 1];
+        set->copies[set->num_copies].dst = dst;
         set->num_copies++;
     }
     if (slots) {
@@ -286,14 +302,31 @@ pkv_status pkv_seq_move(pkv_seqset *from, pkv_seq_id id, pkv_seqset *to, pkv_seq
 
 uint32_t pkv_seqset_pending_copies(const pkv_seqset *set) { return set ? set->num_copies : 0; }
 
+pkv_status pkv_seqset_copies(const pkv_seqset *set, const pkv_block_copy **copies, uint32_t *n) {
+    if (!set || !copies || !n) return PKV_ERR_INVALID_ARG;
+    *copies = set->copies;
+    *n = set->num_copies;
+    return PKV_OK;
+}
+
+pkv_status pkv_seqset_copies_done(pkv_seqset *set) {
+    if (!set) return PKV_ERR_INVALID_ARG;
+    pkv_status st = PKV_OK;
+    for (uint32_t i = 0; i < set->num_copies; i++) {
+        if (pkv_pool_release(set->pool, set->copies[i].src) != PKV_OK) st = PKV_ERR_CORRUPT;
+        if (pkv_pool_release(set->pool, set->copies[i].dst) != PKV_OK) st = PKV_ERR_CORRUPT;
+    }
+    set->num_copies = 0;
+    return st;
+}
+
 pkv_status pkv_seqset_take_copies(pkv_seqset *set, pkv_block_copy *copies, uint32_t cap,
                                   uint32_t *n) {
     if (!set || !n || (!copies && cap)) return PKV_ERR_INVALID_ARG;
     if (cap < set->num_copies) return PKV_ERR_BUFFER_TOO_SMALL;
     if (set->num_copies) memcpy(copies, set->copies, set->num_copies * sizeof *copies);
     *n = set->num_copies;
-    set->num_copies = 0;
-    return PKV_OK;
+    return pkv_seqset_copies_done(set);
 }
 
 // Check the ids and gather the sequences of an export; NULL entries are never
@@ -372,9 +405,13 @@ pkv_status pkv_seqset_validate(const pkv_seqset *set, int exclusive) {
     }
     if (st == PKV_OK && (live != set->live || set->live + set->num_free_ids != set->num_slots))
         st = PKV_ERR_CORRUPT;
-    for (uint32_t i = 0; i < set->num_copies && st == PKV_OK; i++)
-        if ((uint32_t)set->copies[i].src >= capacity || (uint32_t)set->copies[i].dst >= capacity)
+    for (uint32_t i = 0; i < set->num_copies && st == PKV_OK; i++) {
+        pkv_block_id src = set->copies[i].src, dst = set->copies[i].dst;
+        if ((uint32_t)src >= capacity || (uint32_t)dst >= capacity || src == dst)
             st = PKV_ERR_CORRUPT;
+        else
+            refs[src]++, refs[dst]++; // the pins
+    }
     for (uint32_t b = 0; b < capacity && st == PKV_OK; b++) {
         int32_t rc = pkv_pool_refcount(set->pool, b);
         if ((uint32_t)rc < refs[b] || (exclusive && (uint32_t)rc != refs[b])) st = PKV_ERR_CORRUPT;
