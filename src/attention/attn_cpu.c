@@ -242,7 +242,8 @@ static int thread_count(const pkv_attn_shape *shape, uint64_t items) {
 #endif
 }
 
-static kv_view paged_view(const pkv_attn_paged_kv *kv, size_t es, uint32_t s, uint32_t kvh) {
+static kv_view paged_view(const void *desc, size_t es, uint32_t s, uint32_t kvh) {
+    const pkv_attn_paged_kv *kv = desc;
     kv_view v;
     size_t head = (size_t)kvh * kv->head_stride * es;
     v.k = (const char *)kv->k_cache + head;
@@ -254,22 +255,25 @@ static kv_view paged_view(const pkv_attn_paged_kv *kv, size_t es, uint32_t s, ui
     return v;
 }
 
-pkv_status pkv_attn_decode_paged_cpu(const pkv_attn_shape *shape, uint32_t num_seqs,
-                                     const void *q, const pkv_attn_paged_kv *kv, void *out) {
-    pkv_status st = pkvi_attn_check_shape(shape, 0);
-    if (st == PKV_OK) {
-        st = pkvi_attn_check_paged_desc(kv);
-    }
-    if (st != PKV_OK) {
-        return st;
-    }
-    if (q == NULL || out == NULL) {
-        return PKV_ERR_INVALID_ARG;
-    }
-    st = pkvi_attn_check_paged_tables(kv, num_seqs);
-    if (st != PKV_OK) {
-        return st;
-    }
+static kv_view contig_view(const void *desc, size_t es, uint32_t s, uint32_t kvh) {
+    const pkv_attn_contig_kv *kv = desc;
+    size_t base = ((size_t)s * kv->seq_stride + (size_t)kvh * kv->head_stride) * es;
+    kv_view v;
+    v.k = (const char *)kv->k_cache + base;
+    v.v = (const char *)kv->v_cache + base;
+    v.table = NULL; // one "block" as long as the sequence
+    v.block_stride = 0;
+    v.token_stride = kv->token_stride * es;
+    v.block_size = 1;
+    return v;
+}
+
+// Decode for either layout: one work item per (sequence, kv head, query sub-group),
+// spread over threads. The layouts differ only in `view`, which is what makes the
+// paged / contiguous comparison a comparison of address arithmetic alone.
+static void decode_items(const pkv_attn_shape *shape, uint32_t num_seqs, const void *q,
+                         const void *desc, const int32_t *seq_lens,
+                         kv_view (*view)(const void *, size_t, uint32_t, uint32_t), void *out) {
     const size_t es = pkv_dtype_size(shape->dtype);
     const uint32_t group = item_group(shape);
     const uint32_t subs = shape->num_heads / shape->num_kv_heads / group;
@@ -286,56 +290,31 @@ pkv_status pkv_attn_decode_paged_cpu(const pkv_attn_shape *shape, uint32_t num_s
         uint32_t s = (uint32_t)((uint64_t)it / subs / shape->num_kv_heads);
         uint32_t h0 = kvh * (shape->num_heads / shape->num_kv_heads) + sub * group;
         size_t row = ((size_t)s * shape->num_heads + h0) * shape->head_dim * es;
-        kv_view v = paged_view(kv, es, s, kvh);
-        attend(shape, &v, (uint32_t)kv->seq_lens[s], (const char *)q + row, (char *)out + row,
-               group, f16c);
+        kv_view v = view(desc, es, s, kvh);
+        attend(shape, &v, (uint32_t)seq_lens[s], (const char *)q + row, (char *)out + row, group,
+               f16c);
     }
+}
+
+pkv_status pkv_attn_decode_paged_cpu(const pkv_attn_shape *shape, uint32_t num_seqs,
+                                     const void *q, const pkv_attn_paged_kv *kv, void *out) {
+    pkv_status st = pkvi_attn_check_shape(shape, 0);
+    if (st == PKV_OK) st = pkvi_attn_check_paged_desc(kv);
+    if (st == PKV_OK && (q == NULL || out == NULL)) st = PKV_ERR_INVALID_ARG;
+    if (st == PKV_OK) st = pkvi_attn_check_paged_tables(kv, num_seqs);
+    if (st != PKV_OK) return st;
+    decode_items(shape, num_seqs, q, kv, kv->seq_lens, paged_view, out);
     return PKV_OK;
 }
 
 pkv_status pkv_attn_decode_contig_cpu(const pkv_attn_shape *shape, uint32_t num_seqs,
                                       const void *q, const pkv_attn_contig_kv *kv, void *out) {
     pkv_status st = pkvi_attn_check_shape(shape, 0);
-    if (st == PKV_OK) {
-        st = pkvi_attn_check_contig_desc(kv);
-    }
-    if (st != PKV_OK) {
-        return st;
-    }
-    if (q == NULL || out == NULL) {
-        return PKV_ERR_INVALID_ARG;
-    }
-    st = pkvi_attn_check_contig_lens(kv, num_seqs);
-    if (st != PKV_OK) {
-        return st;
-    }
-    const size_t es = pkv_dtype_size(shape->dtype);
-    const uint32_t group = item_group(shape);
-    const uint32_t subs = shape->num_heads / shape->num_kv_heads / group;
-    const uint64_t items = (uint64_t)num_seqs * shape->num_kv_heads * subs;
-    const int nt = thread_count(shape, items);
-    const int f16c = cpu_has_f16c();
-    (void)nt;
-#ifdef _OPENMP
-#pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
-#endif
-    for (int64_t it = 0; it < (int64_t)items; it++) {
-        uint32_t sub = (uint32_t)((uint64_t)it % subs);
-        uint32_t kvh = (uint32_t)((uint64_t)it / subs % shape->num_kv_heads);
-        uint32_t s = (uint32_t)((uint64_t)it / subs / shape->num_kv_heads);
-        uint32_t h0 = kvh * (shape->num_heads / shape->num_kv_heads) + sub * group;
-        size_t row = ((size_t)s * shape->num_heads + h0) * shape->head_dim * es;
-        size_t base = ((size_t)s * kv->seq_stride + (size_t)kvh * kv->head_stride) * es;
-        kv_view v;
-        v.k = (const char *)kv->k_cache + base;
-        v.v = (const char *)kv->v_cache + base;
-        v.table = NULL;
-        v.block_stride = 0;
-        v.token_stride = kv->token_stride * es;
-        v.block_size = 1;
-        attend(shape, &v, (uint32_t)kv->seq_lens[s], (const char *)q + row, (char *)out + row,
-               group, f16c);
-    }
+    if (st == PKV_OK) st = pkvi_attn_check_contig_desc(kv);
+    if (st == PKV_OK && (q == NULL || out == NULL)) st = PKV_ERR_INVALID_ARG;
+    if (st == PKV_OK) st = pkvi_attn_check_contig_lens(kv, num_seqs);
+    if (st != PKV_OK) return st;
+    decode_items(shape, num_seqs, q, kv, kv->seq_lens, contig_view, out);
     return PKV_OK;
 }
 
