@@ -18,12 +18,13 @@ static void setup(void) {
     cr_assert_eq(pkv_pool_create(32, &pool), PKV_OK);
     cr_assert_eq(pkv_seqset_create(pool, B, &set), PKV_OK);
     cr_assert_eq(pkv_prefix_cache_create(pool, B, 16, &pc), PKV_OK);
+    cr_assert_eq(pkv_prefix_cache_attach(pc, set), PKV_OK);
 }
 
 static void teardown(void) {
     cr_assert_eq(pkv_prefix_cache_validate(pc), PKV_OK);
+    pkv_seqset_destroy(set); // attached sets go before their cache
     pkv_prefix_cache_destroy(pc);
-    pkv_seqset_destroy(set);
     cr_assert_eq(pkv_pool_free_count(pool), 32, "blocks lost");
     cr_assert_eq(pkv_pool_validate(pool), PKV_OK);
     pkv_pool_destroy(pool);
@@ -150,24 +151,30 @@ Test(prefix, chains_are_evicted_leaf_first) {
 
 Test(prefix, full_cache_makes_room_or_stops) {
     pkv_prefix_cache *small;
+    pkv_seqset *set2;
     cr_assert_eq(pkv_prefix_cache_create(pool, B, 2, &small), PKV_OK);
+    cr_assert_eq(pkv_seqset_create(pool, B, &set2), PKV_OK);
+    cr_assert_eq(pkv_prefix_cache_attach(small, set2), PKV_OK);
+    cr_assert_eq(pkv_prefix_cache_insert(small, set, 0, NULL, 0, NULL), PKV_ERR_INVALID_ARG,
+                 "set is attached to another cache");
     int32_t a[12] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
     pkv_seq_id sa;
-    cr_assert_eq(pkv_seq_create(set, &sa), PKV_OK);
-    cr_assert_eq(pkv_seq_append(set, sa, 12, NULL), PKV_OK);
+    cr_assert_eq(pkv_seq_create(set2, &sa), PKV_OK);
+    cr_assert_eq(pkv_seq_append(set2, sa, 12, NULL), PKV_OK);
     uint32_t inserted;
-    cr_assert_eq(pkv_prefix_cache_insert(small, set, sa, a, 12, &inserted), PKV_OK);
+    cr_assert_eq(pkv_prefix_cache_insert(small, set2, sa, a, 12, &inserted), PKV_OK);
     cr_assert_eq(inserted, 2, "room for two; both in use, nothing to evict");
     cr_assert_eq(pkv_prefix_cache_validate(small), PKV_OK);
-    cr_assert_eq(pkv_seq_free(set, sa), PKV_OK);
+    cr_assert_eq(pkv_seq_free(set2, sa), PKV_OK);
     int32_t b[8] = {7, 7, 7, 7, 8, 8, 8, 8};
     pkv_seq_id sb;
-    cr_assert_eq(pkv_seq_create(set, &sb), PKV_OK);
-    cr_assert_eq(pkv_seq_append(set, sb, 8, NULL), PKV_OK);
-    cr_assert_eq(pkv_prefix_cache_insert(small, set, sb, b, 8, &inserted), PKV_OK);
+    cr_assert_eq(pkv_seq_create(set2, &sb), PKV_OK);
+    cr_assert_eq(pkv_seq_append(set2, sb, 8, NULL), PKV_OK);
+    cr_assert_eq(pkv_prefix_cache_insert(small, set2, sb, b, 8, &inserted), PKV_OK);
     cr_assert_eq(inserted, 2, "the unused entries made room");
     cr_assert_eq(pkv_prefix_cache_validate(small), PKV_OK);
-    cr_assert_eq(pkv_seq_free(set, sb), PKV_OK);
+    cr_assert_eq(pkv_seq_free(set2, sb), PKV_OK);
+    pkv_seqset_destroy(set2);
     pkv_prefix_cache_destroy(small);
 }
 
@@ -182,8 +189,12 @@ Test(prefix, bad_args) {
     pkv_seq_id id;
     uint32_t cached;
     int32_t t[4] = {0};
+    cr_assert_eq(pkv_prefix_cache_attach(pc, other), PKV_ERR_INVALID_ARG, "block size differs");
+    cr_assert_eq(pkv_seq_create_cached(other, pc, t, 4, &id, &cached), PKV_ERR_INVALID_ARG);
+    pkv_seqset_destroy(other);
+    cr_assert_eq(pkv_seqset_create(pool, B, &other), PKV_OK);
     cr_assert_eq(pkv_seq_create_cached(other, pc, t, 4, &id, &cached), PKV_ERR_INVALID_ARG,
-                 "block size differs");
+                 "not attached");
     pkv_seqset_destroy(other);
     cr_assert_eq(pkv_seq_create_cached(set, pc, NULL, 4, &id, &cached), PKV_ERR_INVALID_ARG);
     cr_assert_eq(pkv_prefix_cache_insert(pc, set, 1234, t, 4, NULL), PKV_ERR_NOT_FOUND);
@@ -206,6 +217,7 @@ Test(prefix, randomized_reads_back_every_token, .timeout = 120) {
     cr_assert_eq(pkv_pool_create(POOL, &p), PKV_OK);
     cr_assert_eq(pkv_seqset_create(p, B, &s), PKV_OK);
     cr_assert_eq(pkv_prefix_cache_create(p, B, 24, &c), PKV_OK);
+    cr_assert_eq(pkv_prefix_cache_attach(c, s), PKV_OK);
     static int32_t mem[POOL * B];
     int32_t toks[SEQS][MAXLEN];
     uint32_t lens[SEQS] = {0};

@@ -33,7 +33,7 @@ typedef struct pkv_prefix_cache pkv_prefix_cache;
 
 typedef struct pkv_prefix_stats {
     uint32_t entries;       // blocks the cache holds now
-    uint32_t evictable;     // of those, held by the cache alone
+    uint32_t evictable;     // of those, held by the cache alone (reclaimable, leaves first)
     uint64_t lookups;       // blocks looked up by pkv_seq_create_cached
     uint64_t hits;          // of those, found
     uint64_t inserts;       // blocks added
@@ -48,7 +48,14 @@ pkv_status pkv_prefix_cache_create(pkv_pool *pool, uint32_t block_size, uint32_t
 // Release every block the cache holds and free it. NULL does nothing.
 void pkv_prefix_cache_destroy(pkv_prefix_cache *cache);
 
-// Create a sequence in `set` (same pool and block size as the cache) that starts
+// Attach `set` (same pool and block size) to the cache: from now on the set tells
+// the cache when a cached block it releases is left to the cache alone, which is
+// what keeps eviction O(1). create_cached and insert accept attached sets only.
+// Destroy the attached sets before the cache. Releasing a cached block through
+// pkv_pool_release directly, behind the set's back, is not seen by the cache.
+pkv_status pkv_prefix_cache_attach(pkv_prefix_cache *cache, pkv_seqset *set);
+
+// Create a sequence in `set` (attached to the cache) that starts
 // with the longest cached prefix of tokens[0..n-1], sharing those blocks
 // (refcount + 1). *cached_tokens receives how many leading tokens need no prefill:
 // a multiple of block_size, and at most n - 1, so the last prompt token is always
@@ -72,8 +79,8 @@ pkv_status pkv_prefix_cache_reclaim(pkv_prefix_cache *cache, uint32_t need);
 
 pkv_status pkv_prefix_cache_get_stats(const pkv_prefix_cache *cache, pkv_prefix_stats *stats);
 
-// Structure check, O(entries^2): hash table and LRU list agree, every entry's block
-// is live, child counts match. PKV_OK or PKV_ERR_CORRUPT.
+// Structure check, O(entries + table): table, eviction list, child counts and
+// block refcounts agree. PKV_OK, PKV_ERR_CORRUPT or PKV_ERR_OUT_OF_MEMORY.
 pkv_status pkv_prefix_cache_validate(const pkv_prefix_cache *cache);
 
 #ifdef __cplusplus

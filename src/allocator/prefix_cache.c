@@ -1,38 +1,51 @@
 // SPDX-License-Identifier: MIT
 // Prefix cache: full KV blocks keyed by a hash chained over the prefix, kept in an
-// open-addressing table (linear probing, backward-shift deletion) and an LRU list.
-// Invariant: every entry is in the table once and in the LRU list once, and holds
-// one pool reference on its block; unused entries sit on a free stack. An entry
-// with cached children is never evicted, so chains are evicted leaf first and a
-// cached block is always reachable from the root (no stranded tails, and a parent
-// block id can never be reused while a child names it).
+// open-addressing table (linear probing, backward-shift deletion).
+//
+// Eviction is O(1): an entry whose block only the cache holds ("unused": pool
+// refcount 1) and that has no cached children sits on the eviction list, oldest
+// first. The sequence sets attached to the cache report the moment a cached
+// block's refcount drops to 1 (pkvi_prefix_block_unused); a hit takes the entry
+// off the list again. Entries with cached children wait off the list until their
+// last child is evicted, so chains go leaf first and a cached block is always
+// reachable from its root (no stranded tails, and a parent block id can never be
+// reused while a child names it).
+//
+// Invariants: every live entry is in the table once and holds one pool reference
+// on its block; entry_of[block] names it; it is on the eviction list exactly when
+// its block's refcount is 1 and it has no children; `unused` counts the live
+// entries whose refcount is 1.
 #include <stdlib.h>
 #include <string.h>
 
 #include "pkv/prefix.h"
+#include "prefix_internal.h"
 #include "seqset_internal.h"
 
 typedef struct entry {
     uint64_t key;            // chain hash of the prefix up to and including this block
-    pkv_block_id block;
+    pkv_block_id block;      // -1 while the entry is not in use
     pkv_block_id parent;     // block of the previous entry in the chain, -1 for the first
     int32_t parent_entry;    // that entry's index, -1 for the first
     uint32_t children;       // entries whose parent_entry is this one
-    int32_t prev, next;      // LRU neighbours (entry indices, -1 = none); head = oldest
+    int32_t prev, next;      // eviction-list neighbours (-1 = none)
+    int on_list;
 } entry;
 
 struct pkv_prefix_cache {
     pkv_pool *pool;          // borrowed
     uint32_t block_size;
     uint32_t max_entries;
-    uint32_t count;
+    uint32_t count;          // live entries
+    uint32_t unused;         // live entries whose block only the cache holds
     entry *entries;          // [max_entries]
     int32_t *tokens;         // [max_entries][block_size]: each entry's token ids
     int32_t *free_entries;   // [max_entries]; stack of unused entry indices
     uint32_t num_free;
     int32_t *table;          // [table_mask + 1]; entry index or -1
     uint32_t table_mask;
-    int32_t lru_head, lru_tail;
+    int32_t *entry_of;       // [pool capacity]; entry caching that block, or -1
+    int32_t ev_head, ev_tail; // eviction list, head = evicted first
     pkv_prefix_stats stats;
 };
 
@@ -64,6 +77,7 @@ pkv_status pkv_prefix_cache_create(pkv_pool *pool, uint32_t block_size, uint32_t
     if (!c) return PKV_ERR_OUT_OF_MEMORY;
     uint32_t table_size = 16;
     while (table_size < 2 * max_entries) table_size *= 2; // load factor <= 1/2
+    const uint32_t capacity = pkv_pool_capacity(pool);
     c->pool = pool;
     c->block_size = block_size;
     c->max_entries = max_entries;
@@ -71,15 +85,20 @@ pkv_status pkv_prefix_cache_create(pkv_pool *pool, uint32_t block_size, uint32_t
     c->tokens = malloc((size_t)max_entries * block_size * sizeof *c->tokens);
     c->free_entries = malloc(max_entries * sizeof *c->free_entries);
     c->table = malloc(table_size * sizeof *c->table);
-    if (!c->entries || !c->tokens || !c->free_entries || !c->table) {
+    c->entry_of = malloc((size_t)capacity * sizeof *c->entry_of);
+    if (!c->entries || !c->tokens || !c->free_entries || !c->table || !c->entry_of) {
         pkv_prefix_cache_destroy(c);
         return PKV_ERR_OUT_OF_MEMORY;
     }
-    for (uint32_t i = 0; i < max_entries; i++) c->free_entries[i] = (int32_t)(max_entries - 1 - i);
+    for (uint32_t i = 0; i < max_entries; i++) {
+        c->free_entries[i] = (int32_t)(max_entries - 1 - i);
+        c->entries[i].block = -1;
+    }
     c->num_free = max_entries;
     memset(c->table, 0xff, table_size * sizeof *c->table); // all -1
+    memset(c->entry_of, 0xff, (size_t)capacity * sizeof *c->entry_of);
     c->table_mask = table_size - 1;
-    c->lru_head = c->lru_tail = -1;
+    c->ev_head = c->ev_tail = -1;
     *out = c;
     return PKV_OK;
 }
@@ -87,12 +106,13 @@ pkv_status pkv_prefix_cache_create(pkv_pool *pool, uint32_t block_size, uint32_t
 void pkv_prefix_cache_destroy(pkv_prefix_cache *c) {
     if (!c) return;
     if (c->entries)
-        for (int32_t e = c->lru_head; e >= 0; e = c->entries[e].next)
-            pkv_pool_release(c->pool, c->entries[e].block);
+        for (uint32_t e = 0; e < c->max_entries; e++)
+            if (c->entries[e].block >= 0) pkv_pool_release(c->pool, c->entries[e].block);
     free(c->entries);
     free(c->tokens);
     free(c->free_entries);
     free(c->table);
+    free(c->entry_of);
     free(c);
 }
 
@@ -100,26 +120,44 @@ static const int32_t *entry_tokens(const pkv_prefix_cache *c, int32_t e) {
     return c->tokens + (size_t)e * c->block_size;
 }
 
-// --- LRU list ---
+// --- eviction list ---
 
-static void lru_unlink(pkv_prefix_cache *c, int32_t e) {
+static void ev_unlink(pkv_prefix_cache *c, int32_t e) {
     entry *x = &c->entries[e];
-    if (x->prev >= 0) c->entries[x->prev].next = x->next; else c->lru_head = x->next;
-    if (x->next >= 0) c->entries[x->next].prev = x->prev; else c->lru_tail = x->prev;
+    if (!x->on_list) return;
+    if (x->prev >= 0) c->entries[x->prev].next = x->next; else c->ev_head = x->next;
+    if (x->next >= 0) c->entries[x->next].prev = x->prev; else c->ev_tail = x->prev;
     x->prev = x->next = -1;
+    x->on_list = 0;
 }
 
-static void lru_push_tail(pkv_prefix_cache *c, int32_t e) {
+static void ev_push(pkv_prefix_cache *c, int32_t e, int at_head) {
     entry *x = &c->entries[e];
-    x->prev = c->lru_tail;
-    x->next = -1;
-    if (c->lru_tail >= 0) c->entries[c->lru_tail].next = e; else c->lru_head = e;
-    c->lru_tail = e;
+    if (x->on_list) ev_unlink(c, e);
+    x->on_list = 1;
+    if (at_head) {
+        x->prev = -1;
+        x->next = c->ev_head;
+        if (c->ev_head >= 0) c->entries[c->ev_head].prev = e; else c->ev_tail = e;
+        c->ev_head = e;
+    } else {
+        x->next = -1;
+        x->prev = c->ev_tail;
+        if (c->ev_tail >= 0) c->entries[c->ev_tail].next = e; else c->ev_head = e;
+        c->ev_tail = e;
+    }
 }
 
-static void lru_touch(pkv_prefix_cache *c, int32_t e) {
-    lru_unlink(c, e);
-    lru_push_tail(c, e);
+static int is_unused(const pkv_prefix_cache *c, int32_t e) {
+    return pkv_pool_refcount(c->pool, c->entries[e].block) == 1;
+}
+
+void pkvi_prefix_block_unused(pkv_prefix_cache *c, pkv_block_id block) {
+    if (!c || (uint32_t)block >= pkv_pool_capacity(c->pool)) return;
+    int32_t e = c->entry_of[block];
+    if (e < 0 || c->entries[e].on_list) return;
+    c->unused++;
+    if (c->entries[e].children == 0) ev_push(c, e, 0); // the most recently used end
 }
 
 // --- hash table ---
@@ -164,27 +202,41 @@ static void table_remove(pkv_prefix_cache *c, int32_t e) {
     c->table[i] = -1;
 }
 
-// Evict the least recently used leaf entry that only the cache holds, other than
-// `keep` (the parent an insert is about to chain to). 0 if none.
+// Evict the oldest entry on the eviction list, other than `keep` (the parent an
+// insert is about to chain to). 0 if there is none.
 static int evict_one(pkv_prefix_cache *c, int32_t keep) {
-    for (int32_t e = c->lru_head; e >= 0; e = c->entries[e].next) {
-        const entry *x = &c->entries[e];
-        if (e == keep || x->children > 0 || pkv_pool_refcount(c->pool, x->block) != 1) continue;
-        if (x->parent_entry >= 0) c->entries[x->parent_entry].children--;
-        table_remove(c, e);
-        lru_unlink(c, e);
-        pkv_pool_release(c->pool, c->entries[e].block);
-        c->free_entries[c->num_free++] = e;
-        c->count--;
-        c->stats.evictions++;
-        return 1;
-    }
-    return 0;
+    int32_t e = c->ev_head;
+    if (e >= 0 && e == keep) e = c->entries[e].next;
+    if (e < 0) return 0;
+    entry *x = &c->entries[e];
+    ev_unlink(c, e);
+    table_remove(c, e);
+    c->entry_of[x->block] = -1;
+    pkv_pool_release(c->pool, x->block);
+    x->block = -1;
+    c->free_entries[c->num_free++] = e;
+    c->count--;
+    c->unused--;
+    c->stats.evictions++;
+    // The parent may now be a leaf: it was used together with this block, so it
+    // goes next (the head), and the chain is evicted from its tail towards its root.
+    int32_t pe = x->parent_entry;
+    if (pe >= 0 && --c->entries[pe].children == 0 && is_unused(c, pe)) ev_push(c, pe, 1);
+    return 1;
 }
 
 static pkv_status check_set(const pkv_prefix_cache *c, const pkv_seqset *set) {
-    if (!c || !set || pkv_seqset_pool(set) != c->pool || pkv_seqset_block_size(set) != c->block_size)
+    if (!c || !set || pkv_seqset_pool(set) != c->pool ||
+        pkv_seqset_block_size(set) != c->block_size || pkvi_seqset_prefix(set) != c)
         return PKV_ERR_INVALID_ARG;
+    return PKV_OK;
+}
+
+pkv_status pkv_prefix_cache_attach(pkv_prefix_cache *c, pkv_seqset *set) {
+    if (!c || !set || pkv_seqset_pool(set) != c->pool ||
+        pkv_seqset_block_size(set) != c->block_size)
+        return PKV_ERR_INVALID_ARG;
+    pkvi_seqset_set_prefix(set, c);
     return PKV_OK;
 }
 
@@ -207,13 +259,17 @@ pkv_status pkv_seq_create_cached(pkv_seqset *set, pkv_prefix_cache *c, const int
         c->stats.lookups++;
         int32_t e = table_find(c, key, parent, t);
         if (e < 0) break;
+        const int was_unused = is_unused(c, e);
         st = pkvi_seq_adopt_block(set, *id, c->entries[e].block);
         if (st != PKV_OK) {
-            pkv_seq_free(set, *id);
+            pkv_seq_free(set, *id); // reports the adopted blocks unused again
             return st;
         }
+        if (was_unused) {
+            c->unused--;
+            ev_unlink(c, e);
+        }
         c->stats.hits++;
-        lru_touch(c, e);
         parent = c->entries[e].block;
         hits++;
     }
@@ -243,11 +299,12 @@ pkv_status pkv_prefix_cache_insert(pkv_prefix_cache *c, const pkv_seqset *set, p
         if (e >= 0) {
             // Cached already (maybe in another block with the same content): later
             // blocks chain to the cached one, which is what lookups will find.
-            lru_touch(c, e);
+            if (c->entries[e].on_list) ev_push(c, e, 0); // recently used again
             parent = c->entries[e].block;
             parent_entry = e;
             continue;
         }
+        if (c->entry_of[table[i]] >= 0) break; // this block caches another prefix
         if (c->num_free == 0 && !evict_one(c, parent_entry)) break;
         e = c->free_entries[--c->num_free];
         entry *x = &c->entries[e];
@@ -256,11 +313,14 @@ pkv_status pkv_prefix_cache_insert(pkv_prefix_cache *c, const pkv_seqset *set, p
         x->parent = parent;
         x->parent_entry = parent_entry;
         x->children = 0;
-        if (parent_entry >= 0) c->entries[parent_entry].children++;
+        x->prev = x->next = -1;
+        x->on_list = 0;
+        if (parent_entry >= 0 && c->entries[parent_entry].children++ == 0)
+            ev_unlink(c, parent_entry); // no longer a leaf
         memcpy(c->tokens + (size_t)e * bs, t, bs * sizeof *t);
         pkv_pool_retain(c->pool, table[i]); // live: the sequence holds it
+        c->entry_of[table[i]] = e;
         table_insert(c, e);
-        lru_push_tail(c, e);
         c->count++;
         c->stats.inserts++;
         added++;
@@ -282,36 +342,50 @@ pkv_status pkv_prefix_cache_get_stats(const pkv_prefix_cache *c, pkv_prefix_stat
     if (!c || !stats) return PKV_ERR_INVALID_ARG;
     *stats = c->stats;
     stats->entries = c->count;
-    stats->evictable = 0;
-    for (int32_t e = c->lru_head; e >= 0; e = c->entries[e].next)
-        if (pkv_pool_refcount(c->pool, c->entries[e].block) == 1) stats->evictable++;
+    stats->evictable = c->unused;
     return PKV_OK;
 }
 
 pkv_status pkv_prefix_cache_validate(const pkv_prefix_cache *c) {
     if (!c) return PKV_ERR_INVALID_ARG;
     if (c->count + c->num_free != c->max_entries) return PKV_ERR_CORRUPT;
-    uint32_t in_list = 0;
-    for (int32_t e = c->lru_head, prev = -1; e >= 0; prev = e, e = c->entries[e].next) {
-        const entry *x = &c->entries[e];
-        if (++in_list > c->count || x->prev != prev) return PKV_ERR_CORRUPT;
-        if (pkv_pool_refcount(c->pool, x->block) < 1) return PKV_ERR_CORRUPT;
-        if (table_find(c, x->key, x->parent, entry_tokens(c, e)) != e) return PKV_ERR_CORRUPT;
-    }
-    uint32_t in_table = 0;
+    uint32_t *kids = calloc(c->max_entries, sizeof *kids);
+    if (!kids) return PKV_ERR_OUT_OF_MEMORY;
+    pkv_status st = PKV_OK;
+    uint32_t live = 0, unused = 0, flagged = 0, on_list = 0, in_table = 0;
     for (uint32_t i = 0; i <= c->table_mask; i++) in_table += c->table[i] >= 0;
-    if (in_list != c->count || in_table != c->count) return PKV_ERR_CORRUPT;
-    // Child counts: each entry's count equals the entries that name it as parent,
-    // and a parent's block is the block its children chain to.
-    for (int32_t e = c->lru_head; e >= 0; e = c->entries[e].next) {
-        uint32_t kids = 0;
-        for (int32_t k = c->lru_head; k >= 0; k = c->entries[k].next) {
-            const entry *child = &c->entries[k];
-            if (child->parent_entry != e) continue;
-            if (child->parent != c->entries[e].block) return PKV_ERR_CORRUPT;
-            kids++;
+    for (int32_t e = 0; e < (int32_t)c->max_entries && st == PKV_OK; e++) {
+        const entry *x = &c->entries[e];
+        flagged += x->on_list != 0;
+        if (x->block < 0) {
+            if (x->on_list) st = PKV_ERR_CORRUPT;
+            continue;
         }
-        if (kids != c->entries[e].children) return PKV_ERR_CORRUPT;
+        live++;
+        int32_t rc = pkv_pool_refcount(c->pool, x->block);
+        unused += rc == 1;
+        if (rc < 1 || c->entry_of[x->block] != e ||
+            table_find(c, x->key, x->parent, entry_tokens(c, e)) != e)
+            st = PKV_ERR_CORRUPT;
+        if (x->parent_entry >= 0) {
+            const entry *p = &c->entries[x->parent_entry];
+            if (p->block < 0 || p->block != x->parent) st = PKV_ERR_CORRUPT;
+            kids[x->parent_entry]++;
+        }
     }
-    return PKV_OK;
+    // The eviction list holds exactly the unused leaves, each once.
+    for (uint32_t e = 0; e < c->max_entries && st == PKV_OK; e++) {
+        const entry *x = &c->entries[e];
+        if (x->block < 0) continue;
+        int is_leaf_unused = kids[e] == 0 && pkv_pool_refcount(c->pool, x->block) == 1;
+        if (kids[e] != x->children || (x->on_list != 0) != is_leaf_unused) st = PKV_ERR_CORRUPT;
+    }
+    for (int32_t e = c->ev_head, prev = -1; e >= 0 && st == PKV_OK; prev = e, e = c->entries[e].next)
+        if (++on_list > live || c->entries[e].prev != prev || !c->entries[e].on_list)
+            st = PKV_ERR_CORRUPT;
+    if (st == PKV_OK && (live != c->count || in_table != c->count || unused != c->unused ||
+                         on_list != flagged))
+        st = PKV_ERR_CORRUPT;
+    free(kids);
+    return st;
 }

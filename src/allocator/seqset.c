@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "pkv/seq.h"
+#include "prefix_internal.h"
 #include "seqset_internal.h"
 
 typedef struct seq {
@@ -30,6 +31,7 @@ struct pkv_seqset {
     uint32_t num_free_ids, cap_ids;
     pkv_block_copy *copies; // [cap_copies]; queued copy-on-write copies
     uint32_t num_copies, cap_copies;
+    pkv_prefix_cache *prefix; // borrowed, optional: told when cached blocks go unused
 };
 
 static uint32_t blocks_for(uint32_t len, uint32_t block_size) {
@@ -48,6 +50,17 @@ static int grow(void **array, uint32_t *cap, uint32_t need, size_t elem) {
     *array = p;
     *cap = (uint32_t)new_cap;
     return 1;
+}
+
+// Release blocks[0..n-1] (all or nothing, as pkv_pool_release_n) and tell the
+// prefix cache about every block that only it may hold now.
+static pkv_status release_blocks(pkv_seqset *set, const pkv_block_id *blocks, uint32_t n) {
+    pkv_status st = pkv_pool_release_n(set->pool, blocks, n);
+    if (st == PKV_OK && set->prefix)
+        for (uint32_t i = 0; i < n; i++)
+            if (pkv_pool_refcount(set->pool, blocks[i]) == 1)
+                pkvi_prefix_block_unused(set->prefix, blocks[i]);
+    return st;
 }
 
 static seq *get_seq(const pkv_seqset *set, pkv_seq_id id) {
@@ -71,7 +84,7 @@ void pkv_seqset_destroy(pkv_seqset *set) {
     if (!set) return;
     for (uint32_t i = 0; i < set->num_slots; i++) {
         seq *s = &set->seqs[i];
-        if (s->live) pkv_pool_release_n(set->pool, s->blocks, s->num_blocks);
+        if (s->live) release_blocks(set, s->blocks, s->num_blocks);
         free(s->blocks);
     }
     pkv_seqset_copies_done(set); // drop the pins of copies nobody ran
@@ -123,7 +136,7 @@ pkv_status pkv_seq_free(pkv_seqset *set, pkv_seq_id id) {
     seq *s = get_seq(set, id);
     if (!set) return PKV_ERR_INVALID_ARG;
     if (!s) return PKV_ERR_NOT_FOUND;
-    pkv_status st = pkv_pool_release_n(set->pool, s->blocks, s->num_blocks);
+    pkv_status st = release_blocks(set, s->blocks, s->num_blocks);
     if (st != PKV_OK) return PKV_ERR_CORRUPT; // the set's references were not in the pool
     s->num_blocks = 0;
     s->len = 0;
@@ -252,6 +265,10 @@ pkv_status pkvi_seq_adopt_block(pkv_seqset *set, pkv_seq_id id, pkv_block_id blo
     return PKV_OK;
 }
 
+void pkvi_seqset_set_prefix(pkv_seqset *set, pkv_prefix_cache *cache) { set->prefix = cache; }
+
+pkv_prefix_cache *pkvi_seqset_prefix(const pkv_seqset *set) { return set->prefix; }
+
 pkv_status pkv_seq_length(const pkv_seqset *set, pkv_seq_id id, uint32_t *len) {
     if (!set || !len) return PKV_ERR_INVALID_ARG;
     const seq *s = get_seq(set, id);
@@ -313,8 +330,8 @@ pkv_status pkv_seqset_copies_done(pkv_seqset *set) {
     if (!set) return PKV_ERR_INVALID_ARG;
     pkv_status st = PKV_OK;
     for (uint32_t i = 0; i < set->num_copies; i++) {
-        if (pkv_pool_release(set->pool, set->copies[i].src) != PKV_OK) st = PKV_ERR_CORRUPT;
-        if (pkv_pool_release(set->pool, set->copies[i].dst) != PKV_OK) st = PKV_ERR_CORRUPT;
+        pkv_block_id pins[2] = {set->copies[i].src, set->copies[i].dst};
+        if (release_blocks(set, pins, 2) != PKV_OK) st = PKV_ERR_CORRUPT;
     }
     set->num_copies = 0;
     return st;
