@@ -15,5 +15,7 @@
 #include "pkv/model_config.h"
 #include "pkv/model.h"
 #include "pkv/generate.h"
+#include "pkv/trace.h"
+#include "pkv/replay.h"
 
 #endif // PKV_PKV_H

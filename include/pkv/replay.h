@@ -1,0 +1,205 @@
+// SPDX-License-Identifier: MIT
+// Trace replay: run a request trace through a continuous-batching scheduler
+// with one KV-cache policy and report memory, allocation and latency figures
+// whose exact meaning is given in DESIGN.md ("What the numbers mean") and in
+// docs/bench_replay.md.
+//
+// Modes: PKV_REPLAY_SIM runs only the memory manager and scheduler, with step
+// time from a roofline model of (model preset, GPU preset); PKV_REPLAY_RUN
+// executes the decoder (runtime/model.h) and measures each step's wall time.
+//
+// Policies (one interface, chosen by name): "paged" (pkv_pool + pkv_seqset,
+// block_size tokens per block), "contiguous-max" (max_seq_len per sequence),
+// "contiguous-pow2" (next power of two of the current length, regrown by
+// reallocation), "contiguous-oracle" (exactly the tokens the sequence will hold),
+// "malloc-per-request" (one backend allocation per sequence) and
+// "malloc-per-token" (a new backend allocation and a copy per token). Contiguous
+// and malloc policies place extents in one range of the budget with a
+// free-extent allocator, so external fragmentation is measured.
+//
+// Thread-safety: pkv_replay_run is reentrant; concurrent runs share nothing
+// (the trace is only read).
+#ifndef PKV_REPLAY_H
+#define PKV_REPLAY_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "pkv/model_config.h"
+#include "pkv/status.h"
+#include "pkv/trace.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum pkv_policy {
+    PKV_POLICY_PAGED = 0,
+    PKV_POLICY_CONTIG_MAX = 1,
+    PKV_POLICY_CONTIG_POW2 = 2,
+    PKV_POLICY_CONTIG_ORACLE = 3,
+    PKV_POLICY_MALLOC_PER_REQUEST = 4,
+    PKV_POLICY_MALLOC_PER_TOKEN = 5,
+    PKV_POLICY_COUNT = 6,
+} pkv_policy;
+
+// "paged", "contiguous-max", ... ("unknown" for a bad value).
+const char *pkv_policy_name(pkv_policy policy);
+// PKV_ERR_NOT_FOUND for an unknown name.
+pkv_status pkv_policy_from_name(const char *name, pkv_policy *policy);
+
+typedef enum pkv_preempt_mode {
+    PKV_PREEMPT_RECOMPUTE = 0, // free the request's memory, recompute its tokens later
+    PKV_PREEMPT_SWAP = 1,      // copy its KV to an (unbounded) host pool and back
+} pkv_preempt_mode;
+
+const char *pkv_preempt_mode_name(pkv_preempt_mode mode); // "recompute" / "swap"
+
+typedef enum pkv_replay_mode {
+    PKV_REPLAY_SIM = 0,
+    PKV_REPLAY_RUN = 1,
+} pkv_replay_mode;
+
+// A GPU for the roofline model. Nominal datasheet figures (see gpu_preset.c).
+typedef struct pkv_gpu_spec {
+    char name[32];
+    uint64_t mem_bytes;      // device memory
+    double mem_bw;           // HBM bandwidth, bytes/s
+    double peak_flops;       // dense fp16/bf16 tensor flops/s
+    double host_link_bw;     // host <-> device bytes/s (PCIe), for swap
+} pkv_gpu_spec;
+
+// "a100-80g", "h100-80g", "h200-141g". PKV_ERR_NOT_FOUND for an unknown name.
+pkv_status pkv_gpu_preset(const char *name, pkv_gpu_spec *spec);
+const char *const *pkv_gpu_preset_names(void); // NULL-terminated, static
+
+// Parse a size: a non-negative integer with an optional K, M, G or T suffix
+// (powers of 1024), e.g. "512M". PKV_ERR_INVALID_ARG for anything else or overflow.
+pkv_status pkv_size_parse(const char *text, uint64_t *bytes);
+
+// One step as the replay sees it (for timelines). Plain data.
+typedef struct pkv_replay_step {
+    uint64_t index;          // 0-based step number
+    double time_s;           // simulated (sim) or replay (run) clock at the step's end
+    double step_s;           // the step's duration
+    uint32_t running;        // sequences in the step (prefilled + decoded)
+    uint32_t waiting;        // requests waiting (new or preempted) after admission
+    uint64_t used_bytes;     // token states stored (distinct physical slots)
+    uint64_t reserved_bytes; // held by the policy for live sequences
+    uint64_t reservation_bytes; // reserved slots that will be filled later
+    uint64_t ext_frag_bytes; // free bytes the queue head could not use (0 if none)
+    uint64_t free_bytes;     // capacity - reserved
+    uint64_t capacity_bytes;
+} pkv_replay_step;
+
+typedef struct pkv_replay_params {
+    pkv_replay_mode mode;          // default PKV_REPLAY_SIM
+    pkv_policy policy;             // default paged
+    uint32_t block_size;           // paged: tokens per block, default 16
+    uint32_t max_seq_len;          // 0 (default): the model's context window
+    pkv_preempt_mode preempt;      // default recompute
+    uint32_t max_batch;            // max sequences per step, default 256
+    uint32_t max_tokens_per_step;  // prefill + decode tokens per step, default 8192
+    double watermark;              // fraction of capacity kept free at admission, 0.01
+    pkv_model_config model;        // default preset "llama2-7b"
+    pkv_gpu_spec gpu;              // default preset "a100-80g"
+    uint64_t kv_mem_bytes;         // 0 (default): (gpu.mem - weights) x gpu_util
+    double gpu_util;               // default 0.9
+    uint32_t dtype_bytes;          // bytes per KV and weight element, default 2 (fp16)
+    // Sim mode: modelled seconds per backend allocation/free call. 0 (default)
+    // means "not modelled": alloc.backend_alloc_seconds is then 0 in sim mode.
+    double sim_alloc_call_s;
+    int prefix_sharing;            // paged, sim mode: prefix cache over the trace's shared
+                                   // prefixes (prefix_group, Mooncake hash_ids); default 1
+    // Run mode.
+    int run_cuda;                  // 1: CUDA backend, 0 (default): host
+    uint32_t run_threads;          // CPU threads, 0 = all
+    uint64_t seed;                 // weights and token ids in run mode, default 1
+    int validate;                  // 1: check every invariant after every step (slow)
+    // Optional callbacks (may be NULL); `user` is passed back.
+    void (*on_step)(void *user, const pkv_replay_step *step);
+    void (*on_progress)(void *user, double fraction_done);
+    void *user;
+} pkv_replay_params;
+
+pkv_replay_params pkv_replay_params_default(void);
+
+// KV budget in bytes for these params (kv_mem_bytes, or the GPU formula above).
+// PKV_ERR_INVALID_ARG if the weights do not fit the GPU.
+pkv_status pkv_replay_kv_budget(const pkv_replay_params *params, uint64_t *bytes);
+
+// The report of one run. Plain data. Fractions are in [0, 1].
+typedef struct pkv_replay_report {
+    char policy[32];
+    char mode[8];              // "sim" or "run"
+    uint32_t block_size;       // paged: tokens per block; others: 1 (token granularity)
+    uint64_t kv_bytes_per_token;
+    struct {
+        uint64_t total;        // requests in the trace
+        uint64_t completed;
+        uint64_t rejected;     // longer than max_seq_len, or larger than the budget alone
+    } requests;
+    struct {
+        uint64_t capacity_bytes;
+        uint64_t peak_reserved_bytes;
+        uint64_t peak_used_bytes;
+        double waste_frac;          // time-avg (reserved - used) / reserved
+        double internal_frag_frac;  // time-avg never-filled reserved / reserved
+        double reservation_frac;    // time-avg filled-later reserved / reserved
+        double external_frag_frac;  // time-avg unusable free bytes / capacity
+    } memory;
+    struct {
+        uint64_t backend_alloc_calls;
+        uint64_t backend_free_calls;
+        double backend_alloc_seconds; // run: measured; sim: calls x sim_alloc_call_s
+        double backend_free_seconds;
+        int seconds_measured;         // 1 in run mode, 0 in sim mode
+    } alloc;
+    struct {
+        double step_p50_ms, step_p90_ms, step_p99_ms, step_max_ms;
+        double ttft_p50_ms, ttft_p99_ms;
+        double tpot_p50_ms, tpot_p99_ms;
+    } latency;
+    struct {
+        double output_tokens_per_s;  // completed output tokens / makespan
+        uint64_t output_tokens;
+        double makespan_s;           // first arrival to last completion
+    } throughput;
+    struct {
+        double mean;  // sequences per step, over steps with work
+        uint32_t max;
+    } batch;
+    uint64_t steps;
+    uint64_t preemptions;     // requests preempted (each time)
+    uint64_t forks;           // child sequences created for n > 1
+    uint64_t cow_copies;      // copy-on-write block copies (paged)
+    uint64_t prefix_cached_tokens; // paged: prompt tokens served by the prefix cache
+    uint64_t copy_bytes;      // KV bytes copied on device: CoW, fork copies, regrowth
+    uint64_t swap_bytes;      // KV bytes moved to and from the host pool
+    double replay_seconds;    // host wall time of the replay itself
+} pkv_replay_report;
+
+// Replay `trace` (borrowed) with `params` into *report (caller-owned).
+// PKV_ERR_INVALID_ARG for bad params (named by nothing else: check the ranges
+// above), PKV_ERR_UNSUPPORTED for run mode where the build lacks it, or for a
+// run-mode policy other than paged. Memory pressure never fails a run: requests
+// are preempted, and only requests that can never fit are rejected.
+pkv_status pkv_replay_run(const pkv_trace *trace, const pkv_replay_params *params,
+                          pkv_replay_report *report);
+
+// Write {"trace": {...}, "config": {...}, "runs": [...]} to `out` (borrowed).
+// trace_name: shown as trace.path (borrowed). reports: num_reports entries.
+pkv_status pkv_replay_write_json(FILE *out, const char *trace_name, const pkv_trace *trace,
+                                 const pkv_replay_params *params,
+                                 const pkv_replay_report *reports, size_t num_reports);
+
+// Write a human-readable table of the reports, one row per policy.
+pkv_status pkv_replay_write_table(FILE *out, const pkv_replay_report *reports,
+                                  size_t num_reports);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif // PKV_REPLAY_H

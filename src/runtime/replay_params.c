@@ -1,0 +1,96 @@
+// SPDX-License-Identifier: MIT
+// Replay parameters: defaults, policy and mode names, sizes with binary
+// suffixes, and the KV budget of a (model, GPU) pair.
+#include <ctype.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "replay_internal.h"
+
+static const char *const policy_names[PKV_POLICY_COUNT] = {
+    "paged", "contiguous-max", "contiguous-pow2", "contiguous-oracle",
+    "malloc-per-request", "malloc-per-token",
+};
+
+const char *pkv_policy_name(pkv_policy policy) {
+    return (unsigned)policy < PKV_POLICY_COUNT ? policy_names[policy] : "unknown";
+}
+
+pkv_status pkv_policy_from_name(const char *name, pkv_policy *policy) {
+    if (!name || !policy) return PKV_ERR_INVALID_ARG;
+    for (int i = 0; i < PKV_POLICY_COUNT; i++) {
+        if (strcmp(name, policy_names[i]) == 0) {
+            *policy = (pkv_policy)i;
+            return PKV_OK;
+        }
+    }
+    return PKV_ERR_NOT_FOUND;
+}
+
+const char *pkv_preempt_mode_name(pkv_preempt_mode mode) {
+    switch (mode) {
+    case PKV_PREEMPT_RECOMPUTE: return "recompute";
+    case PKV_PREEMPT_SWAP: return "swap";
+    }
+    return "unknown";
+}
+
+pkv_status pkv_size_parse(const char *text, uint64_t *bytes) {
+    if (!text || !bytes) return PKV_ERR_INVALID_ARG;
+    const char *p = text;
+    if (!isdigit((unsigned char)*p)) return PKV_ERR_INVALID_ARG;
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(p, &end, 10);
+    if (errno) return PKV_ERR_INVALID_ARG;
+    unsigned shift = 0;
+    switch (*end) {
+    case '\0': break;
+    case 'K': case 'k': shift = 10; end++; break;
+    case 'M': case 'm': shift = 20; end++; break;
+    case 'G': case 'g': shift = 30; end++; break;
+    case 'T': case 't': shift = 40; end++; break;
+    default: return PKV_ERR_INVALID_ARG;
+    }
+    if (*end != '\0') return PKV_ERR_INVALID_ARG;
+    if (shift && v > (UINT64_MAX >> shift)) return PKV_ERR_INVALID_ARG;
+    *bytes = (uint64_t)v << shift;
+    return PKV_OK;
+}
+
+pkv_replay_params pkv_replay_params_default(void) {
+    pkv_replay_params p;
+    memset(&p, 0, sizeof p);
+    p.mode = PKV_REPLAY_SIM;
+    p.policy = PKV_POLICY_PAGED;
+    p.block_size = 16;
+    p.max_seq_len = 0;
+    p.preempt = PKV_PREEMPT_RECOMPUTE;
+    p.max_batch = 256;
+    p.max_tokens_per_step = 8192;
+    p.watermark = 0.01;
+    pkv_model_preset("llama2-7b", &p.model);
+    pkv_gpu_preset("a100-80g", &p.gpu);
+    p.kv_mem_bytes = 0;
+    p.gpu_util = 0.9;
+    p.dtype_bytes = 2;
+    p.sim_alloc_call_s = 0;
+    p.prefix_sharing = 1;
+    p.seed = 1;
+    return p;
+}
+
+pkv_status pkv_replay_kv_budget(const pkv_replay_params *p, uint64_t *bytes) {
+    if (!p || !bytes) return PKV_ERR_INVALID_ARG;
+    if (p->kv_mem_bytes) {
+        *bytes = p->kv_mem_bytes;
+        return PKV_OK;
+    }
+    const uint64_t weights = pkv_model_param_count(&p->model) * p->dtype_bytes;
+    if (weights == 0 || !(p->gpu_util > 0 && p->gpu_util <= 1) || weights >= p->gpu.mem_bytes)
+        return PKV_ERR_INVALID_ARG;
+    // "GPU memory minus weights, times a utilization factor" (issue 5).
+    *bytes = (uint64_t)((double)(p->gpu.mem_bytes - weights) * p->gpu_util);
+    return *bytes ? PKV_OK : PKV_ERR_INVALID_ARG;
+}

@@ -1,0 +1,97 @@
+// SPDX-License-Identifier: MIT
+// GPU presets and the roofline step-time model used by sim mode.
+//
+// A step's time is max(flops / peak_flops, bytes / mem_bw) + swap / host_link_bw:
+// - flops = 2 x params x tokens (every weight is one multiply-add per token)
+//         + 4 x layers x heads x head_dim x (query, key) pairs (QK^T and PV);
+// - bytes = the weights once per step (params x dtype_bytes)
+//         + KV read (every context token of every sequence) and written (the new
+//           tokens), at kv_bytes_per_token each, + device copies read and written.
+// It is a lower bound: no kernel-efficiency factor, no launch overheads, no
+// activations traffic. Its purpose is to rank policies on the same trace
+// (larger batches amortize the weight reads), not to predict a server.
+//
+// GPU figures are nominal datasheet numbers (dense fp16/bf16 tensor throughput,
+// no sparsity); memory is the total nvidia-smi reports for the card.
+#include <stdlib.h>
+#include <string.h>
+
+#include "replay_internal.h"
+
+static const pkv_gpu_spec gpus[] = {
+    // A100 SXM4 80GB: 2039 GB/s HBM2e, 312 TFLOPS fp16, PCIe 4.0 x16 (32 GB/s).
+    {"a100-80g", 81920ull << 20, 2039e9, 312e12, 32e9},
+    // H100 SXM5 80GB: 3.35 TB/s HBM3, 989 TFLOPS fp16 dense, PCIe 5.0 x16 (64 GB/s).
+    {"h100-80g", 81559ull << 20, 3.35e12, 989e12, 64e9},
+    // H200 SXM 141GB: 4.8 TB/s HBM3e, 989 TFLOPS fp16 dense, PCIe 5.0 x16 (64 GB/s).
+    {"h200-141g", 143771ull << 20, 4.8e12, 989e12, 64e9},
+};
+
+static const char *const gpu_names[] = {"a100-80g", "h100-80g", "h200-141g", NULL};
+
+pkv_status pkv_gpu_preset(const char *name, pkv_gpu_spec *spec) {
+    if (!name || !spec) return PKV_ERR_INVALID_ARG;
+    for (size_t i = 0; i < sizeof gpus / sizeof gpus[0]; i++) {
+        if (strcmp(gpus[i].name, name) == 0) {
+            *spec = gpus[i];
+            return PKV_OK;
+        }
+    }
+    return PKV_ERR_NOT_FOUND;
+}
+
+const char *const *pkv_gpu_preset_names(void) { return gpu_names; }
+
+typedef struct roofline {
+    pkvi_executor base;
+    double weight_bytes;
+    double flops_per_token;     // 2 x params
+    double attn_flops_per_pair; // 4 x layers x heads x head_dim
+    double kv_bytes_per_token;
+    double peak_flops, mem_bw, host_bw;
+} roofline;
+
+static pkv_status roofline_step(pkvi_executor *e, const pkvi_step_batch *b, double *seconds) {
+    const roofline *m = (const roofline *)e;
+    const double tokens = (double)b->prefill_tokens + (double)b->num_decode_seqs;
+    double t = 0;
+    if (tokens > 0) {
+        const double pairs = b->prefill_attn_pairs + (double)b->decode_ctx_tokens;
+        const double flops = m->flops_per_token * tokens + m->attn_flops_per_pair * pairs;
+        const double kv_tokens = (double)b->decode_ctx_tokens + (double)b->prefill_ctx_tokens + tokens;
+        const double bytes = m->weight_bytes + m->kv_bytes_per_token * kv_tokens +
+                             2.0 * (double)b->copy_bytes;
+        const double tc = flops / m->peak_flops, tm = bytes / m->mem_bw;
+        t = tc > tm ? tc : tm;
+    } else if (b->copy_bytes) {
+        t = 2.0 * (double)b->copy_bytes / m->mem_bw;
+    }
+    t += (double)b->swap_bytes / m->host_bw;
+    *seconds = t;
+    return PKV_OK;
+}
+
+static void roofline_destroy(pkvi_executor *e) { free(e); }
+
+pkv_status pkvi_executor_roofline_create(const pkv_replay_params *p, pkvi_executor **out) {
+    if (!p || !out) return PKV_ERR_INVALID_ARG;
+    const uint64_t params = pkv_model_param_count(&p->model);
+    const uint64_t kvb = pkv_model_kv_bytes_per_token(&p->model, p->dtype_bytes);
+    if (params == 0 || kvb == 0 || !(p->gpu.peak_flops > 0) || !(p->gpu.mem_bw > 0) ||
+        !(p->gpu.host_link_bw > 0))
+        return PKV_ERR_INVALID_ARG;
+    roofline *m = calloc(1, sizeof *m);
+    if (!m) return PKV_ERR_OUT_OF_MEMORY;
+    m->base.needs_seqs = 0;
+    m->base.step = roofline_step;
+    m->base.destroy = roofline_destroy;
+    m->weight_bytes = (double)params * p->dtype_bytes;
+    m->flops_per_token = 2.0 * (double)params;
+    m->attn_flops_per_pair = 4.0 * p->model.num_layers * (double)p->model.num_heads * p->model.head_dim;
+    m->kv_bytes_per_token = (double)kvb;
+    m->peak_flops = p->gpu.peak_flops;
+    m->mem_bw = p->gpu.mem_bw;
+    m->host_bw = p->gpu.host_link_bw;
+    *out = &m->base;
+    return PKV_OK;
+}
