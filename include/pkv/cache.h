@@ -81,7 +81,7 @@ typedef struct pkv_cache pkv_cache;
 
 // Create a cache for every block of `pool` (borrowed; must outlive the cache) in
 // memory from `backend` (borrowed; must outlive the cache). One backend allocation
-// of capacity x bytes_per_block. PKV_ERR_OUT_OF_MEMORY if the backend cannot
+// of capacity x bytes_per_block, zeroed. PKV_ERR_OUT_OF_MEMORY if the backend cannot
 // provide it. *out is owned by the caller.
 pkv_status pkv_cache_create(const pkv_cache_params *params, pkv_pool *pool,
                             pkv_backend *backend, pkv_cache **out);

@@ -107,7 +107,11 @@ pkv_status pkv_cache_create(const pkv_cache_params *params, pkv_pool *pool,
     c->num_blocks = num_blocks;
     c->arena_bytes = num_blocks * per_block;
     pkv_status st = pkv_backend_alloc(backend, (size_t)c->arena_bytes, &c->arena);
+    // Zero the arena now: the contents are defined, and on the host every page is
+    // backed here rather than faulted in (and cleared) inside a later decode step.
+    if (st == PKV_OK) st = pkv_backend_memset(backend, c->arena, 0, (size_t)c->arena_bytes);
     if (st != PKV_OK) {
+        if (c->arena) pkv_backend_free(backend, c->arena, (size_t)c->arena_bytes);
         free(c);
         return st;
     }
