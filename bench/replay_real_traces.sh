@@ -1,7 +1,7 @@
 #!/bin/sh
 # SPDX-License-Identifier: MIT
 # Replay the public traces of ../shared/traces (see SOURCES.md there; not part
-# of the project) through every KV policy, as recorded in docs/bench_replay.md.
+# of the project) through every KV policy, as recorded in docs/BENCHMARKS.md.
 # usage: bench/replay_real_traces.sh BUILD_DIR TRACE_DIR OUT_DIR
 set -eu
 B=${1:?build dir}

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 // Replay output: the JSON document ({"trace", "config", "runs"}; key names and
-// nesting are a contract documented in docs/bench_replay.md) and the text table.
+// nesting are a contract documented in docs/BENCHMARKS.md) and the text table.
 #include <math.h>
 #include <string.h>
 
