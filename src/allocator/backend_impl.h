@@ -4,6 +4,7 @@
 #ifndef PKV_BACKEND_IMPL_H
 #define PKV_BACKEND_IMPL_H
 
+#include "clock.h"
 #include "pkv/backend.h"
 
 typedef struct pkvi_backend_ops {
@@ -26,8 +27,5 @@ struct pkv_backend {
 
 // Allocate a backend object with zeroed counters (NULL on failure).
 pkv_backend *pkvi_backend_new(const pkvi_backend_ops *ops, pkv_backend_kind kind, int device);
-
-// Monotonic wall clock in seconds, for timing backend calls.
-double pkvi_now_seconds(void);
 
 #endif // PKV_BACKEND_IMPL_H

@@ -6,7 +6,6 @@
 // which the next step feeds.
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "pkv/backend.h"
 #include "pkv/cache.h"
@@ -14,12 +13,7 @@
 #include "pkv/pool.h"
 #include "pkv/seq.h"
 #include "model_internal.h"
-
-static double now_seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
+#include "src/allocator/clock.h"
 
 const char *pkv_kv_mode_name(pkv_kv_mode mode) {
     switch (mode) {
@@ -333,15 +327,15 @@ pkv_status pkv_generate(pkv_model *model, const pkv_gen_params *params, uint32_t
     }
     for (uint32_t o = 0; st == PKV_OK && o < O; o++) g.rng[o] = pkv_rng_init(params->seed, o);
     if (st == PKV_OK) st = setup_store(&g, req, max_prompt);
-    double t0 = now_seconds();
+    double t0 = pkvi_now_seconds();
     if (st == PKV_OK) st = prefill(&g, req, out, &st_local.prompt_tokens);
-    double t1 = now_seconds();
+    double t1 = pkvi_now_seconds();
     st_local.prefill_seconds = t1 - t0;
     while (st == PKV_OK && g.num_active > 0) {
         st = decode_step(&g, req, out, &st_local.cow_copies);
         st_local.decode_steps++;
     }
-    st_local.decode_seconds = now_seconds() - t1;
+    st_local.decode_seconds = pkvi_now_seconds() - t1;
     for (uint32_t o = 0; o < O; o++) st_local.generated_tokens += out[o].num_tokens;
     if (g.pool) {
         pkv_pool_stats ps;

@@ -9,15 +9,9 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "model_internal.h"
-
-static double now_seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
+#include "src/allocator/clock.h"
 
 const char *pkv_device_name(pkv_device device) {
     switch (device) {
@@ -316,13 +310,13 @@ typedef struct timer {
 static void tick(timer *t) {
     if (!t->m->params.profile) return;
     t->m->ops->sync(t->m);
-    t->t0 = now_seconds();
+    t->t0 = pkvi_now_seconds();
 }
 
 static void tock(timer *t, double *acc) {
     if (!t->m->params.profile) return;
     t->m->ops->sync(t->m);
-    double t1 = now_seconds();
+    double t1 = pkvi_now_seconds();
     *acc += t1 - t->t0;
     t->t0 = t1;
 }
@@ -452,7 +446,7 @@ pkv_status pkv_model_prefill_paged(pkv_model *m, pkv_cache *cache, pkv_seqset *s
                                    uint32_t S, const pkv_seq_id *seqs, const uint32_t *counts,
                                    const int32_t *tokens, float *logits, int32_t *next_tokens) {
     if (!m || !cache || !set || S == 0 || !seqs || !counts || !tokens) return PKV_ERR_INVALID_ARG;
-    double t0 = now_seconds();
+    double t0 = pkvi_now_seconds();
     pkv_cache_params cp;
     pkv_cache_geometry g;
     TRY(pkv_cache_get_params(cache, &cp));
@@ -508,11 +502,11 @@ pkv_status pkv_model_prefill_paged(pkv_model *m, pkv_cache *cache, pkv_seqset *s
     kv.num_blocks = pkv_pool_capacity(pkv_cache_pool(cache));
     kv.max_blocks = max_blocks;
     pkvi_call call = {S, nt, nt == S, 0, 0};
-    double t1 = now_seconds();
+    double t1 = pkvi_now_seconds();
     m->prof.bookkeeping += t1 - t0;
     float *host_logits = logits ? logits : h->logits;
     pkv_status st = run_layers(m, &call, &kv, host_logits);
-    m->prof.total += now_seconds() - t0;
+    m->prof.total += pkvi_now_seconds() - t0;
     m->prof.forward_calls++;
     m->prof.tokens += nt;
     if (st != PKV_OK) return st;
@@ -548,7 +542,7 @@ pkv_status pkv_model_prefill_contig(pkv_model *m, pkv_contig_kv *kv, uint32_t S,
                                     const int32_t *tokens, float *logits, int32_t *next_tokens) {
     if (!m || !kv || kv->model != m || S == 0 || !rows || !counts || !tokens)
         return PKV_ERR_INVALID_ARG;
-    double t0 = now_seconds();
+    double t0 = pkvi_now_seconds();
     uint64_t T = 0;
     for (uint32_t i = 0; i < S; i++) {
         if (rows[i] >= kv->max_rows) return PKV_ERR_INVALID_ARG;
@@ -578,10 +572,10 @@ pkv_status pkv_model_prefill_contig(pkv_model *m, pkv_contig_kv *kv, uint32_t S,
     t.max_len = kv->max_len;
     t.max_rows = kv->max_rows;
     pkvi_call call = {S, nt, nt == S, consecutive, rows[0]};
-    m->prof.bookkeeping += now_seconds() - t0;
+    m->prof.bookkeeping += pkvi_now_seconds() - t0;
     float *host_logits = logits ? logits : h->logits;
     pkv_status st = run_layers(m, &call, &t, host_logits);
-    m->prof.total += now_seconds() - t0;
+    m->prof.total += pkvi_now_seconds() - t0;
     m->prof.forward_calls++;
     m->prof.tokens += nt;
     if (st != PKV_OK) return st;

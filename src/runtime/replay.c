@@ -22,9 +22,9 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "replay_internal.h"
+#include "src/allocator/clock.h"
 
 enum { RS_PENDING = 0, RS_WAITING, RS_RUNNING, RS_DONE, RS_REJECTED };
 
@@ -67,12 +67,6 @@ static double percentile(const dvec *d, double pct) {
     if (rank < 1) rank = 1;
     if (rank > d->n) rank = d->n;
     return d->v[rank - 1];
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 typedef struct engine {
@@ -514,7 +508,7 @@ pkv_status pkv_replay_run(const pkv_trace *trace, const pkv_replay_params *param
     if (pkv_trace_count(trace) > UINT32_MAX - 1) return PKV_ERR_INVALID_ARG;
     if (params->mode == PKV_REPLAY_RUN && params->policy != PKV_POLICY_PAGED)
         return PKV_ERR_UNSUPPORTED;
-    const double wall0 = now_s();
+    const double wall0 = pkvi_now_seconds();
     pkv_replay_params prm = *params;
     uint64_t budget;
     pkv_status st = pkv_replay_kv_budget(&prm, &budget);
@@ -576,6 +570,6 @@ done:
     free(e.running);
     free(e.wq);
     free(e.seqs);
-    if (st == PKV_OK) report->replay_seconds = now_s() - wall0;
+    if (st == PKV_OK) report->replay_seconds = pkvi_now_seconds() - wall0;
     return st;
 }

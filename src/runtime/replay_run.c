@@ -6,7 +6,6 @@
 // replay measures memory and time, not text. Backend counters come from the
 // real pkv_backend, so the one arena allocation is measured, not modelled.
 #include <stdlib.h>
-#include <time.h>
 
 #include "pkv/backend.h"
 #include "pkv/cache.h"
@@ -16,6 +15,7 @@
 
 #if PKV_HAVE_CUDA
 #include <cuda_runtime_api.h>
+#include "src/allocator/clock.h"
 #endif
 
 typedef struct run_exec {
@@ -34,12 +34,6 @@ typedef struct run_exec {
     uint32_t cap;
     uint64_t tok_cap;
 } run_exec;
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static int32_t token_at(const run_exec *x, pkv_seq_id id, uint32_t pos) {
     uint64_t h = x->seed ^ ((uint64_t)(uint32_t)id * 0x9e3779b97f4a7c15ull) ^ ((uint64_t)pos << 20);
@@ -90,7 +84,7 @@ static pkv_status run_step(pkvi_executor *e, const pkvi_step_batch *b, double *s
     for (uint32_t i = nd; i < b->num_seqs; i++) ptok += b->seqs[i].new_tokens;
     pkv_status st = reserve(x, b->num_seqs, ptok > nd ? ptok : nd);
     if (st != PKV_OK) return st;
-    const double t0 = now_s();
+    const double t0 = pkvi_now_seconds();
     const pkv_block_copy *copies;
     uint32_t nc = pkvi_policy_paged_take_copies(x->pol, &copies);
     if (nc && (st = pkv_cache_copy_blocks(x->cache, copies, nc)) != PKV_OK) return st;
@@ -116,7 +110,7 @@ static pkv_status run_step(pkvi_executor *e, const pkvi_step_batch *b, double *s
         if (st != PKV_OK) return st;
     }
     if ((st = sync_device(x)) != PKV_OK) return st;
-    *seconds = now_s() - t0;
+    *seconds = pkvi_now_seconds() - t0;
     return PKV_OK;
 }
 
