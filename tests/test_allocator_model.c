@@ -92,7 +92,7 @@ static void flush(world *w, int small_buffer) {
             cr_assert_neq(view[i].dst, view[j].src, "dst is a src (op %lu)", (unsigned long)w->ops);
         }
     if (rnd(w, 2)) {
-        memcpy(copies, view, n * sizeof *copies);
+        if (n) memcpy(copies, view, n * sizeof *copies);
         cr_assert_eq(pkv_seqset_copies_done(w->set), PKV_OK);
     } else {
         cr_assert_eq(pkv_seqset_take_copies(w->set, copies, 64, &n), PKV_OK);
