@@ -12,10 +12,10 @@
 #include "pkv/model.h"
 #include "pkv_config.h"
 #include "replay_internal.h"
+#include "src/allocator/clock.h"
 
 #if PKV_HAVE_CUDA
 #include <cuda_runtime_api.h>
-#include "src/allocator/clock.h"
 #endif
 
 typedef struct run_exec {
