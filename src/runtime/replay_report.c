@@ -14,6 +14,12 @@ static void num(FILE *f, double v) {
         fputs("null", f);
 }
 
+// `key` (the separator and quoted name, e.g. ", \"step_p50_ms\": ") then the number.
+static void field(FILE *f, const char *key, double v) {
+    fputs(key, f);
+    num(f, v);
+}
+
 static void str(FILE *f, const char *s) {
     fputc('"', f);
     for (; *s; s++) {
@@ -45,43 +51,29 @@ static void write_run(FILE *f, const pkv_replay_report *r) {
             (unsigned long long)r->memory.peak_reserved_bytes,
             (unsigned long long)r->memory.peak_used_bytes);
     num(f, r->memory.waste_frac);
-    fputs(", \"internal_frag_frac\": ", f);
-    num(f, r->memory.internal_frag_frac);
-    fputs(", \"reservation_frac\": ", f);
-    num(f, r->memory.reservation_frac);
-    fputs(", \"external_frag_frac\": ", f);
-    num(f, r->memory.external_frag_frac);
+    field(f, ", \"internal_frag_frac\": ", r->memory.internal_frag_frac);
+    field(f, ", \"reservation_frac\": ", r->memory.reservation_frac);
+    field(f, ", \"external_frag_frac\": ", r->memory.external_frag_frac);
     fprintf(f, "},\n     \"alloc\": {\"backend_alloc_calls\": %llu, \"backend_free_calls\": %llu, "
                "\"backend_alloc_seconds\": ",
             (unsigned long long)r->alloc.backend_alloc_calls,
             (unsigned long long)r->alloc.backend_free_calls);
     num(f, r->alloc.backend_alloc_seconds);
-    fputs(", \"backend_free_seconds\": ", f);
-    num(f, r->alloc.backend_free_seconds);
+    field(f, ", \"backend_free_seconds\": ", r->alloc.backend_free_seconds);
     fprintf(f, ", \"seconds_measured\": %s},\n", r->alloc.seconds_measured ? "true" : "false");
-    fputs("     \"latency\": {\"step_p50_ms\": ", f);
-    num(f, r->latency.step_p50_ms);
-    fputs(", \"step_p90_ms\": ", f);
-    num(f, r->latency.step_p90_ms);
-    fputs(", \"step_p99_ms\": ", f);
-    num(f, r->latency.step_p99_ms);
-    fputs(", \"step_max_ms\": ", f);
-    num(f, r->latency.step_max_ms);
-    fputs(", \"ttft_p50_ms\": ", f);
-    num(f, r->latency.ttft_p50_ms);
-    fputs(", \"ttft_p99_ms\": ", f);
-    num(f, r->latency.ttft_p99_ms);
-    fputs(", \"tpot_p50_ms\": ", f);
-    num(f, r->latency.tpot_p50_ms);
-    fputs(", \"tpot_p99_ms\": ", f);
-    num(f, r->latency.tpot_p99_ms);
-    fputs("},\n     \"throughput\": {\"output_tokens_per_s\": ", f);
-    num(f, r->throughput.output_tokens_per_s);
+    field(f, "     \"latency\": {\"step_p50_ms\": ", r->latency.step_p50_ms);
+    field(f, ", \"step_p90_ms\": ", r->latency.step_p90_ms);
+    field(f, ", \"step_p99_ms\": ", r->latency.step_p99_ms);
+    field(f, ", \"step_max_ms\": ", r->latency.step_max_ms);
+    field(f, ", \"ttft_p50_ms\": ", r->latency.ttft_p50_ms);
+    field(f, ", \"ttft_p99_ms\": ", r->latency.ttft_p99_ms);
+    field(f, ", \"tpot_p50_ms\": ", r->latency.tpot_p50_ms);
+    field(f, ", \"tpot_p99_ms\": ", r->latency.tpot_p99_ms);
+    field(f, "},\n     \"throughput\": {\"output_tokens_per_s\": ", r->throughput.output_tokens_per_s);
     fprintf(f, ", \"output_tokens\": %llu, \"makespan_s\": ",
             (unsigned long long)r->throughput.output_tokens);
     num(f, r->throughput.makespan_s);
-    fputs("},\n     \"batch\": {\"mean\": ", f);
-    num(f, r->batch.mean);
+    field(f, "},\n     \"batch\": {\"mean\": ", r->batch.mean);
     fprintf(f, ", \"max\": %u},\n", r->batch.max);
     fprintf(f,
             "     \"steps\": %llu, \"preemptions\": %llu, \"forks\": %llu, \"cow_copies\": %llu, "
@@ -118,10 +110,8 @@ pkv_status pkv_replay_write_json(FILE *f, const char *trace_name, const pkv_trac
             count, (unsigned long long)pkv_trace_skipped(trace), (unsigned long long)samples,
             (unsigned long long)grouped);
     num(f, count ? q[count - 1].arrival_s - q[0].arrival_s : 0);
-    fputs(", \"prompt_tokens_mean\": ", f);
-    num(f, count ? prompt / (double)count : 0);
-    fputs(", \"output_tokens_mean\": ", f);
-    num(f, count ? output / (double)count : 0);
+    field(f, ", \"prompt_tokens_mean\": ", count ? prompt / (double)count : 0);
+    field(f, ", \"output_tokens_mean\": ", count ? output / (double)count : 0);
     uint64_t budget = 0;
     pkv_replay_kv_budget(p, &budget);
     fputs("},\n \"config\": {\"mode\": ", f);
