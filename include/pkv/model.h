@@ -148,8 +148,8 @@ pkv_status pkv_model_decode_paged(pkv_model *model, pkv_cache *cache, pkv_seqset
 // Rows are named 0..max_rows-1; each has a length in tokens (0 after create).
 typedef struct pkv_contig_kv pkv_contig_kv;
 
-// Create a store for `model` (borrowed; must outlive the store). *out is owned by
-// the caller. PKV_ERR_OUT_OF_MEMORY if the buffers cannot be allocated.
+// Create a store for `model` (borrowed; must outlive the store), zeroed. *out is
+// owned by the caller. PKV_ERR_OUT_OF_MEMORY if the buffers cannot be allocated.
 pkv_status pkv_contig_kv_create(const pkv_model *model, uint32_t max_rows, uint32_t max_len,
                                 pkv_dtype dtype, pkv_contig_kv **out);
 void pkv_contig_kv_destroy(pkv_contig_kv *kv); // NULL does nothing

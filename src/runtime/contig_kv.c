@@ -9,6 +9,24 @@
 
 #include "model_internal.h"
 
+// Write zeros over `bytes` of model memory (host or device) through the op table's
+// upload, one 1 MiB chunk at a time. This defines every slot and, on the host,
+// backs every page now: an untouched page would read as the kernel's shared zero
+// page, which stays in cache and would make the contiguous layout look faster
+// than memory allows.
+static pkv_status zero_fill(pkv_model *m, void *dst, size_t bytes) {
+    const size_t chunk = (size_t)1 << 20;
+    void *zeros = calloc(1, chunk);
+    if (!zeros) return PKV_ERR_OUT_OF_MEMORY;
+    pkv_status st = PKV_OK;
+    for (size_t off = 0; off < bytes && st == PKV_OK; off += chunk) {
+        size_t n = bytes - off < chunk ? bytes - off : chunk;
+        st = m->ops->upload(m, (char *)dst + off, zeros, n);
+    }
+    free(zeros);
+    return st;
+}
+
 pkv_status pkv_contig_kv_create(const pkv_model *model, uint32_t max_rows, uint32_t max_len,
                                 pkv_dtype dtype, pkv_contig_kv **out) {
     if (!model || !out || max_rows == 0 || max_len == 0 || pkv_dtype_size(dtype) == 0)
@@ -33,6 +51,8 @@ pkv_status pkv_contig_kv_create(const pkv_model *model, uint32_t max_rows, uint3
     if (st == PKV_OK) st = m->ops->alloc(m, (size_t)each, &v);
     kv->k = k;
     kv->v = v;
+    if (st == PKV_OK) st = zero_fill(m, k, (size_t)each);
+    if (st == PKV_OK) st = zero_fill(m, v, (size_t)each);
     if (st != PKV_OK) {
         pkv_contig_kv_destroy(kv);
         return st;
