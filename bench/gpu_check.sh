@@ -1,10 +1,13 @@
 #!/bin/sh
 # SPDX-License-Identifier: MIT
-# GPU check for the attention kernels: on a machine with an NVIDIA GPU, build with
-# CUDA, run the cuda test suite (CUDA vs CPU on the same inputs), record the
-# registers/spills of every attention kernel, and run the attention benchmark in
-# GPU mode (paged vs contiguous, fraction of device-to-device copy bandwidth).
-# Writes everything under OUT_DIR and a summary in OUT_DIR/report.md.
+# GPU check: on a machine with an NVIDIA GPU, build with CUDA, run the whole test
+# suite (the cuda suite compares CUDA with the CPU on the same inputs; the unit
+# suite then exercises the CUDA backend too), record the registers/spills of every
+# attention kernel, run the attention benchmark in GPU mode (paged vs contiguous,
+# fraction of device-to-device copy bandwidth), the allocator benchmark (pool vs
+# cudaMalloc) and the decoder on the CUDA backend against the CPU.
+# Writes everything under OUT_DIR and a summary in OUT_DIR/report.md (the file to
+# read when only a few files come back from the machine).
 # Budget: under 5 minutes on a 16-core machine (the build dominates).
 #
 # usage: bench/gpu_check.sh OUT_DIR [BUILD_DIR]
@@ -67,11 +70,11 @@ if command -v cuobjdump >/dev/null 2>&1; then
 fi
 
 echo >>"$report"
-echo "## CUDA tests" >>"$report"
-if timeout 150 meson test -C "$build" --suite cuda --print-errorlogs >"$out/tests.log" 2>&1; then
-    echo "- meson test --suite cuda: PASS" >>"$report"
+echo "## Tests (all suites, with a device present)" >>"$report"
+if timeout 240 meson test -C "$build" --print-errorlogs --num-processes "$jobs" >"$out/tests.log" 2>&1; then
+    echo "- meson test: PASS" >>"$report"
 else
-    echo "- meson test --suite cuda: FAIL (see tests.log)" >>"$report"
+    echo "- meson test: FAIL (see tests.log)" >>"$report"
     status=1
 fi
 grep -E "^ *[0-9]+/[0-9]+ " "$out/tests.log" | sed 's/^/    /' >>"$report"
@@ -90,6 +93,29 @@ else
     cat "$out/bench_attention_gpu.err" >>"$report"
     status=1
 fi
+echo '```' >>"$report"
+
+echo >>"$report"
+echo "## Allocator: pool against cudaMalloc" >>"$report"
+echo '```' >>"$report"
+timeout 60 "$build/bench/bench_alloc" --quick >>"$report" 2>&1 || status=1
+echo '```' >>"$report"
+
+echo >>"$report"
+echo "## Decoder: CUDA backend against the CPU (same weights, greedy)" >>"$report"
+gen="$build/tools/pkv-generate --model tiny --max-new 32 --seed 3 1 2 3 4 5 6 7 8"
+cpu_tokens=$($gen --backend cpu 2>&1 | grep '^tokens:')
+cuda_tokens=$($gen --backend cuda 2>&1 | grep '^tokens:')
+echo "- cpu:  $cpu_tokens" >>"$report"
+echo "- cuda: $cuda_tokens" >>"$report"
+if [ -n "$cuda_tokens" ] && [ "$cpu_tokens" = "$cuda_tokens" ]; then
+    echo "- same tokens: yes" >>"$report"
+else
+    echo "- same tokens: NO" >>"$report"
+    status=1
+fi
+echo '```' >>"$report"
+timeout 60 $gen --backend cuda --profile >>"$report" 2>&1 || status=1
 echo '```' >>"$report"
 echo "- total: $(( $(date +%s) - start )) s" >>"$report"
 cat "$report"
