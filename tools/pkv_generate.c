@@ -3,7 +3,6 @@
 // text) and print the generated ids, the prefill time and the decode time per
 // token; with --no-cache it also runs the full-recompute path on the same
 // prompt, so the O(n) cached step and the O(n^2) recompute are side by side.
-#include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +11,7 @@
 
 #include "pkv/generate.h"
 #include "pkv/model.h"
+#include "cli.h"
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -44,16 +44,6 @@ static void usage(FILE *f) {
             "  --help                this text\n"
             "exit status: 0 ok, 1 runtime failure, 2 bad usage or input\n"
             "example: pkv-generate --model tiny --max-new 8 1 2 3 4\n");
-}
-
-static int parse_u64(const char *s, uint64_t *v) {
-    if (!s || !*s || *s == '-') return 0;
-    char *end = NULL;
-    errno = 0;
-    unsigned long long x = strtoull(s, &end, 10);
-    if (errno || *end) return 0;
-    *v = x;
-    return 1;
 }
 
 typedef struct timing {
@@ -128,19 +118,19 @@ int main(int argc, char **argv) {
         } else if (strcmp(a, "--text") == 0) {
             text = val, ok = val != NULL && *val;
         } else if (strcmp(a, "--max-new") == 0) {
-            ok = parse_u64(val, &v) && v > 0 && v < (1u << 24), gp.max_new_tokens = (uint32_t)v;
+            ok = cli_parse_u64(val, &v) && v > 0 && v < (1u << 24), gp.max_new_tokens = (uint32_t)v;
         } else if (strcmp(a, "--seed") == 0) {
-            ok = parse_u64(val, &v), gp.seed = mp.seed = v;
+            ok = cli_parse_u64(val, &v), gp.seed = mp.seed = v;
         } else if (strcmp(a, "--block-size") == 0) {
-            ok = parse_u64(val, &v) && v > 0 && v <= 65536, gp.block_size = (uint32_t)v;
+            ok = cli_parse_u64(val, &v) && v > 0 && v <= 65536, gp.block_size = (uint32_t)v;
         } else if (strcmp(a, "--n") == 0) {
-            ok = parse_u64(val, &v) && v > 0 && v <= 1024, gp.n = (uint32_t)v;
+            ok = cli_parse_u64(val, &v) && v > 0 && v <= 1024, gp.n = (uint32_t)v;
         } else if (strcmp(a, "--top-k") == 0) {
-            ok = parse_u64(val, &v) && v < (1u << 31), gp.top_k = (uint32_t)v;
+            ok = cli_parse_u64(val, &v) && v < (1u << 31), gp.top_k = (uint32_t)v;
         } else if (strcmp(a, "--eos") == 0) {
-            ok = parse_u64(val, &v) && v < (1u << 31), gp.eos_token = (int32_t)v;
+            ok = cli_parse_u64(val, &v) && v < (1u << 31), gp.eos_token = (int32_t)v;
         } else if (strcmp(a, "--threads") == 0) {
-            ok = parse_u64(val, &v) && v < 4096, mp.num_threads = (uint32_t)v;
+            ok = cli_parse_u64(val, &v) && v < 4096, mp.num_threads = (uint32_t)v;
         } else if (strcmp(a, "--temperature") == 0) {
             char *end = NULL;
             gp.temperature = val ? strtof(val, &end) : -1.0f;
@@ -163,7 +153,7 @@ int main(int argc, char **argv) {
             return 2;
         } else {
             takes = 0;
-            ok = parse_u64(a, &v) && v < (1u << 31);
+            ok = cli_parse_u64(a, &v) && v < (1u << 31);
             if (!ok) {
                 fprintf(stderr, "pkv-generate: '%s' is not a token id (a non-negative integer)\n", a);
                 free(prompt);

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "pkv/model.h"
+#include "cli.h"
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -33,16 +34,6 @@ static void usage(FILE *f) {
             "  --json             one JSON object on stdout\n"
             "  --help             this text\n"
             "example: pkv-size --model gpt3-175b --seq 2048 --dtype fp16\n");
-}
-
-static int parse_u64(const char *s, uint64_t *v) {
-    if (!s || !*s || *s == '-') return 0;
-    char *end = NULL;
-    errno = 0;
-    unsigned long long x = strtoull(s, &end, 10);
-    if (errno || *end) return 0;
-    *v = x;
-    return 1;
 }
 
 // "80GB" (decimal), "80GiB" (binary), "80G" (binary), or plain bytes.
@@ -101,17 +92,17 @@ int main(int argc, char **argv) {
             wdtype = v;
             ok = v && dtype_bytes(v);
         } else if (strcmp(a, "--layers") == 0) {
-            ok = parse_u64(v, &layers) && layers > 0 && layers < (1u << 20);
+            ok = cli_parse_u64(v, &layers) && layers > 0 && layers < (1u << 20);
         } else if (strcmp(a, "--kv-heads") == 0) {
-            ok = parse_u64(v, &kv_heads) && kv_heads > 0 && kv_heads < (1u << 20);
+            ok = cli_parse_u64(v, &kv_heads) && kv_heads > 0 && kv_heads < (1u << 20);
         } else if (strcmp(a, "--head-dim") == 0) {
-            ok = parse_u64(v, &head_dim) && head_dim > 0 && head_dim < (1u << 20);
+            ok = cli_parse_u64(v, &head_dim) && head_dim > 0 && head_dim < (1u << 20);
         } else if (strcmp(a, "--params") == 0) {
-            ok = parse_u64(v, &params);
+            ok = cli_parse_u64(v, &params);
         } else if (strcmp(a, "--seq") == 0) {
-            ok = parse_u64(v, &seq) && seq > 0 && seq < (1ull << 40);
+            ok = cli_parse_u64(v, &seq) && seq > 0 && seq < (1ull << 40);
         } else if (strcmp(a, "--batch") == 0) {
-            ok = parse_u64(v, &batch) && batch > 0 && batch < (1ull << 32);
+            ok = cli_parse_u64(v, &batch) && batch > 0 && batch < (1ull << 32);
         } else if (strcmp(a, "--memory") == 0) {
             ok = parse_size(v, &memory);
             have_memory = 1;
