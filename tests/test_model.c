@@ -8,7 +8,7 @@
 #include <stdio.h>
 #include <unistd.h>
 
-#include "../src/runtime/model_internal.h"
+#include "src/runtime/model/model_internal.h"
 #include "model_ref.h"
 #include "pkv/backend.h"
 #include "pkv/cache.h"

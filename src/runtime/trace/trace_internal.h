@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
-// Internal pieces shared by the trace loader files (trace.c, trace_csv.c,
-// trace_jsonl.c, tracegen.c). Not installed.
+// Internal pieces shared by the trace loader files (trace.c, csv.c,
+// jsonl.c, generator.c). Not installed.
 #ifndef PKV_RUNTIME_TRACE_INTERNAL_H
 #define PKV_RUNTIME_TRACE_INTERNAL_H
 
@@ -50,14 +50,14 @@ pkv_status pkvi_trace_check_request(const pkv_trace_request *r, double prev_arri
 pkv_status pkvi_trace_finish(pkvi_reqvec *v, pkv_trace_format format, uint64_t skipped,
                              pkv_trace **out);
 
-// ---- defined in trace_csv.c ----
+// ---- defined in csv.c ----
 // Format named by a CSV header line (not NUL-terminated), or PKV_TRACE_AUTO if none.
 pkv_trace_format pkvi_csv_detect(const char *line, size_t len);
 pkv_status pkvi_csv_parse(const char *text, size_t len, const char *name,
                           pkv_trace_format fmt, int skip_bad, pkv_trace **out,
                           pkv_trace_error *err);
 
-// ---- defined in trace_jsonl.c ----
+// ---- defined in jsonl.c ----
 pkv_status pkvi_jsonl_parse(const char *text, size_t len, const char *name, int skip_bad,
                             pkv_trace **out, pkv_trace_error *err);
 

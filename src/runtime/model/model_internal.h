@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 // Internals of the decoder model shared by the engine (model.c), the weight
-// layout (model_weights.c), the loader, the contiguous store and the two device
-// op tables (model_cpu.c, model_cuda.cu). Invariant: every float pointer in
+// layout (weights.c), the loader, the contiguous store and the two device
+// op tables (ops_cpu.c, ops_cuda.cu). Invariant: every float pointer in
 // pkvi_weights and pkvi_scratch lives in the model's device memory (host memory
 // for the CPU ops), and the forward pass touches memory only through `ops`.
 #ifndef PKV_MODEL_INTERNAL_H

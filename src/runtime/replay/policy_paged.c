@@ -23,7 +23,7 @@
 #include "pkv/prefix.h"
 #include "pkv/seq.h"
 #include "replay_internal.h"
-#include "trace_internal.h"
+#include "src/runtime/trace/trace_internal.h"
 
 typedef struct paged {
     pkvi_policy base;

@@ -8,7 +8,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "../attention/half.h"
+#include "src/attention/half.h"
 #include "model_internal.h"
 
 // Element i of a store of `dtype`, widened to fp32.

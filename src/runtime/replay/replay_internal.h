@@ -136,7 +136,7 @@ struct pkvi_executor {
 // Roofline model of params->model on params->gpu (defined in roofline.c).
 pkv_status pkvi_executor_roofline_create(const pkv_replay_params *params, pkvi_executor **out);
 
-// The decoder over the paged policy's pool (defined in replay_run.c). The
+// The decoder over the paged policy's pool (defined in run.c). The
 // policy is borrowed and must outlive the executor.
 pkv_status pkvi_executor_run_create(const pkv_replay_params *params, pkvi_policy *policy,
                                     pkvi_executor **out);

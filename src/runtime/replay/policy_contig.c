@@ -21,7 +21,7 @@
 // allocator standing in for the device allocator's address space.
 #include <stdlib.h>
 
-#include "../allocator/extent.h"
+#include "src/allocator/extent.h"
 #include "replay_internal.h"
 
 typedef struct contig {

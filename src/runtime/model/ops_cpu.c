@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../attention/half.h"
+#include "src/attention/half.h"
 #include "model_internal.h"
 #if PKV_HAVE_BLAS
 #include <cblas.h>
