@@ -74,6 +74,9 @@ def table(path):
             total = d["trace"]["prompt_tokens_mean"] * d["trace"]["requests"]
             out.append(f"\n{r['policy']}: {r['prefix_cached_tokens']:,} prompt tokens served by the "
                        f"prefix cache (of {total:,.0f}).")
+        if r.get("padding_tokens"):
+            out.append(f"\n{r['policy']}: {r['padding_tokens']:,} padding tokens computed; padding held "
+                       f"{pct(r['memory'].get('padding_frac'))} of the budget (inside token states).")
         if r.get("swap_fallbacks"):
             out.append(f"\n{r['policy']}: {r['swap_fallbacks']} preemptions recomputed because "
                        "the host pool was full.")

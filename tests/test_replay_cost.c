@@ -251,6 +251,7 @@ Test(replay_batching, static_batches_pad_to_the_longest) {
     for (int s = 4; s < 6; s++) cr_expect_eq(rec.s[s].reserved_bytes, 5 * 4, "step %d", s + 1);
     cr_expect_eq(r.requests.completed, 4);
     cr_expect_eq(r.padding_tokens, (2 + 2) + 0 + (3 + 1));
+    cr_expect(r.memory.padding_frac > 0 && r.memory.padding_frac < r.memory.breakdown.token_states);
     cr_expect_eq(r.throughput.output_tokens, 2 + 4 + 3 + 2);
     // Continuous batching needs fewer steps for the same trace.
     p.batching = PKV_BATCHING_CONTINUOUS;
@@ -258,6 +259,7 @@ Test(replay_batching, static_batches_pad_to_the_longest) {
     run(t, p, &rec, &c);
     cr_expect_lt(rec.n, 6);
     cr_expect_eq(c.padding_tokens, 0);
+    cr_expect_eq(c.memory.padding_frac, 0);
     pkv_trace_destroy(t);
 }
 

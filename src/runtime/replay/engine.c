@@ -91,7 +91,7 @@ typedef struct accum {
     double w;                 // sum of dt over steps with reserved memory
     double waste, internal, reservation, ext;
     double wb;                // sum of dt over all steps (breakdown)
-    double b_tok, b_resv, b_int, b_ext, b_free;
+    double b_tok, b_resv, b_int, b_ext, b_free, b_pad;
     double prefill_s, decode_s, busy_s;
     double dec_s, dec_flops, dec_bytes; // decode-only steps
     double alloc_step_s;
@@ -517,10 +517,19 @@ static pkv_status time_step(engine *e, double *dt_out) {
     const uint64_t cap = e->pol->capacity_slots;
     pkvi_mem_sample tot;
     ops->totals(e->pol, &tot);
-    uint64_t reservation = 0;
+    uint64_t reservation = 0, padding = 0;
     for (uint32_t i = 0; i < e->run_count; i++) {
         const uint32_t r = e->running[i];
         const req_state *s = &e->st[r];
+        if (s->pad_prompt) {
+            // Padding stored per sequence: the prompt's pad tokens, and the tokens
+            // generated past the request's own output (its final length).
+            const pkv_trace_request *q = &e->reqs[r];
+            const uint32_t held = (s->fresh || s->prefilling) ? s->pf_len : prompt_of(e, r) + s->emitted;
+            const uint32_t pp = prompt_of(e, r) - q->prompt_tokens;
+            const uint32_t real_end = pp + q->prompt_tokens + q->output_tokens - 1;
+            padding += (uint64_t)s->nseq * (pp + (held > real_end ? held - real_end : 0));
+        }
         pkvi_mem_sample m;
         // After growth a decoded sequence holds P + e tokens; one that was
         // prefilled or restored (or still is) what its prefill fills.
@@ -578,6 +587,7 @@ static pkv_status time_step(engine *e, double *dt_out) {
         A->b_int += dt * (double)internal / c;
         A->b_ext += dt * (double)ext / c;
         A->b_free += dt * (double)(cap - reserved - ext) / c;
+        A->b_pad += dt * (double)(padding < used ? padding : used) / c;
         A->busy_s += dt;
         const double ps = parts.prefill_s, ds = parts.decode_s;
         const double pshare = ps + ds > 0 ? ps / (ps + ds) : (e->b.prefill_tokens ? 1.0 : 0.0);
@@ -754,6 +764,7 @@ static void report_failed(pkv_replay_report *rep) {
     rep->memory.breakdown.token_states = rep->memory.breakdown.reserved = nan;
     rep->memory.breakdown.internal_frag = rep->memory.breakdown.external_frag = nan;
     rep->memory.breakdown.free = nan;
+    rep->memory.padding_frac = nan;
     rep->latency.step_p50_ms = rep->latency.step_p90_ms = nan;
     rep->latency.step_p99_ms = rep->latency.step_max_ms = nan;
     rep->latency.ttft_p50_ms = rep->latency.ttft_p99_ms = nan;
@@ -795,6 +806,7 @@ static pkv_status engine_run(engine *e, uint64_t budget, pkv_replay_report *rep)
     rep->memory.breakdown.internal_frag = ratio(A->b_int, A->wb);
     rep->memory.breakdown.external_frag = ratio(A->b_ext, A->wb);
     rep->memory.breakdown.free = ratio(A->b_free, A->wb);
+    rep->memory.padding_frac = ratio(A->b_pad, A->wb);
     // qsort must not see NULL, which an empty vector (nothing completed) holds.
     if (e->step_s.n) qsort(e->step_s.v, e->step_s.n, sizeof(double), cmp_double);
     if (e->ttft.n) qsort(e->ttft.v, e->ttft.n, sizeof(double), cmp_double);
