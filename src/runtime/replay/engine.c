@@ -687,10 +687,10 @@ static pkv_status retire(engine *e) {
 static pkv_status engine_step(engine *e) {
     arrivals(e);
     if (e->run_count == 0 && e->wq_len == 0) {
-        // Idle until the next arrival; pending frees complete meanwhile.
+        // Idle until the next arrival; pending frees complete meanwhile (they
+        // delay the next step only if they outlast the gap; not charged to a step).
         pkvi_charges *ch = &e->pol->charges;
         const double busy = e->t + ch->sync_s + ch->async_s;
-        e->acc.alloc_step_s += ch->sync_s + ch->async_s;
         ch->sync_s = ch->async_s = 0;
         if (e->ai < e->n) e->t = arrival(e, e->ai) > busy ? arrival(e, e->ai) : busy;
         return PKV_OK;
