@@ -35,10 +35,12 @@ uint64_t pkvi_engine_need_slots(const engine *e, pkv_policy kind, const pkvi_adm
 }
 
 // Slots a request's KV occupies (what a swap moves): the prompt's full blocks
-// are shared by the paged policy's forks.
+// are shared by the paged policy's forks, the whole prompt by malloc-per-token's.
 uint64_t pkvi_engine_request_slots(const engine *e, uint32_t r, uint32_t nseq, uint32_t len) {
     const uint32_t g = e->pol->granularity;
-    uint64_t shared = g > 1 ? (uint64_t)prompt_of(e, r) / g * g : 0;
+    uint64_t shared = e->pol->kind == PKV_POLICY_MALLOC_PER_TOKEN ? prompt_of(e, r)
+                      : g > 1                                    ? (uint64_t)prompt_of(e, r) / g * g
+                                                                 : 0;
     if (nseq <= 1) return len;
     return shared + (uint64_t)nseq * (len - shared);
 }

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 // Replay output: the JSON document ({"trace", "config", "runs"}; key names and
-// nesting are a contract documented in docs/BENCHMARKS.md) and the text table.
+// nesting are a contract: docs/DESIGN.md "What the numbers mean") and the
+// text tables (units in the headers; n/a where a figure is undefined).
 #include <math.h>
 #include <string.h>
 
