@@ -8,7 +8,8 @@
 // time from a roofline model of (model preset, GPU preset); PKV_REPLAY_RUN
 // executes the decoder (runtime/model.h) and measures each step's wall time.
 //
-// Policies (one interface, chosen by name; references in DESIGN.md): "paged"
+// Policies (one interface, pkv/policy.h, chosen by name or given as a table;
+// references in DESIGN.md): "paged"
 // (pkv_pool + pkv_seqset, block_size tokens per block), "contiguous-max"
 // (max_seq_len per sequence), "contiguous-pow2" (Orca's Pow2: the power of two
 // of prompt + output, reserved at admission), "contiguous-oracle" (exactly the
@@ -35,6 +36,7 @@
 #include <stdio.h>
 
 #include "pkv/model_config.h"
+#include "pkv/policy.h"
 #include "pkv/status.h"
 #include "pkv/trace.h"
 
@@ -153,9 +155,22 @@ typedef struct pkv_replay_step {
     uint32_t prefill_tokens;     // tokens prefilled in this step (incl. padding)
 } pkv_replay_step;
 
+// A recorded schedule (opaque): the admissions, preemptions and rejections a
+// replay made, by step. Replaying it with another policy (params.schedule)
+// gives every policy the same admission and step sequence, so that memory
+// effects are separated from timing effects (docs/POLICIES.md, "Fixed schedule").
+typedef struct pkv_replay_schedule pkv_replay_schedule;
+
 typedef struct pkv_replay_params {
     pkv_replay_mode mode;          // default PKV_REPLAY_SIM
     pkv_policy policy;             // default paged
+    // A policy of one's own (pkv/policy.h; borrowed, outlives the call): when
+    // set, it is replayed instead of `policy`. Default NULL.
+    const pkv_policy_vtable *custom_policy;
+    // Fixed schedule (borrowed, outlives the call; from pkv_replay_schedule_record
+    // on the same trace): admit, preempt and reject exactly where it did, step by
+    // step, instead of deciding from arrival times. Default NULL (own schedule).
+    const pkv_replay_schedule *schedule;
     uint32_t block_size;           // paged: tokens per block, default 16
     uint32_t max_seq_len;          // 0 (default): the model's context window
     pkv_preempt_mode preempt;      // default recompute
@@ -270,6 +285,14 @@ typedef struct pkv_replay_report {
     uint64_t swap_out_bytes, swap_in_bytes;
     uint64_t swap_fallbacks;  // preemptions that recomputed because the pool was full
     double replay_seconds;    // host wall time of the replay itself
+    // "own", or "fixed-from NAME" when params.schedule was set (NAME: the policy
+    // that recorded it).
+    char schedule[48];
+    // Fixed schedule: events this policy could not follow (an admission it had
+    // to delay, a preemption of its own, a rejection the reference did not
+    // make, a recorded preemption of a request it was not running). 0: it
+    // replayed exactly the recorded schedule. Always 0 for "own".
+    uint64_t schedule_deviations;
 } pkv_replay_report;
 
 // Replay `trace` (borrowed) with `params` into *report (caller-owned).
@@ -280,6 +303,17 @@ typedef struct pkv_replay_report {
 // that completes none returns PKV_OK with report->failure set.
 pkv_status pkv_replay_run(const pkv_trace *trace, const pkv_replay_params *params,
                           pkv_replay_report *report);
+
+// Replay `trace` with `params` (its policy is the reference; params->schedule
+// must be NULL) and record the schedule it took into *out (owned by the caller:
+// pkv_replay_schedule_destroy). report: optional, receives the reference run's
+// report. Errors as pkv_replay_run.
+pkv_status pkv_replay_schedule_record(const pkv_trace *trace, const pkv_replay_params *params,
+                                      pkv_replay_schedule **out, pkv_replay_report *report);
+void pkv_replay_schedule_destroy(pkv_replay_schedule *schedule); // NULL does nothing
+// Steps and events a schedule holds (for reports and tests).
+uint64_t pkv_replay_schedule_steps(const pkv_replay_schedule *schedule);
+uint64_t pkv_replay_schedule_events(const pkv_replay_schedule *schedule);
 
 // Write {"trace": {...}, "config": {...}, "runs": [...]} to `out` (borrowed).
 // trace_name: shown as trace.path (borrowed). reports: num_reports entries.

@@ -26,23 +26,17 @@ void pkvi_engine_make_admit(const engine *e, uint32_t r, pkvi_admit *a) {
 }
 
 // Peak slots a request needs alone under the policy (watermark excluded).
-uint64_t pkvi_engine_need_slots(const engine *e, pkv_policy kind, const pkvi_admit *a) {
-    switch (kind) {
-    case PKV_POLICY_PAGED: return pkvi_paged_need(e->prm->block_size, a);
-    case PKV_POLICY_MALLOC_PER_TOKEN: return pkvi_token_need(a);
-    default: return pkvi_contig_need(kind, e->max_len, a);
-    }
+uint64_t pkvi_engine_need_slots(const engine *e, const pkvi_admit *a) {
+    return e->pol->vt->need(&e->pol->cfg, a);
 }
 
-// Slots a request's KV occupies (what a swap moves): the prompt's full blocks
-// are shared by the paged policy's forks, the whole prompt by malloc-per-token's.
+// Slots a request's KV occupies (what a swap moves): the policy says what its
+// sequences share (the paged policy's forks share the prompt's full blocks,
+// malloc-per-token's the whole prompt); by default nothing is shared.
 uint64_t pkvi_engine_request_slots(const engine *e, uint32_t r, uint32_t nseq, uint32_t len) {
-    const uint32_t g = e->pol->granularity;
-    uint64_t shared = e->pol->kind == PKV_POLICY_MALLOC_PER_TOKEN ? prompt_of(e, r)
-                      : g > 1                                    ? (uint64_t)prompt_of(e, r) / g * g
-                                                                 : 0;
-    if (nseq <= 1) return len;
-    return shared + (uint64_t)nseq * (len - shared);
+    if (e->pol->vt->request_slots)
+        return e->pol->vt->request_slots(e->pol->state, r, nseq, len, prompt_of(e, r));
+    return (uint64_t)(nseq ? nseq : 1) * len;
 }
 
 // ---- prefill ----
@@ -61,7 +55,7 @@ static pkv_status prefill_chunk(engine *e, uint32_t r) {
     e->b.prefill_attn_pairs += nc * done + nc * (nc + 1) / 2;
     e->b.prefill_ctx_tokens += s->pf_done + c;
     if (e->ex->needs_seqs &&
-        pkvi_engine_push_seq(e, e->pol->ops->seq_of(e->pol, r, 0), (uint32_t)c, (uint32_t)(s->pf_done + c)) != 0)
+        pkvi_engine_push_seq(e, e->pol->vt->seq_of(e->pol->state, r, 0), (uint32_t)c, (uint32_t)(s->pf_done + c)) != 0)
         return PKV_ERR_OUT_OF_MEMORY;
     s->pf_done += (uint32_t)c;
     if (s->pf_done == s->pf_len) {
@@ -73,7 +67,7 @@ static pkv_status prefill_chunk(engine *e, uint32_t r) {
         if (e->ex->needs_seqs && s->pf_extra) {
             const uint32_t own = (uint32_t)(s->pf_extra / (s->nseq - 1));
             for (uint32_t ch = 1; ch < s->nseq; ch++)
-                if (pkvi_engine_push_seq(e, e->pol->ops->seq_of(e->pol, r, ch), own, s->pf_len) != 0)
+                if (pkvi_engine_push_seq(e, e->pol->vt->seq_of(e->pol->state, r, ch), own, s->pf_len) != 0)
                     return PKV_ERR_OUT_OF_MEMORY;
         }
         s->prefilling = 0;
@@ -98,8 +92,9 @@ pkv_status pkvi_engine_prefill(engine *e) {
 
 // Start request r (admitted by the policy with `a`): swap it in, or set up its
 // prefill and compute its first chunk.
-static pkv_status start(engine *e, uint32_t r, const pkvi_admit *a) {
+static pkv_status start(engine *e, uint32_t r, const pkvi_admit *a, uint32_t cached) {
     req_state *s = &e->st[r];
+    if (pkvi_engine_record(e, r, EV_ADMIT) != 0) return PKV_ERR_OUT_OF_MEMORY;
     s->status = RS_RUNNING;
     s->nseq = a->nseq;
     e->running[e->run_count++] = r;
@@ -117,7 +112,7 @@ static pkv_status start(engine *e, uint32_t r, const pkvi_admit *a) {
     // Recompute / prefill: sequence 0 computes its tokens past any cached
     // prefix; the other sequences their tokens past the shared prompt.
     const uint32_t own = a->independent ? a->len : a->len - a->prompt;
-    s->pf_done = e->pol->last_cached;
+    s->pf_done = cached;
     s->pf_extra = 0;
     s->pf_extra_pairs = 0;
     s->pf_extra_ctx = 0;
@@ -152,14 +147,15 @@ static pkv_status admit_continuous(engine *e) {
                 break;
         }
         uint64_t ef = 0;
-        pkv_status st = e->pol->ops->admit(e->pol, r, &a, e->wm_slots, &ef);
+        uint32_t cached = 0;
+        pkv_status st = e->pol->vt->admit(e->pol->state, r, &a, e->wm_slots, &ef, &cached);
         if (st == PKV_ERR_OUT_OF_BLOCKS) {
             e->ext_frag = ef;
             break;
         }
         if (st != PKV_OK) return st;
         wq_pop_front(e);
-        if ((st = start(e, r, &a)) != PKV_OK) return st;
+        if ((st = start(e, r, &a, cached)) != PKV_OK) return st;
     }
     return PKV_OK;
 }
@@ -181,9 +177,9 @@ static pkv_status admit_static(engine *e) {
         for (uint32_t j = 0; j <= i; j++) {
             const uint32_t q = wq_at(e, j);
             pkvi_admit a = {np, np, np + no - 1, 1, no > 1 ? e->reqs[q].n : 1, 0};
-            need += pkvi_engine_need_slots(e, e->prm->policy, &a);
+            need += pkvi_engine_need_slots(e, &a);
         }
-        if (i > 0 && need + e->wm_slots > e->pol->capacity_slots) break;
+        if (i > 0 && need + e->wm_slots > e->pol->info.capacity_slots) break;
         k = i + 1;
         max_p = np;
         max_o = no;
@@ -199,7 +195,8 @@ static pkv_status admit_static(engine *e) {
         pkvi_admit a;
         pkvi_engine_make_admit(e, r, &a);
         uint64_t ef = 0;
-        pkv_status st = e->pol->ops->admit(e->pol, r, &a, e->wm_slots, &ef);
+        uint32_t cached = 0;
+        pkv_status st = e->pol->vt->admit(e->pol->state, r, &a, e->wm_slots, &ef, &cached);
         if (st == PKV_ERR_OUT_OF_BLOCKS) {
             if (!s->restore) s->pad_prompt = s->pad_output = 0;
             e->ext_frag = ef;
@@ -207,7 +204,7 @@ static pkv_status admit_static(engine *e) {
         }
         if (st != PKV_OK) return st;
         wq_pop_front(e);
-        if ((st = start(e, r, &a)) != PKV_OK) return st;
+        if ((st = start(e, r, &a, cached)) != PKV_OK) return st;
     }
     return PKV_OK;
 }

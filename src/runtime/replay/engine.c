@@ -30,7 +30,6 @@
 // its final length is P + O - 1. A restored request recomputes (or swaps in)
 // exactly the tokens it held and emits nothing in that step.
 #include <math.h>
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -62,7 +61,22 @@ static double percentile(const dvec *d, double pct) {
     return d->v[rank - 1];
 }
 
+int pkvi_engine_record(engine *e, uint32_t r, int kind) {
+    pkv_replay_schedule *s = e->rec;
+    if (!s) return 0;
+    if (s->n == s->cap) {
+        size_t c = s->cap ? s->cap * 2 : 1024;
+        sched_event *p = realloc(s->ev, c * sizeof *p);
+        if (!p) return -1;
+        s->ev = p;
+        s->cap = c;
+    }
+    s->ev[s->n++] = (sched_event){e->steps, r, (uint8_t)kind};
+    return 0;
+}
+
 static void reject(engine *e, uint32_t r, int no_memory) {
+    if (pkvi_engine_record(e, r, no_memory ? EV_REJECT_MEM : EV_REJECT_LONG) != 0) e->rec_failed = 1;
     e->st[r].status = RS_REJECTED;
     e->rejected++;
     e->finished++;
@@ -71,7 +85,7 @@ static void reject(engine *e, uint32_t r, int no_memory) {
         pkvi_engine_make_admit(e, r, &a);
         a.len = a.prompt;
         a.nseq = 1;
-        const uint64_t need = pkvi_engine_need_slots(e, e->prm->policy, &a);
+        const uint64_t need = pkvi_engine_need_slots(e, &a);
         if (need < e->min_need_slots) e->min_need_slots = need;
         e->rejected_mem++;
     } else {
@@ -97,14 +111,13 @@ int pkvi_engine_push_seq(engine *e, pkv_seq_id id, uint32_t new_tokens, uint32_t
 // Requests that arrived by now join the queue; those that can never run are
 // rejected on arrival.
 static void arrivals(engine *e) {
-    const pkvi_policy_ops *ops = e->pol->ops;
     while (e->ai < e->n && arrival(e, e->ai) <= e->t) {
         const uint32_t r = e->ai++;
         pkvi_admit a;
         pkvi_engine_make_admit(e, r, &a);
         if (final_len(e, r) > e->max_len || a.n > e->prm->max_batch) {
             reject(e, r, 0);
-        } else if (!ops->fits_alone(e->pol, &a, e->wm_slots)) {
+        } else if (!e->pol->vt->fits_alone(e->pol->state, &a, e->wm_slots)) {
             reject(e, r, 1);
         } else {
             e->st[r].status = RS_WAITING;
@@ -115,11 +128,15 @@ static void arrivals(engine *e) {
 
 // ---- preempt ----
 
-// Preempt the newest running request; returns it.
-static uint32_t preempt(engine *e) {
-    const uint32_t v = e->running[--e->run_count];
+// Preempt running[i] (the newest unless a fixed schedule says otherwise);
+// returns it. `requeue` 0: a fixed schedule readmits it when it says so.
+static uint32_t preempt_at(engine *e, uint32_t i, int requeue) {
+    const uint32_t v = e->running[i];
+    memmove(&e->running[i], &e->running[i + 1], (size_t)(e->run_count - i - 1) * sizeof *e->running);
+    e->run_count--;
+    if (pkvi_engine_record(e, v, EV_PREEMPT) != 0) e->rec_failed = 1;
     req_state *s = &e->st[v];
-    e->pol->ops->release(e->pol, v);
+    e->pol->vt->release(e->pol->state, v);
     e->run_seqs -= width(e, v);
     s->status = RS_WAITING;
     s->swapped = 0;
@@ -145,15 +162,19 @@ static uint32_t preempt(engine *e) {
     }
     e->preemptions++;
     e->preempted = 1;
-    wq_push_front(e, v);
+    if (requeue) wq_push_front(e, v);
     return v;
+}
+
+static uint32_t preempt(engine *e) {
+    if (e->fixed) e->deviations++; // a preemption the schedule did not make
+    return preempt_at(e, e->run_count - 1, 1);
 }
 
 // ---- decode ----
 
 // Grow every decoding sequence by its last emitted token; preempt when short.
 static pkv_status decode(engine *e) {
-    const pkvi_policy_ops *ops = e->pol->ops;
     for (uint32_t i = 0; i < e->run_count; i++) {
         const uint32_t r = e->running[i];
         req_state *s = &e->st[r];
@@ -161,13 +182,13 @@ static pkv_status decode(engine *e) {
         int gone = 0;
         for (uint32_t c = 0; c < s->nseq && !gone; c++) {
             for (;;) {
-                pkv_status st = ops->grow(e->pol, r, c);
+                pkv_status st = e->pol->vt->grow(e->pol->state, r, c);
                 if (st == PKV_OK) break;
                 if (st != PKV_ERR_OUT_OF_BLOCKS) return st;
                 if (e->run_count == 1) {
                     // Alone and still short (fragmented extents): it can never
                     // finish; drop it rather than fail the run.
-                    ops->release(e->pol, r);
+                    e->pol->vt->release(e->pol->state, r);
                     e->run_count = 0;
                     e->run_seqs = 0;
                     s->nseq = 0;
@@ -187,7 +208,7 @@ static pkv_status decode(engine *e) {
         e->b.decode_ctx_tokens += (uint64_t)s->nseq * ctx;
         if (e->ex->needs_seqs)
             for (uint32_t c = 0; c < s->nseq; c++)
-                if (pkvi_engine_push_seq(e, ops->seq_of(e->pol, r, c), 1, ctx) != 0) return PKV_ERR_OUT_OF_MEMORY;
+                if (pkvi_engine_push_seq(e, e->pol->vt->seq_of(e->pol->state, r, c), 1, ctx) != 0) return PKV_ERR_OUT_OF_MEMORY;
     }
     if (e->prm->chunked_prefill) {
         const uint64_t d = e->b.num_decode_seqs;
@@ -201,10 +222,9 @@ static pkv_status decode(engine *e) {
 // Sample memory, time the step, charge the backend calls, advance the clock.
 static pkv_status time_step(engine *e, double *dt_out) {
     const pkv_replay_params *prm = e->prm;
-    const pkvi_policy_ops *ops = e->pol->ops;
-    const uint64_t cap = e->pol->capacity_slots;
-    pkvi_mem_sample tot;
-    ops->totals(e->pol, &tot);
+    const uint64_t cap = e->pol->info.capacity_slots;
+    pkv_policy_stats tot;
+    e->pol->vt->stats(e->pol->state, &tot);
     uint64_t reservation = 0, padding = 0;
     for (uint32_t i = 0; i < e->run_count; i++) {
         const uint32_t r = e->running[i];
@@ -218,26 +238,22 @@ static pkv_status time_step(engine *e, double *dt_out) {
             const uint32_t real_end = pp + q->prompt_tokens + q->output_tokens - 1;
             padding += (uint64_t)s->nseq * (pp + (held > real_end ? held - real_end : 0));
         }
-        pkvi_mem_sample m;
         // After growth a decoded sequence holds P + e tokens; one that was
         // prefilled or restored (or still is) what its prefill fills.
         const uint32_t len = (s->fresh || s->prefilling) ? s->pf_len : prompt_of(e, r) + s->emitted;
-        ops->sample(e->pol, r, s->nseq, len, final_len(e, r), &m);
-        reservation += m.reservation;
+        reservation += e->pol->vt->reservation(e->pol->state, r, s->nseq, len, final_len(e, r));
     }
-    pkvi_alloc_counts cnt;
-    ops->counts(e->pol, &cnt);
-    e->b.copy_bytes = (cnt.copy_slots - e->copy_slots_seen) * e->bpt;
-    e->copy_slots_seen = cnt.copy_slots;
+    e->b.copy_bytes = (tot.copy_slots - e->copy_slots_seen) * e->bpt;
+    e->copy_slots_seen = tot.copy_slots;
     e->b.seqs = e->seqs;
     e->b.num_seqs = e->num_seqs;
     double dt = 0;
     pkvi_step_time parts;
     pkv_status status = e->ex->step(e->ex, &e->b, &dt, &parts);
     if (status != PKV_OK) return status;
-    if (prm->mode == PKV_REPLAY_SIM) {
+    if (prm->mode == PKV_REPLAY_SIM && e->pol->vt->take_copies) {
         const pkv_block_copy *cp;
-        (void)pkvi_policy_paged_take_copies(e->pol, &cp); // sim: nothing to move
+        (void)e->pol->vt->take_copies(e->pol->state, &cp); // sim: nothing to move
     }
     // Backend calls since the last step: a synchronizing call stalls the
     // device; an overlapping one hides behind the step's device work.
@@ -250,7 +266,7 @@ static pkv_status time_step(engine *e, double *dt_out) {
     e->t += dt;
     const uint64_t used = tot.used, reserved = tot.reserved;
     if (prm->validate) {
-        pkv_status vs = ops->validate(e->pol);
+        pkv_status vs = e->pol->vt->validate ? e->pol->vt->validate(e->pol->state) : PKV_OK;
         if (vs != PKV_OK) return vs;
         if (used > reserved || reserved > cap || reservation > reserved - used) return PKV_ERR_CORRUPT;
     }
@@ -319,7 +335,6 @@ static pkv_status time_step(engine *e, double *dt_out) {
 
 // Emit tokens, fork, finish.
 static pkv_status retire(engine *e) {
-    const pkvi_policy_ops *ops = e->pol->ops;
     uint32_t keep = 0;
     for (uint32_t i = 0; i < e->run_count; i++) {
         const uint32_t r = e->running[i];
@@ -336,9 +351,10 @@ static pkv_status retire(engine *e) {
             } else {
                 s->emitted = 1;
                 s->first_token_s = e->t;
-                ops->commit(e->pol, r, prompt_of(e, r)); // its prompt K/V exist now
+                if (e->pol->vt->commit) // its prompt K/V exist now
+                    e->pol->vt->commit(e->pol->state, r, prompt_of(e, r));
                 if (output_of(e, r) > 1 && q->n > 1) {
-                    pkv_status st = ops->fork(e->pol, r, q->n);
+                    pkv_status st = e->pol->vt->fork(e->pol->state, r, q->n);
                     if (st != PKV_OK) return st;
                     s->nseq = q->n;
                     e->forks += q->n - 1;
@@ -348,7 +364,7 @@ static pkv_status retire(engine *e) {
             s->emitted++;
         }
         if (s->emitted >= output_of(e, r)) {
-            ops->release(e->pol, r);
+            e->pol->vt->release(e->pol->state, r);
             e->run_seqs -= width(e, r);
             s->nseq = 0;
             s->status = RS_DONE;
@@ -370,17 +386,80 @@ static pkv_status retire(engine *e) {
     return PKV_OK;
 }
 
+// ---- fixed schedule ----
+
+// Apply the recorded events of schedule step sk: rejections and preemptions
+// now, admissions join the queue (admit() takes them as usual, so a policy that
+// cannot hold one delays it: a deviation). With nothing running or waiting,
+// jump to the next step that has an event. A request is never served before
+// it arrives: admitting it moves the clock to its arrival if need be.
+static void fixed_events(engine *e) {
+    const pkv_replay_schedule *S = e->fixed;
+    if (e->run_count == 0 && e->wq_len == 0 && e->fi < S->n && S->ev[e->fi].step > e->sk)
+        e->sk = S->ev[e->fi].step;
+    while (e->fi < S->n && S->ev[e->fi].step <= e->sk) {
+        const sched_event *ev = &S->ev[e->fi++];
+        const uint32_t r = ev->r;
+        req_state *s = &e->st[r];
+        const int idle = s->status == RS_PENDING || (s->status == RS_WAITING && !e->queued[r]);
+        if (ev->kind == EV_REJECT_LONG || ev->kind == EV_REJECT_MEM) {
+            if (idle) reject(e, r, ev->kind == EV_REJECT_MEM);
+            else e->deviations++;
+        } else if (ev->kind == EV_PREEMPT) {
+            uint32_t i = 0;
+            while (i < e->run_count && e->running[i] != r) i++;
+            if (i < e->run_count) preempt_at(e, i, 0);
+            else e->deviations++;
+        } else if (s->status == RS_PENDING) {
+            pkvi_admit a;
+            pkvi_engine_make_admit(e, r, &a);
+            if (final_len(e, r) > e->max_len || a.n > e->prm->max_batch) {
+                reject(e, r, 0);
+                e->deviations++;
+            } else if (!e->pol->vt->fits_alone(e->pol->state, &a, e->wm_slots)) {
+                reject(e, r, 1);
+                e->deviations++;
+            } else {
+                s->status = RS_WAITING;
+                if (arrival(e, r) > e->t) e->t = arrival(e, r);
+                wq_push_back(e, r);
+            }
+        } else if (idle) {
+            wq_push_back(e, r); // a preempted request's readmission
+        } else if (s->status != RS_WAITING) {
+            e->deviations++; // running or finished here, not in the reference
+        }
+    }
+}
+
+// The schedule is exhausted and nothing runs: what is left was never admitted.
+static void fixed_abandon(engine *e) {
+    for (uint32_t r = 0; r < e->n; r++)
+        if (e->st[r].status == RS_PENDING || e->st[r].status == RS_WAITING) {
+            reject(e, r, 1);
+            e->deviations++;
+        }
+}
+
 // ---- one step, the loop, the report ----
 
 static pkv_status engine_step(engine *e) {
-    arrivals(e);
+    if (e->fixed)
+        fixed_events(e);
+    else
+        arrivals(e);
     if (e->run_count == 0 && e->wq_len == 0) {
         // Idle until the next arrival; pending frees complete meanwhile (they
         // delay the next step only if they outlast the gap; not charged to a step).
         pkvi_charges *ch = &e->pol->charges;
         const double busy = e->t + ch->sync_s + ch->async_s;
         ch->sync_s = ch->async_s = 0;
-        if (e->ai < e->n) e->t = arrival(e, e->ai) > busy ? arrival(e, e->ai) : busy;
+        if (e->fixed) {
+            e->t = busy; // the next admission moves the clock to its arrival
+            if (e->fi >= e->fixed->n) fixed_abandon(e);
+        } else if (e->ai < e->n) {
+            e->t = arrival(e, e->ai) > busy ? arrival(e, e->ai) : busy;
+        }
         return PKV_OK;
     }
     memset(&e->b, 0, sizeof e->b);
@@ -392,6 +471,7 @@ static pkv_status engine_step(engine *e) {
     if ((st = decode(e)) != PKV_OK) return st;
     if ((st = pkvi_engine_prefill(e)) != PKV_OK) return st;
     if ((st = pkvi_engine_admit(e)) != PKV_OK) return st;
+    if (e->fixed) e->deviations += e->wq_len; // recorded admissions it had to delay
     if (e->run_count == 0) {
         // Nothing runs and the head cannot be admitted into empty memory: drop
         // it so that the replay always makes progress.
@@ -403,6 +483,7 @@ static pkv_status engine_step(engine *e) {
                 e->st[r].swap_bytes = 0;
             }
             reject(e, r, 1);
+            if (e->fixed) e->deviations++;
         }
         return PKV_OK;
     }
@@ -410,6 +491,7 @@ static pkv_status engine_step(engine *e) {
     if ((st = time_step(e, &dt)) != PKV_OK) return st;
     if ((st = retire(e)) != PKV_OK) return st;
     e->steps++;
+    e->sk++;
     if (e->prm->on_progress && (e->steps & 4095) == 0)
         e->prm->on_progress(e->prm->user, (double)e->finished / (double)e->n);
     return PKV_OK;
@@ -470,7 +552,6 @@ void pkvi_engine_report_failed(const engine *e, uint64_t budget, pkv_replay_repo
 static double ratio(double a, double b) { return b > 0 ? a / b : NAN; }
 
 pkv_status pkvi_engine_run(engine *e, uint64_t budget, pkv_replay_report *rep) {
-    const pkvi_policy_ops *ops = e->pol->ops;
     pkv_status status = PKV_OK;
     e->t = arrival(e, 0);
     e->last_finish = e->t;
@@ -478,13 +559,19 @@ pkv_status pkvi_engine_run(engine *e, uint64_t budget, pkv_replay_report *rep) {
     e->min_long_len = UINT32_MAX;
     while (e->finished < e->n)
         if ((status = engine_step(e)) != PKV_OK) goto out;
+    if (e->rec_failed) {
+        status = PKV_ERR_OUT_OF_MEMORY;
+        goto out;
+    }
+    if (e->rec) e->rec->steps = e->steps;
+    rep->schedule_deviations = e->deviations;
     if (e->prm->on_progress) e->prm->on_progress(e->prm->user, 1.0);
     rep->requests.total = e->n;
     rep->requests.completed = e->completed;
     rep->requests.rejected = e->rejected;
     rep->requests.rejected_too_long = e->rejected_long;
     rep->requests.rejected_no_memory = e->rejected_mem;
-    rep->memory.capacity_bytes = e->pol->capacity_slots * e->bpt;
+    rep->memory.capacity_bytes = e->pol->info.capacity_slots * e->bpt;
     rep->memory.peak_reserved_bytes = e->peak_reserved * e->bpt;
     rep->memory.peak_used_bytes = e->peak_used * e->bpt;
     const accum *A = &e->acc;
@@ -526,13 +613,14 @@ pkv_status pkvi_engine_run(engine *e, uint64_t budget, pkv_replay_report *rep) {
     rep->preemptions = e->preemptions;
     rep->forks = e->forks;
     rep->padding_tokens = e->padding_tokens;
-    pkvi_alloc_counts cnt;
-    ops->counts(e->pol, &cnt);
+    pkv_policy_stats cnt;
+    e->pol->vt->stats(e->pol->state, &cnt);
     rep->cow_copies = cnt.cow_copies;
     rep->prefix_cached_tokens = cnt.cached_tokens;
     rep->copy_bytes = cnt.copy_slots * e->bpt;
-    rep->alloc.backend_alloc_calls = cnt.alloc_calls;
-    rep->alloc.backend_free_calls = cnt.free_calls;
+    // The arena (uses_arena) is one call each way, outside every step.
+    rep->alloc.backend_alloc_calls = e->pol->alloc_calls + (e->pol->info.uses_arena ? 1 : 0);
+    rep->alloc.backend_free_calls = e->pol->free_calls + (e->pol->info.uses_arena ? 1 : 0);
     rep->alloc.step_seconds = A->alloc_step_s;
     rep->swap_out_bytes = e->swap_out;
     rep->swap_in_bytes = e->swap_in;

@@ -31,6 +31,22 @@ typedef struct req_state {
     double first_token_s;
 } req_state;
 
+// Schedule events (fixed-schedule mode), in the order the reference made them.
+enum { EV_ADMIT = 0, EV_PREEMPT, EV_REJECT_LONG, EV_REJECT_MEM };
+
+typedef struct sched_event {
+    uint64_t step; // index of the step (0-based) in which it happened
+    uint32_t r;
+    uint8_t kind;
+} sched_event;
+
+struct pkv_replay_schedule {
+    sched_event *ev; // [n]
+    size_t n, cap;
+    uint64_t steps;  // steps the reference executed
+    char ref[32];    // the reference policy's name
+};
+
 typedef struct dvec {
     double *v;
     size_t n, cap;
@@ -51,7 +67,8 @@ typedef struct engine {
     const pkv_replay_params *prm;
     const pkv_trace_request *reqs;
     uint32_t n;
-    pkvi_policy *pol;
+    pkvi_policy *pol;    // &polh
+    pkvi_policy polh;
     pkvi_executor *ex;
     uint64_t bpt;        // KV bytes per token
     uint32_t max_len;    // max_seq_len
@@ -81,6 +98,14 @@ typedef struct engine {
     uint64_t min_need_slots;  // smallest need among requests rejected for memory
     uint32_t min_long_len;    // shortest final length among too-long rejects
     double last_finish;
+    // Fixed schedule: recording (rec) or replaying (fixed, from event fi, at
+    // schedule step sk; queued[r]: r is in the waiting queue).
+    pkv_replay_schedule *rec;
+    const pkv_replay_schedule *fixed;
+    size_t fi;
+    uint64_t sk, deviations;
+    uint8_t *queued;
+    int rec_failed;  // an event could not be recorded (out of memory)
     dvec step_s, ttft, tpot;
     accum acc;
 } engine;
@@ -90,11 +115,13 @@ static inline double arrival(const engine *e, uint32_t r) {
 }
 
 static inline void wq_push_back(engine *e, uint32_t r) {
+    if (e->queued) e->queued[r] = 1;
     e->wq[(e->wq_head + e->wq_len) % (e->n + 1)] = r;
     e->wq_len++;
 }
 
 static inline void wq_push_front(engine *e, uint32_t r) {
+    if (e->queued) e->queued[r] = 1;
     e->wq_head = (e->wq_head + e->n) % (e->n + 1);
     e->wq[e->wq_head] = r;
     e->wq_len++;
@@ -104,6 +131,7 @@ static inline uint32_t wq_front(const engine *e) { return e->wq[e->wq_head]; }
 static inline uint32_t wq_at(const engine *e, uint32_t i) { return e->wq[(e->wq_head + i) % (e->n + 1)]; }
 
 static inline void wq_pop_front(engine *e) {
+    if (e->queued) e->queued[e->wq[e->wq_head]] = 0;
     e->wq_head = (e->wq_head + 1) % (e->n + 1);
     e->wq_len--;
 }
@@ -121,8 +149,8 @@ static inline uint32_t width(const engine *e, uint32_t r) { return output_of(e, 
 // ---- defined in admit.c ----
 // What request r needs when it is (re)admitted now.
 void pkvi_engine_make_admit(const engine *e, uint32_t r, pkvi_admit *a);
-// Peak slots a request needs alone under policy `kind` (watermark excluded).
-uint64_t pkvi_engine_need_slots(const engine *e, pkv_policy kind, const pkvi_admit *a);
+// Peak slots a request needs alone under the policy (watermark excluded).
+uint64_t pkvi_engine_need_slots(const engine *e, const pkvi_admit *a);
 // Slots a request's KV occupies (what a swap moves).
 uint64_t pkvi_engine_request_slots(const engine *e, uint32_t r, uint32_t nseq, uint32_t len);
 // Chunked prefill: running requests still prefilling compute their next chunk.
@@ -131,6 +159,8 @@ pkv_status pkvi_engine_prefill(engine *e);
 pkv_status pkvi_engine_admit(engine *e);
 
 // ---- defined in engine.c ----
+// Record an event when recording a schedule (-1 when out of memory).
+int pkvi_engine_record(engine *e, uint32_t r, int kind);
 // Add a sequence to the step's list (run-mode executors); -1 when out of memory.
 int pkvi_engine_push_seq(engine *e, pkv_seq_id id, uint32_t new_tokens, uint32_t ctx);
 // Replay the whole trace into *rep; budget (bytes) for the failure message.

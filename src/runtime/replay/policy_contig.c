@@ -21,7 +21,7 @@
 // Backend calls: the contiguous-* policies carve one arena (one alloc, one free,
 // before the first step and after the last); malloc-per-request and
 // realloc-copy make one call per extent they allocate or free, each charged to
-// the step through pkvi_policy_charge. Their placement is modelled with the
+// the step by the engine (pkv_policy_host.backend_calls). Their placement is modelled with the
 // same first-fit allocator standing in for the device allocator's address space.
 #include <stdlib.h>
 
@@ -29,7 +29,10 @@
 #include "replay_internal.h"
 
 typedef struct contig {
-    pkvi_policy base;
+    pkv_policy kind;
+    uint64_t capacity_slots;
+    uint64_t bytes_per_token;
+    pkv_policy_host host;
     pkvi_extent_alloc *ea;
     uint32_t max_seq_len;
     int per_call; // malloc-* policies: count a backend call per extent
@@ -39,7 +42,7 @@ typedef struct contig {
     uint64_t *size;      // [sum of n]
     uint32_t *len;       // [sum of n]
     uint64_t used, reserved;
-    uint64_t alloc_calls, free_calls, copy_slots;
+    uint64_t copy_slots;
 } contig;
 
 static uint64_t next_pow2(uint64_t x) {
@@ -67,16 +70,16 @@ static uint64_t extent_of(pkv_policy kind, uint32_t max_seq_len, uint32_t len, u
 }
 
 static uint64_t extent_for(const contig *c, uint32_t len, uint32_t final_len) {
-    return extent_of(c->base.kind, c->max_seq_len, len, final_len);
+    return extent_of(c->kind, c->max_seq_len, len, final_len);
 }
 
 static int kind_grows(pkv_policy kind) {
     return kind == PKV_POLICY_CONTIG_POW2_GROW || kind == PKV_POLICY_REALLOC_COPY;
 }
 
-static int grows(const contig *c) { return kind_grows(c->base.kind); }
+static int grows(const contig *c) { return kind_grows(c->kind); }
 
-uint64_t pkvi_contig_need(pkv_policy kind, uint32_t max_seq_len, const pkvi_admit *a) {
+static uint64_t contig_need(pkv_policy kind, uint32_t max_seq_len, const pkv_policy_admit *a) {
     const uint64_t fin = extent_of(kind, max_seq_len, a->final_len, a->final_len);
     const uint64_t adm = (uint64_t)a->n * extent_of(kind, max_seq_len, a->len, a->final_len);
     uint64_t peak = (uint64_t)a->n * fin;
@@ -87,70 +90,58 @@ uint64_t pkvi_contig_need(pkv_policy kind, uint32_t max_seq_len, const pkvi_admi
     return peak > adm ? peak : adm;
 }
 
-static void put_extent(contig *c, uint64_t off, uint64_t size) {
-    pkvi_extent_free_units(c->ea, off, size);
-    c->reserved -= size;
-    if (c->per_call) {
-        c->free_calls++;
-        pkvi_policy_charge(&c->base, 1, size);
-    }
+// One backend call per extent for the malloc-* policies, through the engine.
+static void call(contig *c, pkv_backend_call kind, uint64_t size, uint64_t count) {
+    if (!c->per_call || count == 0) return;
+    c->host.backend_calls(c->host.ctx, kind, size * c->bytes_per_token, count);
 }
 
-static pkv_status get_extent(contig *c, uint64_t size, uint64_t *off) {
+// `charge` 0: a rollback that the engine never sees (it checks before it calls).
+static void put_extent(contig *c, uint64_t off, uint64_t size, int charge) {
+    pkvi_extent_free_units(c->ea, off, size);
+    c->reserved -= size;
+    if (charge) call(c, PKV_BACKEND_CALL_FREE, size, 1);
+}
+
+static pkv_status get_extent(contig *c, uint64_t size, uint64_t *off, int charge) {
     pkv_status st = pkvi_extent_alloc_units(c->ea, size, off);
     if (st != PKV_OK) return st;
     c->reserved += size;
-    if (c->per_call) {
-        c->alloc_calls++;
-        pkvi_policy_charge(&c->base, 0, size);
-    }
+    if (charge) call(c, PKV_BACKEND_CALL_ALLOC, size, 1);
     return PKV_OK;
 }
 
-static pkv_status contig_admit(pkvi_policy *pp, uint32_t r, const pkvi_admit *a, uint64_t wm,
-                               uint64_t *ext_frag) {
-    contig *c = (contig *)pp;
+static pkv_status contig_admit(void *pp, uint32_t r, const pkv_policy_admit *a, uint64_t wm,
+                               uint64_t *ext_frag, uint32_t *cached) {
+    contig *c = pp;
     *ext_frag = 0;
+    *cached = 0;
     const uint64_t size = extent_for(c, a->len, a->final_len);
     const uint32_t count = a->n; // every sequence's extent, now
     const uint64_t free_total = pkvi_extent_free_total(c->ea);
     if ((uint64_t)count * size + wm > free_total) return PKV_ERR_OUT_OF_BLOCKS;
     const uint64_t b = c->seq_base[r];
-    const pkvi_charges saved = c->base.charges;
     for (uint32_t i = 0; i < count; i++) {
-        if (get_extent(c, size, &c->off[b + i]) != PKV_OK) {
+        if (get_extent(c, size, &c->off[b + i], 0) != PKV_OK) {
             // Enough free slots, no extent long enough: external fragmentation.
             // The rolled-back extents cost nothing: an engine checks before it calls.
-            for (uint32_t j = 0; j < i; j++) {
-                put_extent(c, c->off[b + j], size);
-                if (c->per_call) {
-                    c->alloc_calls--;
-                    c->free_calls--;
-                }
-            }
-            c->base.charges = saved;
+            for (uint32_t j = 0; j < i; j++) put_extent(c, c->off[b + j], size, 0);
             *ext_frag = free_total;
             return PKV_ERR_OUT_OF_BLOCKS;
         }
         c->size[b + i] = size;
     }
+    call(c, PKV_BACKEND_CALL_ALLOC, size, count);
     for (uint32_t i = 0; i < count; i++) {
         c->len[b + i] = i < a->nseq ? a->len : 0; // the rest are filled by the fork
         c->used += c->len[b + i];
     }
     c->nalloc[r] = count;
-    c->base.last_cached = 0;
     return PKV_OK;
 }
 
-static void contig_commit(pkvi_policy *pp, uint32_t r, uint32_t prompt) {
-    (void)pp; // contiguous policies share nothing between requests
-    (void)r;
-    (void)prompt;
-}
-
-static pkv_status contig_fork(pkvi_policy *pp, uint32_t r, uint32_t n) {
-    contig *c = (contig *)pp;
+static pkv_status contig_fork(void *pp, uint32_t r, uint32_t n) {
+    contig *c = pp;
     const uint64_t b = c->seq_base[r];
     if (n > c->nalloc[r]) return PKV_ERR_INVALID_ARG;
     for (uint32_t i = 1; i < n; i++) { // copy the prompt's KV into each sample
@@ -161,29 +152,29 @@ static pkv_status contig_fork(pkvi_policy *pp, uint32_t r, uint32_t n) {
     return PKV_OK;
 }
 
-static pkv_status contig_grow(pkvi_policy *pp, uint32_t r, uint32_t child) {
-    contig *c = (contig *)pp;
+static pkv_status contig_grow(void *pp, uint32_t r, uint32_t child) {
+    contig *c = pp;
     const uint64_t i = c->seq_base[r] + child;
-    if (c->len[i] + 1 <= c->size[i] && c->base.kind != PKV_POLICY_REALLOC_COPY) {
+    if (c->len[i] + 1 <= c->size[i] && c->kind != PKV_POLICY_REALLOC_COPY) {
         c->len[i]++;
         c->used++;
         return PKV_OK;
     }
     if (!grows(c)) return PKV_ERR_INVALID_ARG; // a fixed extent cannot overflow
-    const uint64_t new_size = c->base.kind == PKV_POLICY_REALLOC_COPY
+    const uint64_t new_size = c->kind == PKV_POLICY_REALLOC_COPY
                                   ? (uint64_t)c->len[i] + 1
                                   : extent_for(c, c->len[i] + 1, 0);
-    if (c->base.kind == PKV_POLICY_CONTIG_POW2_GROW &&
+    if (c->kind == PKV_POLICY_CONTIG_POW2_GROW &&
         pkvi_extent_grow(c->ea, c->off[i], c->size[i], new_size) == PKV_OK) {
         c->reserved += new_size - c->size[i];
         c->size[i] = new_size;
     } else {
         // cudaMalloc has no realloc: allocate, copy, free.
         uint64_t off;
-        pkv_status st = get_extent(c, new_size, &off);
+        pkv_status st = get_extent(c, new_size, &off, 1);
         if (st != PKV_OK) return st;
         c->copy_slots += c->len[i];
-        put_extent(c, c->off[i], c->size[i]);
+        put_extent(c, c->off[i], c->size[i], 1);
         c->off[i] = off;
         c->size[i] = new_size;
     }
@@ -192,76 +183,58 @@ static pkv_status contig_grow(pkvi_policy *pp, uint32_t r, uint32_t child) {
     return PKV_OK;
 }
 
-static void contig_release(pkvi_policy *pp, uint32_t r) {
-    contig *c = (contig *)pp;
+static void contig_release(void *pp, uint32_t r) {
+    contig *c = pp;
     const uint64_t b = c->seq_base[r];
     for (uint32_t i = 0; i < c->nalloc[r]; i++) {
-        put_extent(c, c->off[b + i], c->size[b + i]);
+        put_extent(c, c->off[b + i], c->size[b + i], 1);
         c->used -= c->len[b + i];
         c->len[b + i] = 0;
     }
     c->nalloc[r] = 0;
 }
 
-static int contig_fits_alone(const pkvi_policy *pp, const pkvi_admit *a, uint64_t wm) {
-    const contig *c = (const contig *)pp;
-    const uint64_t cap = c->base.capacity_slots;
+static int contig_fits_alone(const void *pp, const pkv_policy_admit *a, uint64_t wm) {
+    const contig *c = pp;
+    const uint64_t cap = c->capacity_slots;
     if ((uint64_t)a->n * extent_for(c, a->len, a->final_len) + wm > cap) return 0;
-    return pkvi_contig_need(c->base.kind, c->max_seq_len, a) <= cap;
+    return contig_need(c->kind, c->max_seq_len, a) <= cap;
 }
 
-static void contig_sample(const pkvi_policy *pp, uint32_t r, uint32_t nseq, uint32_t len,
-                          uint32_t final_len, pkvi_mem_sample *s) {
-    const contig *c = (const contig *)pp;
+static uint64_t contig_reservation(const void *pp, uint32_t r, uint32_t nseq, uint32_t len,
+                                   uint32_t final_len) {
+    const contig *c = pp;
     (void)nseq;
     (void)len;
     const uint64_t b = c->seq_base[r];
-    s->used = s->reserved = s->reservation = 0;
+    uint64_t later = 0;
     for (uint32_t i = 0; i < c->nalloc[r]; i++) {
         const uint64_t fillable = c->size[b + i] < final_len ? c->size[b + i] : final_len;
-        s->used += c->len[b + i];
-        s->reserved += c->size[b + i];
-        s->reservation += fillable - c->len[b + i];
+        later += fillable - c->len[b + i];
     }
+    return later;
 }
 
-static void contig_totals(const pkvi_policy *pp, pkvi_mem_sample *s) {
-    const contig *c = (const contig *)pp;
+static void contig_stats(const void *pp, pkv_policy_stats *s) {
+    const contig *c = pp;
     s->used = c->used;
     s->reserved = c->reserved;
-    s->reservation = 0;
+    s->free = pkvi_extent_free_total(c->ea);
+    s->copy_slots = c->copy_slots;
+    s->cow_copies = 0;
+    s->cached_tokens = 0;
 }
 
-static uint64_t contig_free_slots(const pkvi_policy *pp) {
-    return pkvi_extent_free_total(((const contig *)pp)->ea);
-}
-
-static void contig_counts(const pkvi_policy *pp, pkvi_alloc_counts *out) {
-    const contig *c = (const contig *)pp;
-    out->alloc_calls = c->per_call ? c->alloc_calls : 1; // else: the one arena
-    out->free_calls = c->per_call ? c->free_calls : 1;
-    out->copy_slots = c->copy_slots;
-    out->cow_copies = 0;
-    out->cached_tokens = 0;
-}
-
-static pkv_seq_id contig_seq_of(const pkvi_policy *pp, uint32_t r, uint32_t child) {
-    (void)pp;
-    (void)r;
-    (void)child;
-    return -1;
-}
-
-static pkv_status contig_validate(const pkvi_policy *pp) {
-    const contig *c = (const contig *)pp;
+static pkv_status contig_validate(const void *pp) {
+    const contig *c = pp;
     pkv_status st = pkvi_extent_validate(c->ea);
     if (st != PKV_OK) return st;
-    if (c->reserved + pkvi_extent_free_total(c->ea) != c->base.capacity_slots) return PKV_ERR_CORRUPT;
+    if (c->reserved + pkvi_extent_free_total(c->ea) != c->capacity_slots) return PKV_ERR_CORRUPT;
     return c->used <= c->reserved ? PKV_OK : PKV_ERR_CORRUPT;
 }
 
-static void contig_destroy(pkvi_policy *pp) {
-    contig *c = (contig *)pp;
+static void contig_destroy(void *pp) {
+    contig *c = pp;
     if (!c) return;
     pkvi_extent_destroy(c->ea);
     free(c->seq_base);
@@ -272,31 +245,23 @@ static void contig_destroy(pkvi_policy *pp) {
     free(c);
 }
 
-static const pkvi_policy_ops contig_ops = {
-    contig_admit,  contig_commit, contig_fork,   contig_grow,       contig_release, contig_fits_alone,
-    contig_sample, contig_totals, contig_free_slots, contig_counts,  contig_seq_of,
-    contig_validate, contig_destroy,
-};
-
-pkv_status pkvi_policy_contig_create(const pkvi_policy_config *cfg, pkvi_policy **out) {
-    if (!cfg || !out || cfg->bytes_per_token == 0 || cfg->max_seq_len == 0 ||
-        cfg->kind == PKV_POLICY_PAGED || cfg->kind == PKV_POLICY_MALLOC_PER_TOKEN ||
-        cfg->kind >= PKV_POLICY_COUNT)
+static pkv_status contig_create(pkv_policy kind, const pkv_policy_config *cfg,
+                                pkv_policy_info *info, void **out) {
+    if (!cfg || !info || !out || cfg->bytes_per_token == 0 || cfg->max_seq_len == 0)
         return PKV_ERR_INVALID_ARG;
     const uint64_t slots = cfg->capacity_bytes / cfg->bytes_per_token;
     if (slots == 0) return PKV_ERR_INVALID_ARG;
     contig *c = calloc(1, sizeof *c);
     if (!c) return PKV_ERR_OUT_OF_MEMORY;
-    c->base.ops = &contig_ops;
-    c->base.kind = cfg->kind;
-    c->base.capacity_slots = slots;
-    c->base.granularity = 1;
+    c->kind = kind;
+    c->capacity_slots = slots;
+    c->bytes_per_token = cfg->bytes_per_token;
+    c->host = cfg->host;
     c->max_seq_len = cfg->max_seq_len;
-    c->per_call = cfg->kind == PKV_POLICY_MALLOC_PER_REQUEST || cfg->kind == PKV_POLICY_REALLOC_COPY;
-    pkvi_policy_init_costs(&c->base, cfg);
+    c->per_call = kind == PKV_POLICY_MALLOC_PER_REQUEST || kind == PKV_POLICY_REALLOC_COPY;
     pkv_status st = pkvi_extent_create(slots, PKVI_EXTENT_FIRST_FIT, &c->ea);
     if (st != PKV_OK) {
-        contig_destroy(&c->base);
+        contig_destroy(c);
         return st;
     }
     const size_t nr = cfg->num_requests ? cfg->num_requests : 1;
@@ -313,9 +278,44 @@ pkv_status pkvi_policy_contig_create(const pkvi_policy_config *cfg, pkvi_policy 
     c->size = malloc(total * sizeof *c->size);
     c->len = calloc(total, sizeof *c->len);
     if (!c->seq_base || !c->nalloc || !c->off || !c->size || !c->len) {
-        contig_destroy(&c->base);
+        contig_destroy(c);
         return PKV_ERR_OUT_OF_MEMORY;
     }
-    *out = &c->base;
+    info->capacity_slots = slots;
+    info->granularity = 1;
+    info->uses_arena = !c->per_call; // contiguous-*: one arena; malloc-*: a call per extent
+    *out = c;
     return PKV_OK;
 }
+
+// One table per kind; they differ in the extent size only.
+#define CONTIG_VTABLE(ident, KIND, NAME)                                                           \
+    static pkv_status ident##_create(const pkv_policy_config *cfg, pkv_policy_info *info,         \
+                                     void **out) {                                                 \
+        return contig_create(KIND, cfg, info, out);                                                \
+    }                                                                                              \
+    static uint64_t ident##_need(const pkv_policy_config *cfg, const pkv_policy_admit *a) {        \
+        return contig_need(KIND, cfg->max_seq_len, a);                                             \
+    }                                                                                              \
+    const pkv_policy_vtable pkvi_policy_##ident##_vtable = {                                       \
+        .abi_version = PKV_POLICY_ABI_VERSION,                                                     \
+        .name = NAME,                                                                              \
+        .create = ident##_create,                                                                  \
+        .destroy = contig_destroy,                                                                 \
+        .need = ident##_need,                                                                      \
+        .fits_alone = contig_fits_alone,                                                           \
+        .admit = contig_admit,                                                                     \
+        .fork = contig_fork,                                                                       \
+        .grow = contig_grow,                                                                       \
+        .release = contig_release,                                                                 \
+        .stats = contig_stats,                                                                     \
+        .reservation = contig_reservation,                                                         \
+        .validate = contig_validate,                                                               \
+    };
+
+CONTIG_VTABLE(contig_max, PKV_POLICY_CONTIG_MAX, "contiguous-max")
+CONTIG_VTABLE(contig_pow2, PKV_POLICY_CONTIG_POW2, "contiguous-pow2")
+CONTIG_VTABLE(contig_oracle, PKV_POLICY_CONTIG_ORACLE, "contiguous-oracle")
+CONTIG_VTABLE(malloc_per_request, PKV_POLICY_MALLOC_PER_REQUEST, "malloc-per-request")
+CONTIG_VTABLE(realloc_copy, PKV_POLICY_REALLOC_COPY, "realloc-copy")
+CONTIG_VTABLE(contig_pow2_grow, PKV_POLICY_CONTIG_POW2_GROW, "contiguous-pow2-grow")

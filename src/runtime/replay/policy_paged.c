@@ -26,7 +26,7 @@
 #include "src/runtime/trace/trace_internal.h"
 
 typedef struct paged {
-    pkvi_policy base;
+    uint64_t capacity_slots;
     pkv_pool *pool;
     pkv_seqset *set;
     uint32_t B;
@@ -158,7 +158,7 @@ static int32_t *prompt_tokens(paged *p, uint32_t r, uint32_t n) {
 
 // Blocks the request's sequences hold once admitted, counting `skip` shared
 // prefix blocks that already exist as free of charge.
-static uint64_t blocks_for_admit(const paged *p, const pkvi_admit *a, uint32_t skip) {
+static uint64_t blocks_for_admit(const paged *p, const pkv_policy_admit *a, uint32_t skip) {
     uint64_t need;
     if (a->independent && a->nseq > 1) {
         need = (uint64_t)a->nseq * ceil_div(a->len, p->B);
@@ -171,18 +171,19 @@ static uint64_t blocks_for_admit(const paged *p, const pkvi_admit *a, uint32_t s
     return need - skip;
 }
 
-static void paged_release(pkvi_policy *pp, uint32_t r) {
-    paged *p = (paged *)pp;
+static void paged_release(void *pp, uint32_t r) {
+    paged *p = pp;
     pkv_seq_id *s = &p->seqs[p->seq_base[r]];
     for (uint32_t i = 0; i < p->nseq[r]; i++) free_seq(p, s[i]);
     p->nseq[r] = 0;
     p->tail_shared[r] = 0;
 }
 
-static pkv_status paged_admit(pkvi_policy *pp, uint32_t r, const pkvi_admit *a, uint64_t wm,
-                              uint64_t *ext_frag) {
-    paged *p = (paged *)pp;
+static pkv_status paged_admit(void *pp, uint32_t r, const pkv_policy_admit *a, uint64_t wm,
+                              uint64_t *ext_frag, uint32_t *cached_out) {
+    paged *p = pp;
     *ext_frag = 0;
+    *cached_out = 0;
     const uint64_t wm_blocks = (wm + p->B - 1) / p->B;
     const uint64_t avail = (uint64_t)pkv_pool_free_count(p->pool) + evictable(p);
     // The head of the queue retries every step: skip the prompt hashing while
@@ -202,7 +203,6 @@ static pkv_status paged_admit(pkvi_policy *pp, uint32_t r, const pkvi_admit *a, 
             fill_seq(p, s[i], a->len);
         }
         p->tail_shared[r] = 0;
-        p->base.last_cached = 0;
         p->blocked_r = UINT32_MAX;
         return PKV_OK;
     }
@@ -257,7 +257,7 @@ static pkv_status paged_admit(pkvi_policy *pp, uint32_t r, const pkvi_admit *a, 
     if ((st = drain_copies(p, 0)) != PKV_OK) goto fail;
     for (uint32_t i = 0; i < a->nseq; i++) fill_seq(p, s[i], a->len);
     p->tail_shared[r] = a->nseq > 1 && a->len == a->prompt && a->len % p->B != 0;
-    p->base.last_cached = cached;
+    *cached_out = cached;
     p->cached_tokens += cached;
     p->blocked_r = UINT32_MAX;
     return PKV_OK;
@@ -278,8 +278,8 @@ fail:
 // other request (prefix_tokens) is offered: a real server caches every full
 // block, but blocks no later request matches would only be evicted again, and
 // keeping them out keeps the simulation fast (hits are the same).
-static void paged_commit(pkvi_policy *pp, uint32_t r, uint32_t prompt) {
-    paged *p = (paged *)pp;
+static void paged_commit(void *pp, uint32_t r, uint32_t prompt) {
+    paged *p = pp;
     const pkv_trace_request *q = &p->trace->reqs[r];
     (void)prompt;
     if (!p->cache || p->nseq[r] == 0 || q->prefix_group < 0) return;
@@ -307,8 +307,8 @@ static void paged_commit(pkvi_policy *pp, uint32_t r, uint32_t prompt) {
     free(before);
 }
 
-static pkv_status paged_fork(pkvi_policy *pp, uint32_t r, uint32_t n) {
-    paged *p = (paged *)pp;
+static pkv_status paged_fork(void *pp, uint32_t r, uint32_t n) {
+    paged *p = pp;
     pkv_seq_id *s = &p->seqs[p->seq_base[r]];
     if (p->nseq[r] != 1 || n > p->max_seqs[r]) return PKV_ERR_INVALID_ARG;
     for (uint32_t i = 1; i < n; i++) {
@@ -322,8 +322,8 @@ static pkv_status paged_fork(pkvi_policy *pp, uint32_t r, uint32_t n) {
     return PKV_OK;
 }
 
-static pkv_status paged_grow(pkvi_policy *pp, uint32_t r, uint32_t child) {
-    paged *p = (paged *)pp;
+static pkv_status paged_grow(void *pp, uint32_t r, uint32_t child) {
+    paged *p = pp;
     int64_t slot;
     const pkv_seq_id id = p->seqs[p->seq_base[r] + child];
     pkv_status st = pkv_seq_append(p->set, id, 1, &slot);
@@ -342,14 +342,15 @@ static pkv_status paged_grow(pkvi_policy *pp, uint32_t r, uint32_t child) {
     return PKV_OK;
 }
 
-uint64_t pkvi_paged_need(uint32_t block_size, const pkvi_admit *a) {
+static uint64_t paged_need(const pkv_policy_config *cfg, const pkv_policy_admit *a) {
+    const uint32_t block_size = cfg->block_size;
     const uint32_t shared = a->prompt / block_size;
     const uint64_t blocks = shared + (uint64_t)a->n * (ceil_div(a->final_len, block_size) - shared);
     return blocks * block_size;
 }
 
-static int paged_fits_alone(const pkvi_policy *pp, const pkvi_admit *a, uint64_t wm) {
-    const paged *p = (const paged *)pp;
+static int paged_fits_alone(const void *pp, const pkv_policy_admit *a, uint64_t wm) {
+    const paged *p = pp;
     const uint64_t wm_blocks = (wm + p->B - 1) / p->B;
     if ((uint64_t)ceil_div(a->len, p->B) + wm_blocks > p->capacity) return 0;
     const uint32_t shared = a->prompt / p->B;
@@ -357,47 +358,44 @@ static int paged_fits_alone(const pkvi_policy *pp, const pkvi_admit *a, uint64_t
     return peak <= p->capacity;
 }
 
-static void paged_sample(const pkvi_policy *pp, uint32_t r, uint32_t nseq, uint32_t len,
-                         uint32_t final_len, pkvi_mem_sample *s) {
-    const paged *p = (const paged *)pp;
+static uint64_t paged_reservation(const void *pp, uint32_t r, uint32_t nseq, uint32_t len,
+                                  uint32_t final_len) {
+    const paged *p = pp;
     uint64_t held = (uint64_t)ceil_div(len, p->B) * p->B;
     uint64_t later = (held < final_len ? held : final_len) - len;
     uint32_t tails = p->tail_shared[r] ? 1 : nseq;
-    s->used = 0;
-    s->reserved = 0;
-    s->reservation = later * tails;
+    return later * tails;
 }
 
-static void paged_totals(const pkvi_policy *pp, pkvi_mem_sample *s) {
-    const paged *p = (const paged *)pp;
+// A swap moves the prompt's full blocks once (the forks share them).
+static uint64_t paged_request_slots(const void *pp, uint32_t r, uint32_t nseq, uint32_t len,
+                                    uint32_t prompt) {
+    const paged *p = pp;
+    (void)r;
+    const uint64_t shared = (uint64_t)prompt / p->B * p->B;
+    if (nseq <= 1) return len;
+    return shared + (uint64_t)nseq * (len - shared);
+}
+
+static void paged_stats(const void *pp, pkv_policy_stats *s) {
+    const paged *p = pp;
     // Cache-only blocks are full (only full blocks are cached) and reclaimable.
     const uint64_t ev = evictable(p);
     s->used = p->used - ev * p->B;
     s->reserved = ((uint64_t)(p->capacity - pkv_pool_free_count(p->pool)) - ev) * p->B;
-    s->reservation = 0;
+    s->free = ((uint64_t)pkv_pool_free_count(p->pool) + ev) * p->B;
+    s->copy_slots = p->copy_slots;
+    s->cow_copies = p->cow_copies;
+    s->cached_tokens = p->cached_tokens;
 }
 
-static uint64_t paged_free_slots(const pkvi_policy *pp) {
-    const paged *p = (const paged *)pp;
-    return ((uint64_t)pkv_pool_free_count(p->pool) + evictable(p)) * p->B;
-}
-
-static void paged_counts(const pkvi_policy *pp, pkvi_alloc_counts *c) {
-    const paged *p = (const paged *)pp;
-    c->alloc_calls = 1; // the pool's arena, allocated once for the whole run
-    c->free_calls = 1;  // and freed once at the end
-    c->copy_slots = p->copy_slots;
-    c->cow_copies = p->cow_copies;
-    c->cached_tokens = p->cached_tokens;
-}
-
-static pkv_seq_id paged_seq_of(const pkvi_policy *pp, uint32_t r, uint32_t child) {
-    const paged *p = (const paged *)pp;
+static pkv_seq_id paged_seq_of(const void *pp, uint32_t r, uint32_t child) {
+    const paged *p = pp;
     return child < p->nseq[r] ? p->seqs[p->seq_base[r] + child] : -1;
 }
 
-static pkv_status paged_validate(const pkvi_policy *pp) {
-    const paged *p = (const paged *)pp;
+static pkv_status paged_validate(const void *pp) {
+    const paged *p = pp;
     // The cache holds references too, so refcounts are exact only without it.
     pkv_status st = pkv_seqset_validate(p->set, p->cache == NULL);
     if (st == PKV_OK && p->cache) st = pkv_prefix_cache_validate(p->cache);
@@ -416,8 +414,8 @@ static pkv_status paged_validate(const pkvi_policy *pp) {
     return sum == p->used ? PKV_OK : PKV_ERR_CORRUPT;
 }
 
-static void paged_destroy(pkvi_policy *pp) {
-    paged *p = (paged *)pp;
+static void paged_destroy(void *pp) {
+    paged *p = pp;
     if (!p) return;
     pkv_prefix_cache_destroy(p->cache);
     pkv_seqset_destroy(p->set);
@@ -434,31 +432,31 @@ static void paged_destroy(pkvi_policy *pp) {
     free(p);
 }
 
-static const pkvi_policy_ops paged_ops = {
-    paged_admit, paged_commit, paged_fork, paged_grow, paged_release, paged_fits_alone,
-    paged_sample, paged_totals,    paged_free_slots, paged_counts, paged_seq_of,
-    paged_validate, paged_destroy,
-};
+static pkv_seqset *paged_seqset(void *pp) { return ((paged *)pp)->set; }
 
-pkv_status pkvi_policy_paged_create(const pkvi_policy_config *c, pkvi_policy **out) {
-    if (!c || !out || c->block_size == 0 || c->block_size > 65536 || c->bytes_per_token == 0)
+static uint32_t paged_take_copies(void *pp, const pkv_block_copy **copies) {
+    paged *p = pp;
+    uint32_t n = p->num_copies;
+    *copies = p->copies;
+    p->num_copies = 0; // the buffer stays valid until the next grow
+    return n;
+}
+
+static pkv_status paged_create(const pkv_policy_config *c, pkv_policy_info *info, void **out) {
+    if (!c || !info || !out || c->block_size == 0 || c->block_size > 65536 || c->bytes_per_token == 0)
         return PKV_ERR_INVALID_ARG;
     const uint64_t blocks = c->capacity_bytes / (c->bytes_per_token * c->block_size);
     if (blocks == 0 || blocks > PKV_POOL_MAX_BLOCKS) return PKV_ERR_INVALID_ARG;
     paged *p = calloc(1, sizeof *p);
     if (!p) return PKV_ERR_OUT_OF_MEMORY;
-    p->base.ops = &paged_ops;
-    p->base.kind = PKV_POLICY_PAGED;
-    p->base.capacity_slots = blocks * c->block_size;
-    p->base.granularity = c->block_size;
-    pkvi_policy_init_costs(&p->base, c); // it makes no call in a step: one arena
+    p->capacity_slots = blocks * c->block_size;
     p->B = c->block_size;
     p->capacity = (uint32_t)blocks;
     p->max_seqs = c->max_seqs;
     pkv_status st = pkv_pool_create(p->capacity, &p->pool);
     if (st == PKV_OK) st = pkv_seqset_create(p->pool, p->B, &p->set);
     if (st != PKV_OK) {
-        paged_destroy(&p->base);
+        paged_destroy(p);
         return st;
     }
     const size_t nr = c->num_requests ? c->num_requests : 1;
@@ -474,7 +472,7 @@ pkv_status pkvi_policy_paged_create(const pkvi_policy_config *c, pkvi_policy **o
         }
     p->seqs = malloc((size_t)(total ? total : 1) * sizeof *p->seqs);
     if (!p->fill || !p->seq_base || !p->nseq || !p->tail_shared || !p->seqs) {
-        paged_destroy(&p->base);
+        paged_destroy(p);
         return PKV_ERR_OUT_OF_MEMORY;
     }
     p->trace = c->trace;
@@ -488,26 +486,34 @@ pkv_status pkvi_policy_paged_create(const pkvi_policy_config *c, pkvi_policy **o
             if (!p->cached_list || !p->in_list) st = PKV_ERR_OUT_OF_MEMORY;
         }
         if (st != PKV_OK) {
-            paged_destroy(&p->base);
+            paged_destroy(p);
             return st;
         }
     }
-    *out = &p->base;
+    info->capacity_slots = p->capacity_slots;
+    info->granularity = p->B;
+    info->uses_arena = 1; // the pool stands for one allocation of the whole budget
+    *out = p;
     return PKV_OK;
 }
 
-pkv_seqset *pkvi_policy_paged_seqset(pkvi_policy *pp) {
-    return pp && pp->kind == PKV_POLICY_PAGED ? ((paged *)pp)->set : NULL;
-}
-
-uint32_t pkvi_policy_paged_take_copies(pkvi_policy *pp, const pkv_block_copy **copies) {
-    if (!pp || pp->kind != PKV_POLICY_PAGED) {
-        *copies = NULL;
-        return 0;
-    }
-    paged *p = (paged *)pp;
-    uint32_t n = p->num_copies;
-    *copies = p->copies;
-    p->num_copies = 0; // the buffer stays valid until the next grow
-    return n;
-}
+const pkv_policy_vtable pkvi_policy_paged_vtable = {
+    .abi_version = PKV_POLICY_ABI_VERSION,
+    .name = "paged",
+    .create = paged_create,
+    .destroy = paged_destroy,
+    .need = paged_need,
+    .fits_alone = paged_fits_alone,
+    .admit = paged_admit,
+    .commit = paged_commit,
+    .fork = paged_fork,
+    .grow = paged_grow,
+    .release = paged_release,
+    .stats = paged_stats,
+    .reservation = paged_reservation,
+    .request_slots = paged_request_slots,
+    .validate = paged_validate,
+    .seqset = paged_seqset,
+    .seq_of = paged_seq_of,
+    .take_copies = paged_take_copies,
+};

@@ -14,7 +14,9 @@
 #include "replay_internal.h"
 
 typedef struct token_policy {
-    pkvi_policy base;
+    uint64_t capacity_slots;
+    uint64_t bytes_per_token;
+    pkv_policy_host host;
     uint64_t *owned;     // [num_requests]: token allocations the request holds
     uint32_t *nseq;      // [num_requests]: live sequences
     uint64_t used;       // sum of owned
@@ -26,146 +28,150 @@ static void charge_calls(token_policy *t, int is_free, uint64_t count) {
         t->free_calls += count;
     else
         t->alloc_calls += count;
-    pkvi_policy_charge_calls(&t->base, is_free, 1, count);
+    if (count)
+        t->host.backend_calls(t->host.ctx, is_free ? PKV_BACKEND_CALL_FREE : PKV_BACKEND_CALL_ALLOC,
+                              t->bytes_per_token, count);
 }
 
 // Tokens a request holds after admission (its samples share the prompt).
-static uint64_t admit_tokens(const pkvi_admit *a) {
+static uint64_t admit_tokens(const pkv_policy_admit *a) {
     if (a->independent) return (uint64_t)a->nseq * a->len;
     return a->len + (uint64_t)(a->nseq - 1) * (a->len - a->prompt);
 }
 
-uint64_t pkvi_token_need(const pkvi_admit *a) {
+static uint64_t need_of(const pkv_policy_admit *a) {
     return a->final_len + (uint64_t)(a->n - 1) * (a->final_len - a->prompt);
 }
 
-static pkv_status token_admit(pkvi_policy *pp, uint32_t r, const pkvi_admit *a, uint64_t wm,
-                              uint64_t *ext_frag) {
-    token_policy *t = (token_policy *)pp;
+static uint64_t token_need(const pkv_policy_config *cfg, const pkv_policy_admit *a) {
+    (void)cfg;
+    return need_of(a);
+}
+
+static pkv_status token_admit(void *pp, uint32_t r, const pkv_policy_admit *a, uint64_t wm,
+                              uint64_t *ext_frag, uint32_t *cached) {
+    token_policy *t = pp;
     *ext_frag = 0; // any free slot fits a one-token allocation
+    *cached = 0;
     const uint64_t need = admit_tokens(a);
-    if (need + wm > t->base.capacity_slots - t->used) return PKV_ERR_OUT_OF_BLOCKS;
+    if (need + wm > t->capacity_slots - t->used) return PKV_ERR_OUT_OF_BLOCKS;
     charge_calls(t, 0, need);
     t->owned[r] = need;
     t->nseq[r] = a->nseq;
     t->used += need;
-    t->base.last_cached = 0;
     return PKV_OK;
 }
 
-static void token_commit(pkvi_policy *pp, uint32_t r, uint32_t prompt) {
-    (void)pp;
-    (void)r;
-    (void)prompt;
-}
-
-static pkv_status token_fork(pkvi_policy *pp, uint32_t r, uint32_t n) {
-    token_policy *t = (token_policy *)pp;
+static pkv_status token_fork(void *pp, uint32_t r, uint32_t n) {
+    token_policy *t = pp;
     if (t->nseq[r] != 1) return PKV_ERR_INVALID_ARG;
     t->nseq[r] = n; // the samples point at the prompt's tokens: no call, no copy
     return PKV_OK;
 }
 
-static pkv_status token_grow(pkvi_policy *pp, uint32_t r, uint32_t child) {
-    token_policy *t = (token_policy *)pp;
+static pkv_status token_grow(void *pp, uint32_t r, uint32_t child) {
+    token_policy *t = pp;
     if (child >= t->nseq[r]) return PKV_ERR_INVALID_ARG;
-    if (t->used >= t->base.capacity_slots) return PKV_ERR_OUT_OF_BLOCKS;
+    if (t->used >= t->capacity_slots) return PKV_ERR_OUT_OF_BLOCKS;
     charge_calls(t, 0, 1);
     t->owned[r]++;
     t->used++;
     return PKV_OK;
 }
 
-static void token_release(pkvi_policy *pp, uint32_t r) {
-    token_policy *t = (token_policy *)pp;
+static void token_release(void *pp, uint32_t r) {
+    token_policy *t = pp;
     charge_calls(t, 1, t->owned[r]);
     t->used -= t->owned[r];
     t->owned[r] = 0;
     t->nseq[r] = 0;
 }
 
-static int token_fits_alone(const pkvi_policy *pp, const pkvi_admit *a, uint64_t wm) {
-    const uint64_t cap = pp->capacity_slots;
-    return admit_tokens(a) + wm <= cap && pkvi_token_need(a) <= cap;
+static int token_fits_alone(const void *pp, const pkv_policy_admit *a, uint64_t wm) {
+    const uint64_t cap = ((const token_policy *)pp)->capacity_slots;
+    return admit_tokens(a) + wm <= cap && need_of(a) <= cap;
 }
 
-static void token_sample(const pkvi_policy *pp, uint32_t r, uint32_t nseq, uint32_t len,
-                         uint32_t final_len, pkvi_mem_sample *s) {
-    const token_policy *t = (const token_policy *)pp;
+// Every slot held holds a token: nothing is reserved for later.
+static uint64_t token_reservation(const void *pp, uint32_t r, uint32_t nseq, uint32_t len,
+                                  uint32_t final_len) {
+    (void)pp;
+    (void)r;
     (void)nseq;
     (void)len;
     (void)final_len;
-    s->used = s->reserved = t->owned[r];
-    s->reservation = 0;
+    return 0;
 }
 
-static void token_totals(const pkvi_policy *pp, pkvi_mem_sample *s) {
-    const token_policy *t = (const token_policy *)pp;
-    s->used = s->reserved = t->used;
-    s->reservation = 0;
-}
-
-static uint64_t token_free_slots(const pkvi_policy *pp) {
-    const token_policy *t = (const token_policy *)pp;
-    return t->base.capacity_slots - t->used;
-}
-
-static void token_counts(const pkvi_policy *pp, pkvi_alloc_counts *c) {
-    const token_policy *t = (const token_policy *)pp;
-    c->alloc_calls = t->alloc_calls;
-    c->free_calls = t->free_calls;
-    c->copy_slots = 0;
-    c->cow_copies = 0;
-    c->cached_tokens = 0;
-}
-
-static pkv_seq_id token_seq_of(const pkvi_policy *pp, uint32_t r, uint32_t child) {
+// The samples share the prompt's tokens: a swap moves them once.
+static uint64_t token_request_slots(const void *pp, uint32_t r, uint32_t nseq, uint32_t len,
+                                    uint32_t prompt) {
     (void)pp;
     (void)r;
-    (void)child;
-    return -1;
+    if (nseq <= 1) return len;
+    return prompt + (uint64_t)nseq * (len - prompt);
 }
 
-static pkv_status token_validate(const pkvi_policy *pp) {
-    const token_policy *t = (const token_policy *)pp;
-    return t->used <= t->base.capacity_slots && t->alloc_calls - t->free_calls == t->used
+static void token_stats(const void *pp, pkv_policy_stats *s) {
+    const token_policy *t = pp;
+    s->used = s->reserved = t->used;
+    s->free = t->capacity_slots - t->used;
+    s->copy_slots = 0;
+    s->cow_copies = 0;
+    s->cached_tokens = 0;
+}
+
+static pkv_status token_validate(const void *pp) {
+    const token_policy *t = pp;
+    return t->used <= t->capacity_slots && t->alloc_calls - t->free_calls == t->used
                ? PKV_OK
                : PKV_ERR_CORRUPT;
 }
 
-static void token_destroy(pkvi_policy *pp) {
-    token_policy *t = (token_policy *)pp;
+static void token_destroy(void *pp) {
+    token_policy *t = pp;
     if (!t) return;
     free(t->owned);
     free(t->nseq);
     free(t);
 }
 
-static const pkvi_policy_ops token_ops = {
-    token_admit,  token_commit, token_fork,       token_grow,   token_release,
-    token_fits_alone, token_sample, token_totals, token_free_slots, token_counts,
-    token_seq_of, token_validate, token_destroy,
-};
-
-pkv_status pkvi_policy_token_create(const pkvi_policy_config *cfg, pkvi_policy **out) {
-    if (!cfg || !out || cfg->bytes_per_token == 0 || cfg->kind != PKV_POLICY_MALLOC_PER_TOKEN)
-        return PKV_ERR_INVALID_ARG;
+static pkv_status token_create(const pkv_policy_config *cfg, pkv_policy_info *info, void **out) {
+    if (!cfg || !info || !out || cfg->bytes_per_token == 0) return PKV_ERR_INVALID_ARG;
     const uint64_t slots = cfg->capacity_bytes / cfg->bytes_per_token;
     if (slots == 0) return PKV_ERR_INVALID_ARG;
     token_policy *t = calloc(1, sizeof *t);
     if (!t) return PKV_ERR_OUT_OF_MEMORY;
-    t->base.ops = &token_ops;
-    t->base.kind = cfg->kind;
-    t->base.capacity_slots = slots;
-    t->base.granularity = 1;
-    pkvi_policy_init_costs(&t->base, cfg);
+    t->capacity_slots = slots;
+    t->bytes_per_token = cfg->bytes_per_token;
+    t->host = cfg->host;
     const size_t nr = cfg->num_requests ? cfg->num_requests : 1;
     t->owned = calloc(nr, sizeof *t->owned);
     t->nseq = calloc(nr, sizeof *t->nseq);
     if (!t->owned || !t->nseq) {
-        token_destroy(&t->base);
+        token_destroy(t);
         return PKV_ERR_OUT_OF_MEMORY;
     }
-    *out = &t->base;
+    info->capacity_slots = slots;
+    info->granularity = 1;
+    info->uses_arena = 0;
+    *out = t;
     return PKV_OK;
 }
+
+const pkv_policy_vtable pkvi_policy_token_vtable = {
+    .abi_version = PKV_POLICY_ABI_VERSION,
+    .name = "malloc-per-token",
+    .create = token_create,
+    .destroy = token_destroy,
+    .need = token_need,
+    .fits_alone = token_fits_alone,
+    .admit = token_admit,
+    .fork = token_fork,
+    .grow = token_grow,
+    .release = token_release,
+    .stats = token_stats,
+    .reservation = token_reservation,
+    .request_slots = token_request_slots,
+    .validate = token_validate,
+};

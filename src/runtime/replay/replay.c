@@ -10,7 +10,7 @@
 #include "src/allocator/clock.h"
 
 static int params_ok(const pkv_replay_params *p) {
-    return (unsigned)p->policy < PKV_POLICY_COUNT && p->block_size >= 1 && p->block_size <= 65536 &&
+    return ((unsigned)p->policy < PKV_POLICY_COUNT || p->custom_policy) && p->block_size >= 1 && p->block_size <= 65536 &&
            (p->preempt == PKV_PREEMPT_RECOMPUTE || p->preempt == PKV_PREEMPT_SWAP) &&
            (p->mode == PKV_REPLAY_SIM || p->mode == PKV_REPLAY_RUN) && p->max_batch >= 1 &&
            p->max_tokens_per_step >= 1 && p->watermark >= 0 && p->watermark < 1 &&
@@ -22,13 +22,6 @@ static int params_ok(const pkv_replay_params *p) {
            p->alloc_model.free.per_byte_s >= 0 && pkv_model_config_validate(&p->model) == PKV_OK;
 }
 
-// Policies that carve one arena: one backend alloc before the first step and
-// one free after the last.
-static int uses_arena(pkv_policy k) {
-    return k != PKV_POLICY_MALLOC_PER_REQUEST && k != PKV_POLICY_MALLOC_PER_TOKEN &&
-           k != PKV_POLICY_REALLOC_COPY;
-}
-
 // A budget below one allocation unit: no policy can exist, every request is
 // rejected for memory.
 static void report_no_capacity(engine *e, uint64_t budget, pkv_replay_report *rep) {
@@ -36,7 +29,7 @@ static void report_no_capacity(engine *e, uint64_t budget, pkv_replay_report *re
     for (uint32_t r = 0; r < e->n; r++) {
         pkvi_admit a;
         pkvi_engine_make_admit(e, r, &a);
-        const uint64_t need = pkvi_engine_need_slots(e, e->prm->policy, &a);
+        const uint64_t need = pkvi_engine_need_slots(e, &a);
         if (need < e->min_need_slots) e->min_need_slots = need;
     }
     e->rejected = e->rejected_mem = e->n;
@@ -46,13 +39,26 @@ static void report_no_capacity(engine *e, uint64_t budget, pkv_replay_report *re
     pkvi_engine_report_failed(e, budget, rep);
 }
 
-pkv_status pkv_replay_run(const pkv_trace *trace, const pkv_replay_params *params,
-                          pkv_replay_report *report) {
+// A schedule recorded on another trace names requests this one lacks.
+static int schedule_ok(const pkv_replay_schedule *s, uint32_t n) {
+    for (size_t i = 0; i < s->n; i++)
+        if (s->ev[i].r >= n) return 0;
+    return 1;
+}
+
+// pkv_replay_run, recording the schedule into `rec` when it is not NULL.
+static pkv_status replay(const pkv_trace *trace, const pkv_replay_params *params,
+                         pkv_replay_report *report, pkv_replay_schedule *rec) {
     if (!trace || !params || !report || pkv_trace_count(trace) == 0 || !params_ok(params))
         return PKV_ERR_INVALID_ARG;
     if (pkv_trace_count(trace) > UINT32_MAX - 1) return PKV_ERR_INVALID_ARG;
+    if (params->schedule && (rec || !schedule_ok(params->schedule, (uint32_t)pkv_trace_count(trace))))
+        return PKV_ERR_INVALID_ARG;
+    const pkv_policy_vtable *vt =
+        params->custom_policy ? params->custom_policy : pkv_policy_builtin(params->policy);
+    if (pkv_policy_vtable_check(vt, NULL, 0) != PKV_OK) return PKV_ERR_INVALID_ARG;
     if (params->mode == PKV_REPLAY_RUN &&
-        (params->policy != PKV_POLICY_PAGED || params->chunked_prefill ||
+        (!vt->seqset || !vt->seq_of || params->chunked_prefill ||
          params->batching != PKV_BATCHING_CONTINUOUS))
         return PKV_ERR_UNSUPPORTED;
     const double wall0 = pkvi_now_seconds();
@@ -71,25 +77,26 @@ pkv_status pkv_replay_run(const pkv_trace *trace, const pkv_replay_params *param
     e.st = calloc(e.n, sizeof *e.st);
     e.running = malloc((size_t)e.n * sizeof *e.running);
     e.wq = malloc(((size_t)e.n + 1) * sizeof *e.wq);
-    if (!max_seqs || !e.st || !e.running || !e.wq) {
+    e.rec = rec;
+    e.fixed = prm.schedule;
+    if (e.fixed) e.queued = calloc(e.n, 1);
+    if (!max_seqs || !e.st || !e.running || !e.wq || (e.fixed && !e.queued)) {
         st = PKV_ERR_OUT_OF_MEMORY;
         goto done;
     }
     for (uint32_t i = 0; i < e.n; i++) max_seqs[i] = e.reqs[i].n;
     memset(report, 0, sizeof *report);
-    snprintf(report->policy, sizeof report->policy, "%s", pkv_policy_name(prm.policy));
+    snprintf(report->policy, sizeof report->policy, "%s", vt->name);
+    if (e.fixed)
+        snprintf(report->schedule, sizeof report->schedule, "fixed-from %s", e.fixed->ref);
+    else
+        snprintf(report->schedule, sizeof report->schedule, "own");
     snprintf(report->mode, sizeof report->mode, "%s", prm.mode == PKV_REPLAY_SIM ? "sim" : "run");
-    report->block_size = prm.policy == PKV_POLICY_PAGED ? prm.block_size : 1;
     report->kv_bytes_per_token = e.bpt;
     snprintf(report->alloc.model, sizeof report->alloc.model, "%s",
              prm.mode == PKV_REPLAY_SIM ? prm.alloc_model.name : "measured");
-    const uint64_t unit = prm.policy == PKV_POLICY_PAGED ? prm.block_size : 1;
-    if (budget / e.bpt < unit) {
-        report_no_capacity(&e, budget, report);
-        goto done;
-    }
-    pkvi_policy_config pc = {
-        .kind = prm.policy,
+    pkv_policy_config pc = {
+        .abi_version = PKV_POLICY_ABI_VERSION,
         .capacity_bytes = budget,
         .bytes_per_token = e.bpt,
         .block_size = prm.block_size,
@@ -98,13 +105,20 @@ pkv_status pkv_replay_run(const pkv_trace *trace, const pkv_replay_params *param
         .max_seqs = max_seqs,
         .trace = trace,
         .prefix_sharing = prm.prefix_sharing && prm.mode == PKV_REPLAY_SIM,
-        .cost = prm.mode == PKV_REPLAY_SIM ? &prm.alloc_model : NULL,
+        .run_mode = prm.mode == PKV_REPLAY_RUN,
     };
-    st = prm.policy == PKV_POLICY_PAGED             ? pkvi_policy_paged_create(&pc, &e.pol)
-         : prm.policy == PKV_POLICY_MALLOC_PER_TOKEN ? pkvi_policy_token_create(&pc, &e.pol)
-                                                     : pkvi_policy_contig_create(&pc, &e.pol);
+    e.pol = &e.polh;
+    st = pkvi_policy_open(e.pol, vt, &pc, prm.mode == PKV_REPLAY_SIM ? &prm.alloc_model : NULL);
+    if (st == PKV_ERR_INVALID_ARG && budget / e.bpt < (prm.block_size > 1 ? prm.block_size : 1)) {
+        // A budget below one allocation unit: every request is rejected for memory.
+        report->block_size = budget / e.bpt >= 1 ? prm.block_size : 1;
+        report_no_capacity(&e, budget, report);
+        st = PKV_OK;
+        goto done;
+    }
     if (st != PKV_OK) goto done;
-    e.wm_slots = (uint64_t)ceil(prm.watermark * (double)e.pol->capacity_slots);
+    report->block_size = e.pol->info.granularity;
+    e.wm_slots = (uint64_t)ceil(prm.watermark * (double)e.pol->info.capacity_slots);
     st = prm.mode == PKV_REPLAY_SIM ? pkvi_executor_roofline_create(&prm, &e.ex)
                                     : pkvi_executor_run_create(&prm, e.pol, &e.ex);
     if (st != PKV_OK) goto done;
@@ -112,7 +126,7 @@ pkv_status pkv_replay_run(const pkv_trace *trace, const pkv_replay_params *param
     if (st != PKV_OK) goto done;
     if (prm.mode == PKV_REPLAY_SIM) {
         double a = e.pol->charges.alloc_total_s, f = e.pol->charges.free_total_s;
-        if (uses_arena(prm.policy)) { // the arena, outside every step
+        if (e.pol->info.uses_arena) { // the arena, outside every step
             a += pkv_alloc_call_seconds(&prm.alloc_model.alloc, report->memory.capacity_bytes);
             f += pkv_alloc_call_seconds(&prm.alloc_model.free, report->memory.capacity_bytes);
         }
@@ -125,12 +139,49 @@ pkv_status pkv_replay_run(const pkv_trace *trace, const pkv_replay_params *param
     }
 done:
     if (e.ex) e.ex->destroy(e.ex);
-    if (e.pol) e.pol->ops->destroy(e.pol);
+    if (e.pol) pkvi_policy_close(e.pol);
     free(max_seqs);
     free(e.st);
     free(e.running);
     free(e.wq);
     free(e.seqs);
+    free(e.queued);
     if (st == PKV_OK) report->replay_seconds = pkvi_now_seconds() - wall0;
     return st;
 }
+
+pkv_status pkv_replay_run(const pkv_trace *trace, const pkv_replay_params *params,
+                          pkv_replay_report *report) {
+    return replay(trace, params, report, NULL);
+}
+
+pkv_status pkv_replay_schedule_record(const pkv_trace *trace, const pkv_replay_params *params,
+                                      pkv_replay_schedule **out, pkv_replay_report *report) {
+    if (!out || !params || params->schedule) return PKV_ERR_INVALID_ARG;
+    *out = NULL;
+    pkv_replay_schedule *s = calloc(1, sizeof *s);
+    pkv_replay_report *rep = report ? report : malloc(sizeof *rep);
+    if (!s || !rep) {
+        free(s);
+        if (!report) free(rep);
+        return PKV_ERR_OUT_OF_MEMORY;
+    }
+    pkv_status st = replay(trace, params, rep, s);
+    if (st == PKV_OK) snprintf(s->ref, sizeof s->ref, "%s", rep->policy);
+    if (!report) free(rep);
+    if (st != PKV_OK) {
+        pkv_replay_schedule_destroy(s);
+        return st;
+    }
+    *out = s;
+    return PKV_OK;
+}
+
+void pkv_replay_schedule_destroy(pkv_replay_schedule *s) {
+    if (!s) return;
+    free(s->ev);
+    free(s);
+}
+
+uint64_t pkv_replay_schedule_steps(const pkv_replay_schedule *s) { return s ? s->steps : 0; }
+uint64_t pkv_replay_schedule_events(const pkv_replay_schedule *s) { return s ? s->n : 0; }

@@ -112,7 +112,9 @@ static void write_run(FILE *f, const pkv_replay_report *r) {
             (unsigned long long)r->copy_bytes, (unsigned long long)r->swap_bytes,
             (unsigned long long)r->prefix_cached_tokens);
     num(f, r->replay_seconds);
-    fputs("}", f);
+    fputs(", \"schedule\": ", f);
+    str(f, r->schedule[0] ? r->schedule : "own");
+    fprintf(f, ", \"schedule_deviations\": %llu}", (unsigned long long)r->schedule_deviations);
 }
 
 pkv_status pkv_replay_write_json(FILE *f, const char *trace_name, const pkv_trace *trace,

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 // The run-mode step executor: executes each scheduled step with the decoder
-// (include/pkv/model.h) over the paged policy's own pool and block tables, bound
+// (include/pkv/model.h) over the policy's own pool and block tables (its
+// pkv_policy_vtable.seqset: the paged policy's), bound
 // to memory by one pkv_cache on a host or CUDA backend, and measures the step's
 // wall time. Token ids are synthetic (a hash of sequence and position): the
 // replay measures memory and time, not text. Backend counters come from the
@@ -88,7 +89,7 @@ static pkv_status run_step(pkvi_executor *e, const pkvi_step_batch *b, double *s
     if (st != PKV_OK) return st;
     const double t0 = pkvi_now_seconds();
     const pkv_block_copy *copies;
-    uint32_t nc = pkvi_policy_paged_take_copies(x->pol, &copies);
+    uint32_t nc = x->pol->vt->take_copies ? x->pol->vt->take_copies(x->pol->state, &copies) : 0;
     if (nc && (st = pkv_cache_copy_blocks(x->cache, copies, nc)) != PKV_OK) return st;
     if (np) {
         uint64_t k = 0;
@@ -136,8 +137,8 @@ static void run_destroy(pkvi_executor *e) {
 pkv_status pkvi_executor_run_create(const pkv_replay_params *p, pkvi_policy *pol,
                                     pkvi_executor **out) {
     if (!p || !pol || !out) return PKV_ERR_INVALID_ARG;
-    pkv_seqset *set = pkvi_policy_paged_seqset(pol);
-    if (!set) return PKV_ERR_UNSUPPORTED; // run mode drives the paged policy only
+    pkv_seqset *set = pol->vt->seqset ? pol->vt->seqset(pol->state) : NULL;
+    if (!set) return PKV_ERR_UNSUPPORTED; // run mode reads the policy's block tables
     run_exec *x = calloc(1, sizeof *x);
     if (!x) return PKV_ERR_OUT_OF_MEMORY;
     x->base.needs_seqs = 1;
