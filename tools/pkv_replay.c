@@ -2,11 +2,13 @@
 // pkv-replay: replay a request trace through one or every KV-cache policy and
 // print the comparison (table on stdout, --json for machines, --timeline CSV
 // per step for plots). Exit codes: 0 ok, 1 runtime failure, 2 bad usage or input.
+#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "pkv/policy.h"
 #include "pkv/replay.h"
 #include "pkv/trace.h"
 
@@ -24,6 +26,12 @@ static void usage(FILE *f) {
         "  --policy P          paged (default), contiguous-max, contiguous-pow2 (Orca Pow2),\n"
         "                      contiguous-oracle, malloc-per-request, malloc-per-token,\n"
         "                      realloc-copy, contiguous-pow2-grow, all\n"
+        "  --policy-plugin F   also replay the policy in shared object F (exports\n"
+        "                      pkv_policy_plugin_entry, see docs/POLICIES.md); repeatable;\n"
+        "                      without --policy only the plugins run\n"
+        "  --schedule S        own (default: each policy schedules by arrival time) or\n"
+        "                      'fixed-from P': every policy replays the admissions,\n"
+        "                      preemptions and steps that policy P took\n"
         "  --block-size N      paged block size in tokens (default 16)\n"
         "  --max-seq-len N     longest sequence; contiguous-max reserves it (default: model's)\n"
         "  --preempt M         recompute (default) or swap\n"
@@ -112,6 +120,36 @@ static int parse_f(const char *s, double *v) {
     return (!*s || *end) ? -1 : 0;
 }
 
+// dlopen FILE and take its table; 0 on success, else a message in why.
+static int load_plugin(const char *path, const pkv_policy_vtable **vt, char *why, size_t why_len) {
+    // RTLD_LOCAL: two plugins may use the same symbol names.
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        snprintf(why, why_len, "%s", dlerror());
+        return -1;
+    }
+    pkv_policy_plugin_entry_fn entry;
+    void *sym = dlsym(h, PKV_POLICY_PLUGIN_ENTRY);
+    if (!sym) {
+        snprintf(why, why_len, "%s: no symbol %s", path, PKV_POLICY_PLUGIN_ENTRY);
+        dlclose(h);
+        return -1;
+    }
+    memcpy(&entry, &sym, sizeof entry); // ISO C has no object-to-function pointer cast
+    *vt = entry(PKV_POLICY_ABI_VERSION);
+    char check[160];
+    if (!*vt) {
+        snprintf(why, why_len, "%s: %s returned NULL (it does not speak policy ABI %u)", path,
+                 PKV_POLICY_PLUGIN_ENTRY, PKV_POLICY_ABI_VERSION);
+    } else if (pkv_policy_vtable_check(*vt, check, sizeof check) != PKV_OK) {
+        snprintf(why, why_len, "%s: %s", path, check);
+    } else {
+        return 0; // the handle stays open for the process's life: the table lives in it
+    }
+    dlclose(h);
+    return -1;
+}
+
 #define BAD(...)                                                                                   \
     do {                                                                                           \
         fprintf(stderr, "pkv-replay: " __VA_ARGS__);                                               \
@@ -128,6 +166,10 @@ int main(int argc, char **argv) {
     double load_scale = 1;
     const char *alloc_model = NULL;
     double alloc_call_us = -1;
+    enum { MAX_PLUGINS = 8 };
+    const pkv_policy_vtable *plugins[MAX_PLUGINS];
+    int nplugins = 0, have_policy = 0;
+    const char *fixed_from = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -159,6 +201,20 @@ int main(int argc, char **argv) {
             if (strcmp(v, "all") && pkv_policy_from_name(v, &p) != PKV_OK)
                 BAD("unknown --policy '%s' (see --help)", v);
             policy = v;
+            have_policy = 1;
+        } else if (!strcmp(a, "--policy-plugin")) {
+            NEED();
+            if (nplugins == MAX_PLUGINS) BAD("at most %d --policy-plugin", MAX_PLUGINS);
+            char why[512];
+            if (load_plugin(v, &plugins[nplugins], why, sizeof why) != 0)
+                BAD("--policy-plugin %s", why);
+            nplugins++;
+        } else if (!strcmp(a, "--schedule")) {
+            NEED();
+            if (!strcmp(v, "own")) fixed_from = NULL;
+            else if (!strncmp(v, "fixed-from ", 11) && v[11]) fixed_from = v + 11;
+            else if (!strcmp(v, "fixed-from") && i + 1 < argc) fixed_from = argv[++i];
+            else BAD("--schedule must be 'own' or 'fixed-from POLICY', got '%s'", v);
         } else if (!strcmp(a, "--block-size")) {
             NEED();
             if (parse_u32(v, &prm.block_size, 1) || prm.block_size > 65536)
@@ -275,13 +331,22 @@ int main(int argc, char **argv) {
     if (prm.mode == PKV_REPLAY_RUN) {
         prm.dtype_bytes = 4; // the decoder keeps weights and KV in fp32
         if (!have_kv) prm.kv_mem_bytes = 64ull << 20;
-        if (strcmp(policy, "paged") != 0)
-            BAD("--mode run executes the paged policy only (got --policy %s)", policy);
+        if (strcmp(policy, "paged") != 0 || nplugins)
+            BAD("--mode run executes the paged policy only (got --policy %s)", nplugins ? "plugin" : policy);
         if (prm.chunked_prefill || prm.batching != PKV_BATCHING_CONTINUOUS)
             BAD("--mode run supports continuous batching without --chunked-prefill only");
         // Learned positions cap the sequence length at the model's context.
         if (prm.max_seq_len == 0 || prm.max_seq_len > prm.model.max_seq_len)
             prm.max_seq_len = prm.model.max_seq_len;
+    }
+    // The schedule's reference: a built-in policy or a plugin, by name.
+    const pkv_policy_vtable *ref = NULL;
+    if (fixed_from) {
+        pkv_policy k;
+        if (pkv_policy_from_name(fixed_from, &k) == PKV_OK) ref = pkv_policy_builtin(k);
+        for (int i = 0; i < nplugins && !ref; i++)
+            if (!strcmp(plugins[i]->name, fixed_from)) ref = plugins[i];
+        if (!ref) BAD("--schedule fixed-from: unknown policy '%s'", fixed_from);
     }
     uint64_t budget;
     if (pkv_replay_kv_budget(&prm, &budget) != PKV_OK)
@@ -321,7 +386,7 @@ int main(int argc, char **argv) {
     }
     prm.on_progress = on_progress;
     prm.user = &c;
-    pkv_replay_report reports[PKV_POLICY_COUNT];
+    pkv_replay_report reports[PKV_POLICY_COUNT + MAX_PLUGINS];
     size_t nrep = 0;
     int rc = 0;
     char chunk[32] = "off";
@@ -338,17 +403,43 @@ int main(int argc, char **argv) {
             pkv_preempt_mode_name(prm.preempt), (double)prm.swap_space_bytes / (1024.0 * 1024 * 1024),
             prm.mode == PKV_REPLAY_SIM ? prm.alloc_model.name : "measured",
             prm.mode == PKV_REPLAY_SIM ? "roofline model" : "measured wall time");
-    for (int p = 0; p < PKV_POLICY_COUNT; p++) {
-        if (strcmp(policy, "all") != 0 && strcmp(policy, pkv_policy_name((pkv_policy)p)) != 0) continue;
-        prm.policy = (pkv_policy)p;
-        c.prog.policy = pkv_policy_name(prm.policy);
+    pkv_replay_schedule *sched = NULL;
+    if (ref) {
+        pkv_replay_params rp = prm;
+        rp.custom_policy = ref;
+        rp.on_step = NULL;
+        rp.on_progress = NULL;
+        st = pkv_replay_schedule_record(trace, &rp, &sched, NULL);
+        if (st != PKV_OK) {
+            fprintf(stderr, "pkv-replay: recording the schedule of %s failed: %s\n", ref->name,
+                    pkv_status_str(st));
+            pkv_trace_destroy(trace);
+            return st == PKV_ERR_INVALID_ARG ? 2 : 1;
+        }
+        fprintf(table_out, "schedule: fixed from %s (%llu steps, %llu events)\n", ref->name,
+                (unsigned long long)pkv_replay_schedule_steps(sched),
+                (unsigned long long)pkv_replay_schedule_events(sched));
+        prm.schedule = sched;
+    }
+    // Built-in policies first (unless only plugins were asked for), then plugins.
+    const int nbuiltin = nplugins && !have_policy ? 0 : PKV_POLICY_COUNT;
+    for (int p = 0; p < nbuiltin + nplugins; p++) {
+        if (p < nbuiltin) {
+            if (strcmp(policy, "all") != 0 && strcmp(policy, pkv_policy_name((pkv_policy)p)) != 0)
+                continue;
+            prm.policy = (pkv_policy)p;
+            prm.custom_policy = NULL;
+        } else {
+            prm.custom_policy = plugins[p - nbuiltin];
+        }
+        const char *name = prm.custom_policy ? prm.custom_policy->name : pkv_policy_name(prm.policy);
+        c.prog.policy = name;
         c.prog.last = -1;
         c.tl.policy = c.prog.policy;
         st = pkv_replay_run(trace, &prm, &reports[nrep]);
         if (st != PKV_OK) {
             // Every policy runs even when one fails; the others are still reported.
-            fprintf(stderr, "pkv-replay: policy %s failed: %s\n", pkv_policy_name(prm.policy),
-                    pkv_status_str(st));
+            fprintf(stderr, "pkv-replay: policy %s failed: %s\n", name, pkv_status_str(st));
             if (!rc) rc = st == PKV_ERR_INVALID_ARG ? 2 : 1;
             continue;
         }
@@ -357,8 +448,13 @@ int main(int argc, char **argv) {
                     reports[nrep].policy, reports[nrep].failure);
             if (!rc) rc = 1;
         }
+        if (reports[nrep].schedule_deviations)
+            fprintf(stderr, "pkv-replay: policy %s deviated %llu times from the fixed schedule\n",
+                    reports[nrep].policy, (unsigned long long)reports[nrep].schedule_deviations);
         nrep++;
     }
+    pkv_replay_schedule_destroy(sched);
+    prm.schedule = NULL;
     if (nrep) pkv_replay_write_table(table_out, reports, nrep);
     if (json_path && nrep) {
         FILE *jf = strcmp(json_path, "-") ? fopen(json_path, "w") : stdout;

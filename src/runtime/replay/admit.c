@@ -95,7 +95,7 @@ pkv_status pkvi_engine_prefill(engine *e) {
 static pkv_status start(engine *e, uint32_t r, const pkvi_admit *a, uint32_t cached) {
     req_state *s = &e->st[r];
     if (pkvi_engine_record(e, r, EV_ADMIT) != 0) return PKV_ERR_OUT_OF_MEMORY;
-    s->status = RS_RUNNING;
+    set_status(e, r, RS_RUNNING);
     s->nseq = a->nseq;
     e->running[e->run_count++] = r;
     e->run_seqs += a->n;

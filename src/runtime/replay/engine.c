@@ -77,7 +77,7 @@ int pkvi_engine_record(engine *e, uint32_t r, int kind) {
 
 static void reject(engine *e, uint32_t r, int no_memory) {
     if (pkvi_engine_record(e, r, no_memory ? EV_REJECT_MEM : EV_REJECT_LONG) != 0) e->rec_failed = 1;
-    e->st[r].status = RS_REJECTED;
+    set_status(e, r, RS_REJECTED);
     e->rejected++;
     e->finished++;
     if (no_memory) {
@@ -120,7 +120,7 @@ static void arrivals(engine *e) {
         } else if (!e->pol->vt->fits_alone(e->pol->state, &a, e->wm_slots)) {
             reject(e, r, 1);
         } else {
-            e->st[r].status = RS_WAITING;
+            set_status(e, r, RS_WAITING);
             wq_push_back(e, r);
         }
     }
@@ -138,7 +138,7 @@ static uint32_t preempt_at(engine *e, uint32_t i, int requeue) {
     req_state *s = &e->st[v];
     e->pol->vt->release(e->pol->state, v);
     e->run_seqs -= width(e, v);
-    s->status = RS_WAITING;
+    set_status(e, v, RS_WAITING);
     s->swapped = 0;
     if (s->prefilling) {
         // Caught mid-prefill (chunked): nothing emitted; it starts over.
@@ -314,7 +314,7 @@ static pkv_status time_step(engine *e, double *dt_out) {
         ps.time_s = e->t;
         ps.step_s = dt;
         ps.running = batch;
-        ps.waiting = e->wq_len;
+        ps.waiting = e->fixed ? e->nwait : e->wq_len;
         ps.used_bytes = used * e->bpt;
         ps.reserved_bytes = reserved * e->bpt;
         ps.reservation_bytes = reservation * e->bpt;
@@ -367,7 +367,7 @@ static pkv_status retire(engine *e) {
             e->pol->vt->release(e->pol->state, r);
             e->run_seqs -= width(e, r);
             s->nseq = 0;
-            s->status = RS_DONE;
+            set_status(e, r, RS_DONE);
             e->completed++;
             e->finished++;
             e->output_tokens += (uint64_t)q->output_tokens * q->n;
@@ -420,7 +420,7 @@ static void fixed_events(engine *e) {
                 reject(e, r, 1);
                 e->deviations++;
             } else {
-                s->status = RS_WAITING;
+                set_status(e, r, RS_WAITING);
                 if (arrival(e, r) > e->t) e->t = arrival(e, r);
                 wq_push_back(e, r);
             }
@@ -444,10 +444,17 @@ static void fixed_abandon(engine *e) {
 // ---- one step, the loop, the report ----
 
 static pkv_status engine_step(engine *e) {
-    if (e->fixed)
+    if (e->fixed) {
         fixed_events(e);
-    else
+        // Arrived by now: counted as waiting until admitted (timelines).
+        while (e->ai < e->n && arrival(e, e->ai) <= e->t) {
+            const uint8_t s = e->st[e->ai].status;
+            e->nwait += s == RS_PENDING || s == RS_WAITING;
+            e->ai++;
+        }
+    } else {
         arrivals(e);
+    }
     if (e->run_count == 0 && e->wq_len == 0) {
         // Idle until the next arrival; pending frees complete meanwhile (they
         // delay the next step only if they outlast the gap; not charged to a step).

@@ -105,6 +105,7 @@ typedef struct engine {
     size_t fi;
     uint64_t sk, deviations;
     uint8_t *queued;
+    uint32_t nwait;  // fixed schedule: arrived requests (r < ai) not admitted, for timelines
     int rec_failed;  // an event could not be recorded (out of memory)
     dvec step_s, ttft, tpot;
     accum acc;
@@ -134,6 +135,17 @@ static inline void wq_pop_front(engine *e) {
     if (e->queued) e->queued[e->wq[e->wq_head]] = 0;
     e->wq_head = (e->wq_head + 1) % (e->n + 1);
     e->wq_len--;
+}
+
+// Every status change goes through here, so that a fixed schedule can count the
+// arrived requests that wait (the own schedule's queue length).
+static inline void set_status(engine *e, uint32_t r, uint8_t status) {
+    const uint8_t old = e->st[r].status;
+    if (e->fixed && r < e->ai) {
+        e->nwait -= old == RS_PENDING || old == RS_WAITING;
+        e->nwait += status == RS_PENDING || status == RS_WAITING;
+    }
+    e->st[r].status = status;
 }
 
 // Lengths as the engine runs them: static batching pads them.
