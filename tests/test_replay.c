@@ -511,7 +511,8 @@ Test(replay_params, bad_params_are_rejected) {
     cr_expect_eq(pkv_replay_run(t, &p, &rep), PKV_ERR_INVALID_ARG);
     p = tiny_params(PKV_POLICY_CONTIG_MAX, 1000);
     p.mode = PKV_REPLAY_RUN;
-    cr_expect_eq(pkv_replay_run(t, &p, &rep), PKV_ERR_UNSUPPORTED, "run mode is paged only");
+    p.batching = PKV_BATCHING_STATIC;
+    cr_expect_eq(pkv_replay_run(t, &p, &rep), PKV_ERR_UNSUPPORTED, "run mode batches continuously");
     cr_expect_eq(pkv_replay_run(NULL, &p, &rep), PKV_ERR_INVALID_ARG);
     pkv_trace_destroy(t);
 }

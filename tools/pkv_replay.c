@@ -331,8 +331,6 @@ int main(int argc, char **argv) {
     if (prm.mode == PKV_REPLAY_RUN) {
         prm.dtype_bytes = 4; // the decoder keeps weights and KV in fp32
         if (!have_kv) prm.kv_mem_bytes = 64ull << 20;
-        if (strcmp(policy, "paged") != 0 || nplugins)
-            BAD("--mode run executes the paged policy only (got --policy %s)", nplugins ? "plugin" : policy);
         if (prm.chunked_prefill || prm.batching != PKV_BATCHING_CONTINUOUS)
             BAD("--mode run supports continuous batching without --chunked-prefill only");
         // Learned positions cap the sequence length at the model's context.

@@ -6,7 +6,8 @@
 //
 // Modes: PKV_REPLAY_SIM runs only the memory manager and scheduler, with step
 // time from a roofline model of (model preset, GPU preset); PKV_REPLAY_RUN
-// executes the decoder (runtime/model.h) and measures each step's wall time.
+// executes the decoder (runtime/model.h) for every policy, makes the backend
+// calls the policy stands for for real, and measures each step's wall time.
 //
 // Policies (one interface, pkv/policy.h, chosen by name or given as a table;
 // references in DESIGN.md): "paged"
@@ -293,12 +294,20 @@ typedef struct pkv_replay_report {
     // make, a recorded preemption of a request it was not running). 0: it
     // replayed exactly the recorded schedule. Always 0 for "own".
     uint64_t schedule_deviations;
+    struct {
+        // Run mode: an order-independent hash of the greedy next token at every
+        // position the decoder computed (each position once), and how many. The
+        // layout must not change the math: every policy gives the same hash on
+        // the same trace, model and seed when they complete the same requests.
+        uint64_t token_hash;
+        uint64_t tokens;
+    } run;
 } pkv_replay_report;
 
 // Replay `trace` (borrowed) with `params` into *report (caller-owned).
 // PKV_ERR_INVALID_ARG for bad params (named by nothing else: check the ranges
-// above), PKV_ERR_UNSUPPORTED for run mode where the build lacks it, or for a
-// run-mode policy other than paged. Memory pressure never fails the call:
+// above), PKV_ERR_UNSUPPORTED for run mode where the build lacks it, or with
+// static batching or chunked prefill. Memory pressure never fails the call:
 // requests are preempted, requests that can never fit are rejected, and a run
 // that completes none returns PKV_OK with report->failure set.
 pkv_status pkv_replay_run(const pkv_trace *trace, const pkv_replay_params *params,

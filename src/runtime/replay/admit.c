@@ -55,7 +55,7 @@ static pkv_status prefill_chunk(engine *e, uint32_t r) {
     e->b.prefill_attn_pairs += nc * done + nc * (nc + 1) / 2;
     e->b.prefill_ctx_tokens += s->pf_done + c;
     if (e->ex->needs_seqs &&
-        pkvi_engine_push_seq(e, e->pol->vt->seq_of(e->pol->state, r, 0), (uint32_t)c, (uint32_t)(s->pf_done + c)) != 0)
+        pkvi_engine_push_seq(e, r, 0, (uint32_t)c, (uint32_t)(s->pf_done + c)) != 0)
         return PKV_ERR_OUT_OF_MEMORY;
     s->pf_done += (uint32_t)c;
     if (s->pf_done == s->pf_len) {
@@ -67,7 +67,7 @@ static pkv_status prefill_chunk(engine *e, uint32_t r) {
         if (e->ex->needs_seqs && s->pf_extra) {
             const uint32_t own = (uint32_t)(s->pf_extra / (s->nseq - 1));
             for (uint32_t ch = 1; ch < s->nseq; ch++)
-                if (pkvi_engine_push_seq(e, e->pol->vt->seq_of(e->pol->state, r, ch), own, s->pf_len) != 0)
+                if (pkvi_engine_push_seq(e, r, ch, own, s->pf_len) != 0)
                     return PKV_ERR_OUT_OF_MEMORY;
         }
         s->prefilling = 0;

@@ -94,7 +94,13 @@ static void reject(engine *e, uint32_t r, int no_memory) {
     }
 }
 
-int pkvi_engine_push_seq(engine *e, pkv_seq_id id, uint32_t new_tokens, uint32_t ctx) {
+// The policy's sequence id of (r, child), or -1 where it keeps none.
+static pkv_seq_id seq_id(const engine *e, uint32_t r, uint32_t child) {
+    return e->pol->vt->seq_of ? e->pol->vt->seq_of(e->pol->state, r, child) : -1;
+}
+
+int pkvi_engine_push_seq(engine *e, uint32_t r, uint32_t child, uint32_t new_tokens, uint32_t ctx) {
+    const pkv_seq_id id = seq_id(e, r, child);
     if (e->num_seqs == e->seqs_cap) {
         uint32_t c = e->seqs_cap ? e->seqs_cap * 2 : 256;
         pkvi_step_seq *p = realloc(e->seqs, c * sizeof *p);
@@ -102,8 +108,13 @@ int pkvi_engine_push_seq(engine *e, pkv_seq_id id, uint32_t new_tokens, uint32_t
         e->seqs = p;
         e->seqs_cap = c;
     }
-    e->seqs[e->num_seqs++] = (pkvi_step_seq){id, new_tokens, ctx};
+    e->seqs[e->num_seqs++] = (pkvi_step_seq){id, r, child, new_tokens, ctx};
     return 0;
+}
+
+void pkvi_engine_release(engine *e, uint32_t r) {
+    e->pol->vt->release(e->pol->state, r);
+    if (e->ex->on_release) e->ex->on_release(e->ex, r);
 }
 
 // ---- arrivals ----
@@ -136,7 +147,7 @@ static uint32_t preempt_at(engine *e, uint32_t i, int requeue) {
     e->run_count--;
     if (pkvi_engine_record(e, v, EV_PREEMPT) != 0) e->rec_failed = 1;
     req_state *s = &e->st[v];
-    e->pol->vt->release(e->pol->state, v);
+    pkvi_engine_release(e, v);
     e->run_seqs -= width(e, v);
     set_status(e, v, RS_WAITING);
     s->swapped = 0;
@@ -188,7 +199,7 @@ static pkv_status decode(engine *e) {
                 if (e->run_count == 1) {
                     // Alone and still short (fragmented extents): it can never
                     // finish; drop it rather than fail the run.
-                    e->pol->vt->release(e->pol->state, r);
+                    pkvi_engine_release(e, r);
                     e->run_count = 0;
                     e->run_seqs = 0;
                     s->nseq = 0;
@@ -208,7 +219,7 @@ static pkv_status decode(engine *e) {
         e->b.decode_ctx_tokens += (uint64_t)s->nseq * ctx;
         if (e->ex->needs_seqs)
             for (uint32_t c = 0; c < s->nseq; c++)
-                if (pkvi_engine_push_seq(e, e->pol->vt->seq_of(e->pol->state, r, c), 1, ctx) != 0) return PKV_ERR_OUT_OF_MEMORY;
+                if (pkvi_engine_push_seq(e, r, c, 1, ctx) != 0) return PKV_ERR_OUT_OF_MEMORY;
     }
     if (e->prm->chunked_prefill) {
         const uint64_t d = e->b.num_decode_seqs;
@@ -355,6 +366,7 @@ static pkv_status retire(engine *e) {
                     e->pol->vt->commit(e->pol->state, r, prompt_of(e, r));
                 if (output_of(e, r) > 1 && q->n > 1) {
                     pkv_status st = e->pol->vt->fork(e->pol->state, r, q->n);
+                    if (st == PKV_OK && e->ex->on_fork) st = e->ex->on_fork(e->ex, r, q->n);
                     if (st != PKV_OK) return st;
                     s->nseq = q->n;
                     e->forks += q->n - 1;
@@ -364,7 +376,7 @@ static pkv_status retire(engine *e) {
             s->emitted++;
         }
         if (s->emitted >= output_of(e, r)) {
-            e->pol->vt->release(e->pol->state, r);
+            pkvi_engine_release(e, r);
             e->run_seqs -= width(e, r);
             s->nseq = 0;
             set_status(e, r, RS_DONE);

@@ -173,8 +173,11 @@ pkv_status pkvi_engine_admit(engine *e);
 // ---- defined in engine.c ----
 // Record an event when recording a schedule (-1 when out of memory).
 int pkvi_engine_record(engine *e, uint32_t r, int kind);
-// Add a sequence to the step's list (run-mode executors); -1 when out of memory.
-int pkvi_engine_push_seq(engine *e, pkv_seq_id id, uint32_t new_tokens, uint32_t ctx);
+// Add sequence `child` of request r to the step's list (run-mode executors);
+// -1 when out of memory.
+int pkvi_engine_push_seq(engine *e, uint32_t r, uint32_t child, uint32_t new_tokens, uint32_t ctx);
+// Release request r in the policy and in the executor (run mode mirrors it).
+void pkvi_engine_release(engine *e, uint32_t r);
 // Replay the whole trace into *rep; budget (bytes) for the failure message.
 pkv_status pkvi_engine_run(engine *e, uint64_t budget, pkv_replay_report *rep);
 // A run that completed nothing: NaN figures, and why into rep->failure.

@@ -59,6 +59,15 @@ static void host_backend_calls(void *ctx, pkv_backend_call kind, uint64_t bytes,
         p->free_calls += count;
     else
         p->alloc_calls += count;
+    if (p->real_calls && count) { // run mode: measured, and the step waits for it
+        const double s = p->real_calls(p->real_ctx, kind, bytes, count);
+        p->charges.sync_s += s;
+        if (is_free)
+            p->charges.free_total_s += s;
+        else
+            p->charges.alloc_total_s += s;
+        return;
+    }
     if (!p->cost || count == 0) return;
     const pkv_alloc_call_cost *c = is_free ? &p->cost->free : &p->cost->alloc;
     const double s = (double)count * pkv_alloc_call_seconds(c, bytes);

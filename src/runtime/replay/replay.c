@@ -58,8 +58,7 @@ static pkv_status replay(const pkv_trace *trace, const pkv_replay_params *params
         params->custom_policy ? params->custom_policy : pkv_policy_builtin(params->policy);
     if (pkv_policy_vtable_check(vt, NULL, 0) != PKV_OK) return PKV_ERR_INVALID_ARG;
     if (params->mode == PKV_REPLAY_RUN &&
-        (!vt->seqset || !vt->seq_of || params->chunked_prefill ||
-         params->batching != PKV_BATCHING_CONTINUOUS))
+        (params->chunked_prefill || params->batching != PKV_BATCHING_CONTINUOUS))
         return PKV_ERR_UNSUPPORTED;
     const double wall0 = pkvi_now_seconds();
     pkv_replay_params prm = *params;

@@ -34,6 +34,10 @@ typedef struct pkvi_policy {
     const pkv_alloc_model *cost; // borrowed; NULL: calls cost nothing (run mode)
     pkvi_charges charges;
     uint64_t alloc_calls, free_calls; // the policy's backend calls (arena excluded)
+    // Run mode: make the calls for real (the executor's backend) and return the
+    // seconds they took; NULL in sim mode.
+    double (*real_calls)(void *ctx, pkv_backend_call kind, uint64_t bytes, uint64_t count);
+    void *real_ctx;
 } pkvi_policy;
 
 // Create vt's policy for cfg (cfg.host is set here) into *p, which must not
@@ -56,7 +60,8 @@ extern const pkv_policy_vtable pkvi_policy_token_vtable;
 
 // A sequence in a step, for executors that need them (run mode).
 typedef struct pkvi_step_seq {
-    pkv_seq_id id;
+    pkv_seq_id id;       // the policy's sequence id (-1: the policy keeps none)
+    uint32_t r, child;   // request and sequence within it
     uint32_t new_tokens; // tokens computed for it in this step
     uint32_t ctx;        // its length after the step's appends
 } pkvi_step_seq;
@@ -89,6 +94,9 @@ struct pkvi_executor {
     pkv_status (*step)(pkvi_executor *e, const pkvi_step_batch *b, double *seconds,
                        pkvi_step_time *parts);
     void (*destroy)(pkvi_executor *e);
+    // Optional (run mode): request r forked into n sequences / was released.
+    pkv_status (*on_fork)(pkvi_executor *e, uint32_t r, uint32_t n);
+    void (*on_release)(pkvi_executor *e, uint32_t r);
 };
 
 // Roofline model of params->model on params->gpu (defined in roofline.c).

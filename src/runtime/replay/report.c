@@ -114,7 +114,11 @@ static void write_run(FILE *f, const pkv_replay_report *r) {
     num(f, r->replay_seconds);
     fputs(", \"schedule\": ", f);
     str(f, r->schedule[0] ? r->schedule : "own");
-    fprintf(f, ", \"schedule_deviations\": %llu}", (unsigned long long)r->schedule_deviations);
+    fprintf(f, ", \"schedule_deviations\": %llu", (unsigned long long)r->schedule_deviations);
+    if (!strcmp(r->mode, "run"))
+        fprintf(f, ", \"run\": {\"token_hash\": \"%016llx\", \"tokens\": %llu}",
+                (unsigned long long)r->run.token_hash, (unsigned long long)r->run.tokens);
+    fputs("}", f);
 }
 
 pkv_status pkv_replay_write_json(FILE *f, const char *trace_name, const pkv_trace *trace,

@@ -1,11 +1,26 @@
 // SPDX-License-Identifier: MIT
 // The run-mode step executor: executes each scheduled step with the decoder
-// (include/pkv/model.h) over the policy's own pool and block tables (its
-// pkv_policy_vtable.seqset: the paged policy's), bound
-// to memory by one pkv_cache on a host or CUDA backend, and measures the step's
-// wall time. Token ids are synthetic (a hash of sequence and position): the
-// replay measures memory and time, not text. Backend counters come from the
-// real pkv_backend, so the one arena allocation is measured, not modelled.
+// (include/pkv/model.h) on a host or CUDA backend and measures its wall time,
+// for every policy, each with the layout it stands for:
+// - a policy that keeps block tables (pkv_policy_vtable.seqset: `paged`) is run
+//   over its own pool and tables, bound to memory by one pkv_cache;
+// - every other policy is run over a per-token table that the executor keeps
+//   (a pkv_seqset of block size 1 over one arena of the policy's capacity):
+//   malloc-per-token's real layout, and for the contiguous policies a stand-in
+//   for their rows (the public contiguous store has fixed max_len rows and
+//   cannot carve variable extents from one arena; a table of block size 1
+//   moves the same K/V bytes). Forks share the prompt in this table; the
+//   copies the policy makes (fork copies, regrowth, realloc-copy's whole-row
+//   copies) are executed as device copies of the same byte count, timed in
+//   the step.
+// Backend calls: the calls a policy reports (malloc-per-request,
+// malloc-per-token, realloc-copy) are made for real on the backend (host
+// allocator; cudaMalloc/cudaFree), held while the policy holds them, timed, and
+// charged to the step in which they happen. The arena (cache) is one call.
+// Token ids are synthetic (a hash of request, sequence and position), so every
+// layout computes the same math; the greedy next token of every computed
+// position goes into an order-independent hash (report.run.token_hash) that
+// must be the same for every policy on the same trace, model and seed.
 #include <stdlib.h>
 #include <string.h>
 
@@ -20,29 +35,59 @@
 #include <cuda_runtime_api.h>
 #endif
 
+// Live real allocations of one size (a free call frees any of them).
+typedef struct bucket {
+    uint64_t bytes;
+    void **ptr;
+    size_t n, cap;
+} bucket;
+
+enum { COPY_CHUNK = 4u << 20 }; // bytes per executed copy (scratch holds two)
+
 typedef struct run_exec {
     pkvi_executor base;
     pkvi_policy *pol;   // borrowed
-    pkv_seqset *set;    // borrowed from the policy
+    pkv_seqset *set;    // the policy's, or `own`
+    pkv_seqset *own;    // per-token table (block size 1), NULL for table policies
+    pkv_pool *own_pool;
+    uint64_t *mbase;    // [num_requests]: first entry of request r in mseq
+    pkv_seq_id *mseq;   // [sum of n]: mirror sequence of (r, child), -1 if none
+    uint64_t *hbase;    // [num_requests]: first entry of request r in hashed
+    uint32_t *hashed;   // [sum of n]: highest position of (r, child) already hashed
     pkv_model *model;
     pkv_backend *backend;
     pkv_cache *cache;
+    void *scratch;      // [2][COPY_CHUNK] for executed copies
+    uint64_t copied;    // copy bytes already executed as real forks (none here)
+    bucket *buckets;
+    size_t nbuckets, bucket_cap;
     int cuda;
     uint32_t vocab;
     uint64_t seed;
+    uint64_t token_hash, tokens;
     pkv_seq_id *ids;    // [cap]
     uint32_t *counts;   // [cap]
-    int32_t *tokens;    // [tok_cap]
+    int32_t *next;      // [cap]
+    const pkvi_step_seq **order; // [cap]: the batch entry of each model row
+    int32_t *tokens_in; // [tok_cap]
     uint32_t cap;
     uint64_t tok_cap;
 } run_exec;
 
-static int32_t token_at(const run_exec *x, pkv_seq_id id, uint32_t pos) {
-    uint64_t h = x->seed ^ ((uint64_t)(uint32_t)id * 0x9e3779b97f4a7c15ull) ^ ((uint64_t)pos << 20);
+static uint64_t mix(uint64_t h) {
     h ^= h >> 33;
     h *= 0xff51afd7ed558ccdull;
     h ^= h >> 33;
-    return (int32_t)(h % x->vocab);
+    h *= 0xc4ceb9fe1a85ec53ull;
+    h ^= h >> 33;
+    return h;
+}
+
+// Input token of (r, child) at pos: a sample's tokens past the prompt differ
+// from its siblings'; the prompt is the same for all of them.
+static int32_t token_at(const run_exec *x, uint32_t r, uint32_t child, uint32_t pos, uint32_t prompt) {
+    const uint64_t c = pos < prompt ? 0 : child;
+    return (int32_t)(mix(x->seed ^ ((uint64_t)r << 32) ^ (c << 24) ^ pos) % x->vocab);
 }
 
 static pkv_status reserve(run_exec *x, uint32_t n, uint64_t tokens) {
@@ -55,14 +100,20 @@ static pkv_status reserve(run_exec *x, uint32_t n, uint64_t tokens) {
         uint32_t *b = realloc(x->counts, c * sizeof *b);
         if (!b) return PKV_ERR_OUT_OF_MEMORY;
         x->counts = b;
+        int32_t *nx = realloc(x->next, c * sizeof *nx);
+        if (!nx) return PKV_ERR_OUT_OF_MEMORY;
+        x->next = nx;
+        const pkvi_step_seq **o = realloc(x->order, c * sizeof *o);
+        if (!o) return PKV_ERR_OUT_OF_MEMORY;
+        x->order = o;
         x->cap = c;
     }
     if (tokens > x->tok_cap) {
         uint64_t c = x->tok_cap ? x->tok_cap : 4096;
         while (c < tokens) c *= 2;
-        int32_t *t = realloc(x->tokens, (size_t)c * sizeof *t);
+        int32_t *t = realloc(x->tokens_in, (size_t)c * sizeof *t);
         if (!t) return PKV_ERR_OUT_OF_MEMORY;
-        x->tokens = t;
+        x->tokens_in = t;
         x->tok_cap = c;
     }
     return PKV_OK;
@@ -77,6 +128,134 @@ static pkv_status sync_device(const run_exec *x) {
     return PKV_OK;
 }
 
+// ---- real backend calls ----
+
+static bucket *bucket_of(run_exec *x, uint64_t bytes, int create) {
+    for (size_t i = 0; i < x->nbuckets; i++)
+        if (x->buckets[i].bytes == bytes) return &x->buckets[i];
+    if (!create) return NULL;
+    if (x->nbuckets == x->bucket_cap) {
+        size_t c = x->bucket_cap ? x->bucket_cap * 2 : 16;
+        bucket *b = realloc(x->buckets, c * sizeof *b);
+        if (!b) return NULL;
+        x->buckets = b;
+        x->bucket_cap = c;
+    }
+    bucket *b = &x->buckets[x->nbuckets++];
+    memset(b, 0, sizeof *b);
+    b->bytes = bytes;
+    return b;
+}
+
+// pkvi_policy.real_calls: allocate or free `count` blocks of `bytes` on the
+// backend; the seconds they took. An allocation that fails is not retried: the
+// budget already bounds what the policy holds, so a failure means the device
+// has less than the budget (the measured time still counts).
+static double real_calls(void *ctx, pkv_backend_call kind, uint64_t bytes, uint64_t count) {
+    run_exec *x = ctx;
+    const double t0 = pkvi_now_seconds();
+    bucket *b = bucket_of(x, bytes, kind == PKV_BACKEND_CALL_ALLOC);
+    if (b && kind == PKV_BACKEND_CALL_ALLOC) {
+        if (b->n + count > b->cap) {
+            size_t c = b->cap ? b->cap : 64;
+            while (c < b->n + count) c *= 2;
+            void **p = realloc(b->ptr, c * sizeof *p);
+            if (p) {
+                b->ptr = p;
+                b->cap = c;
+            }
+        }
+        for (uint64_t i = 0; i < count && b->n < b->cap; i++)
+            if (pkv_backend_alloc(x->backend, (size_t)bytes, &b->ptr[b->n]) == PKV_OK) b->n++;
+    } else if (b) {
+        for (uint64_t i = 0; i < count && b->n > 0; i++)
+            pkv_backend_free(x->backend, b->ptr[--b->n], (size_t)bytes);
+    }
+    if (x->cuda) sync_device(x); // cudaFree synchronizes; make the measure honest for both
+    return pkvi_now_seconds() - t0;
+}
+
+static void free_all_calls(run_exec *x) {
+    for (size_t i = 0; i < x->nbuckets; i++) {
+        bucket *b = &x->buckets[i];
+        while (b->n > 0) pkv_backend_free(x->backend, b->ptr[--b->n], (size_t)b->bytes);
+        free(b->ptr);
+    }
+    free(x->buckets);
+    x->buckets = NULL;
+    x->nbuckets = x->bucket_cap = 0;
+}
+
+// ---- the per-token table (policies without their own) ----
+
+static pkv_seq_id *mirror(run_exec *x, uint32_t r, uint32_t child) { return &x->mseq[x->mbase[r] + child]; }
+
+static pkv_status run_on_fork(pkvi_executor *e, uint32_t r, uint32_t n) {
+    run_exec *x = (run_exec *)e;
+    // The samples share the prompt's outputs: they are hashed once, as child 0's.
+    for (uint32_t c = 1; c < n; c++) x->hashed[x->hbase[r] + c] = x->hashed[x->hbase[r]];
+    if (!x->own) return PKV_OK;
+    const pkv_seq_id parent = *mirror(x, r, 0);
+    if (parent < 0) return PKV_ERR_CORRUPT;
+    for (uint32_t c = 1; c < n; c++) {
+        pkv_status st = pkv_seq_fork(x->own, parent, mirror(x, r, c));
+        if (st != PKV_OK) return st;
+    }
+    return PKV_OK;
+}
+
+static void run_on_release(pkvi_executor *e, uint32_t r) {
+    run_exec *x = (run_exec *)e;
+    if (!x->own) return;
+    const uint32_t n = x->pol->cfg.max_seqs[r];
+    for (uint32_t c = 0; c < n; c++) {
+        pkv_seq_id *m = mirror(x, r, c);
+        if (*m >= 0) pkv_seq_free(x->own, *m);
+        *m = -1;
+    }
+}
+
+// The sequence to run for batch entry s; in the per-token table, create it
+// when it first appears and append the step's new slots.
+static pkv_status seq_for(run_exec *x, const pkvi_step_seq *s, pkv_seq_id *id) {
+    if (!x->own) {
+        *id = s->id;
+        return s->id >= 0 ? PKV_OK : PKV_ERR_CORRUPT;
+    }
+    pkv_seq_id *m = mirror(x, s->r, s->child);
+    pkv_status st;
+    if (*m < 0 && (st = pkv_seq_create(x->own, m)) != PKV_OK) return st;
+    *id = *m;
+    return pkv_seq_append(x->own, *m, s->new_tokens, NULL);
+}
+
+// The policy's copies of this step, executed as device copies of that many
+// bytes through the scratch buffer (table policies copy their own blocks).
+static pkv_status execute_copies(run_exec *x, uint64_t bytes) {
+    while (bytes > 0) {
+        const uint64_t n = bytes < COPY_CHUNK ? bytes : COPY_CHUNK;
+        const pkv_copy_region reg = {0, COPY_CHUNK, n};
+        pkv_status st = pkv_backend_copy(x->backend, x->scratch, &reg, 1);
+        if (st != PKV_OK) return st;
+        bytes -= n;
+    }
+    return PKV_OK;
+}
+
+// Each position once: a preempted request recomputes positions it had hashed.
+static void hash_outputs(run_exec *x, uint32_t n) {
+    for (uint32_t i = 0; i < n; i++) {
+        const pkvi_step_seq *s = x->order[i];
+        uint32_t *h = &x->hashed[x->hbase[s->r] + s->child];
+        if (s->ctx <= *h) continue;
+        *h = s->ctx;
+        // Order-independent: a sum of per-position hashes.
+        x->token_hash += mix(((uint64_t)s->r << 40) ^ ((uint64_t)s->child << 28) ^ s->ctx ^
+                             ((uint64_t)(uint32_t)x->next[i] << 44));
+        x->tokens++;
+    }
+}
+
 // Decode sequences come first in the batch (new_tokens == 1, pushed while
 // growing), then prefills; b->num_decode_seqs says where prefills start.
 static pkv_status run_step(pkvi_executor *e, const pkvi_step_batch *b, double *seconds,
@@ -88,29 +267,40 @@ static pkv_status run_step(pkvi_executor *e, const pkvi_step_batch *b, double *s
     pkv_status st = reserve(x, b->num_seqs, ptok > nd ? ptok : nd);
     if (st != PKV_OK) return st;
     const double t0 = pkvi_now_seconds();
-    const pkv_block_copy *copies;
-    uint32_t nc = x->pol->vt->take_copies ? x->pol->vt->take_copies(x->pol->state, &copies) : 0;
-    if (nc && (st = pkv_cache_copy_blocks(x->cache, copies, nc)) != PKV_OK) return st;
+    if (!x->own) {
+        const pkv_block_copy *copies;
+        uint32_t nc = x->pol->vt->take_copies ? x->pol->vt->take_copies(x->pol->state, &copies) : 0;
+        if (nc && (st = pkv_cache_copy_blocks(x->cache, copies, nc)) != PKV_OK) return st;
+    } else if ((st = execute_copies(x, b->copy_bytes)) != PKV_OK) {
+        return st;
+    }
+    const pkv_trace_request *reqs = pkv_trace_requests(x->pol->cfg.trace);
     if (np) {
         uint64_t k = 0;
         for (uint32_t i = 0; i < np; i++) {
             const pkvi_step_seq *s = &b->seqs[nd + i];
-            x->ids[i] = s->id;
+            if ((st = seq_for(x, s, &x->ids[i])) != PKV_OK) return st;
             x->counts[i] = s->new_tokens;
+            x->order[i] = s;
             for (uint32_t j = 0; j < s->new_tokens; j++)
-                x->tokens[k++] = token_at(x, s->id, s->ctx - s->new_tokens + j);
+                x->tokens_in[k++] = token_at(x, s->r, s->child, s->ctx - s->new_tokens + j,
+                                             reqs[s->r].prompt_tokens);
         }
-        st = pkv_model_prefill_paged(x->model, x->cache, x->set, np, x->ids, x->counts, x->tokens,
-                                     NULL, NULL);
+        st = pkv_model_prefill_paged(x->model, x->cache, x->set, np, x->ids, x->counts, x->tokens_in,
+                                     NULL, x->next);
         if (st != PKV_OK) return st;
+        hash_outputs(x, np);
     }
     if (nd) {
         for (uint32_t i = 0; i < nd; i++) {
-            x->ids[i] = b->seqs[i].id;
-            x->tokens[i] = token_at(x, b->seqs[i].id, b->seqs[i].ctx - 1);
+            const pkvi_step_seq *s = &b->seqs[i];
+            if ((st = seq_for(x, s, &x->ids[i])) != PKV_OK) return st;
+            x->order[i] = s;
+            x->tokens_in[i] = token_at(x, s->r, s->child, s->ctx - 1, reqs[s->r].prompt_tokens);
         }
-        st = pkv_model_decode_paged(x->model, x->cache, x->set, nd, x->ids, x->tokens, NULL, NULL);
+        st = pkv_model_decode_paged(x->model, x->cache, x->set, nd, x->ids, x->tokens_in, NULL, x->next);
         if (st != PKV_OK) return st;
+        hash_outputs(x, nd);
     }
     if ((st = sync_device(x)) != PKV_OK) return st;
     *seconds = pkvi_now_seconds() - t0;
@@ -125,53 +315,105 @@ static pkv_status run_step(pkvi_executor *e, const pkvi_step_batch *b, double *s
 static void run_destroy(pkvi_executor *e) {
     run_exec *x = (run_exec *)e;
     if (!x) return;
+    if (x->pol) {
+        x->pol->real_calls = NULL;
+        x->pol->real_ctx = NULL;
+    }
+    free_all_calls(x);
     pkv_cache_destroy(x->cache);
+    pkv_seqset_destroy(x->own);
+    pkv_pool_destroy(x->own_pool);
+    if (x->scratch) pkv_backend_free(x->backend, x->scratch, 2 * (size_t)COPY_CHUNK);
     pkv_model_destroy(x->model);
     pkv_backend_destroy(x->backend);
+    free(x->mbase);
+    free(x->mseq);
+    free(x->hbase);
+    free(x->hashed);
     free(x->ids);
     free(x->counts);
-    free(x->tokens);
+    free(x->next);
+    free(x->order);
+    free(x->tokens_in);
     free(x);
 }
 
 pkv_status pkvi_executor_run_create(const pkv_replay_params *p, pkvi_policy *pol,
                                     pkvi_executor **out) {
     if (!p || !pol || !out) return PKV_ERR_INVALID_ARG;
-    pkv_seqset *set = pol->vt->seqset ? pol->vt->seqset(pol->state) : NULL;
-    if (!set) return PKV_ERR_UNSUPPORTED; // run mode reads the policy's block tables
     run_exec *x = calloc(1, sizeof *x);
     if (!x) return PKV_ERR_OUT_OF_MEMORY;
     x->base.needs_seqs = 1;
     x->base.step = run_step;
     x->base.destroy = run_destroy;
+    x->base.on_fork = run_on_fork;
+    x->base.on_release = run_on_release;
     x->pol = pol;
-    x->set = set;
     x->cuda = p->run_cuda;
     x->vocab = p->model.vocab_size;
     x->seed = p->seed;
+    pkv_status st = PKV_OK;
+    {
+        const uint32_t nr = pol->cfg.num_requests;
+        x->hbase = malloc((size_t)(nr ? nr : 1) * sizeof *x->hbase);
+        uint64_t total = 0;
+        if (x->hbase)
+            for (uint32_t r = 0; r < nr; r++) {
+                x->hbase[r] = total;
+                total += pol->cfg.max_seqs[r];
+            }
+        x->hashed = calloc((size_t)(total ? total : 1), sizeof *x->hashed);
+        if (!x->hbase || !x->hashed) st = PKV_ERR_OUT_OF_MEMORY;
+    }
+    x->set = pol->vt->seqset ? pol->vt->seqset(pol->state) : NULL;
+    if (st == PKV_OK && !x->set) {
+        // A per-token table over one arena of the policy's capacity.
+        const uint64_t slots = pol->info.capacity_slots;
+        const uint32_t nr = pol->cfg.num_requests;
+        x->mbase = malloc((size_t)(nr ? nr : 1) * sizeof *x->mbase);
+        uint64_t total = 0;
+        if (x->mbase)
+            for (uint32_t r = 0; r < nr; r++) {
+                x->mbase[r] = total;
+                total += pol->cfg.max_seqs[r];
+            }
+        x->mseq = malloc((size_t)(total ? total : 1) * sizeof *x->mseq);
+        if (!x->mbase || !x->mseq) st = PKV_ERR_OUT_OF_MEMORY;
+        if (!x->mbase) total = 0;
+        for (uint64_t i = 0; st == PKV_OK && i < total; i++) x->mseq[i] = -1;
+        if (st == PKV_OK && slots > PKV_POOL_MAX_BLOCKS) st = PKV_ERR_INVALID_ARG;
+        if (st == PKV_OK) st = pkv_pool_create((uint32_t)slots, &x->own_pool);
+        if (st == PKV_OK) st = pkv_seqset_create(x->own_pool, 1, &x->own);
+        x->set = x->own;
+    }
     pkv_model_params mp = pkv_model_params_default();
     mp.device = p->run_cuda ? PKV_DEVICE_CUDA : PKV_DEVICE_CPU;
     mp.seed = p->seed;
     mp.num_threads = p->run_threads;
-    pkv_status st = p->run_cuda ? pkv_backend_create_cuda(0, &x->backend)
-                                : pkv_backend_create_host(&x->backend);
+    if (st == PKV_OK)
+        st = p->run_cuda ? pkv_backend_create_cuda(0, &x->backend) : pkv_backend_create_host(&x->backend);
     if (st == PKV_OK) st = pkv_model_create(&p->model, &mp, &x->model);
+    if (st == PKV_OK && x->own) st = pkv_backend_alloc(x->backend, 2 * (size_t)COPY_CHUNK, &x->scratch);
     pkv_cache_params cp;
-    if (st == PKV_OK) st = pkv_model_cache_params(x->model, pkv_seqset_block_size(set), &cp);
-    // The counters cover the replay only: the model's weights are not KV memory.
+    if (st == PKV_OK) st = pkv_model_cache_params(x->model, pkv_seqset_block_size(x->set), &cp);
+    // The counters cover the replay only: the weights and the copy scratch are
+    // not KV memory.
     if (st == PKV_OK) pkv_backend_reset_stats(x->backend);
-    if (st == PKV_OK) st = pkv_cache_create(&cp, pkv_seqset_pool(set), x->backend, &x->cache);
+    if (st == PKV_OK) st = pkv_cache_create(&cp, pkv_seqset_pool(x->set), x->backend, &x->cache);
     if (st != PKV_OK) {
         run_destroy(&x->base);
         return st;
     }
+    pol->real_calls = real_calls;
+    pol->real_ctx = x;
     *out = &x->base;
     return PKV_OK;
 }
 
 pkv_status pkvi_executor_run_alloc_stats(pkvi_executor *e, pkv_replay_report *rep) {
     run_exec *x = (run_exec *)e;
-    // Free the arena first so that its free call is counted and timed too.
+    // Free what is left and the arena first so that their frees are counted too.
+    free_all_calls(x);
     pkv_cache_destroy(x->cache);
     x->cache = NULL;
     pkv_backend_stats s;
@@ -182,5 +424,7 @@ pkv_status pkvi_executor_run_alloc_stats(pkvi_executor *e, pkv_replay_report *re
     rep->alloc.backend_alloc_seconds = s.alloc_seconds;
     rep->alloc.backend_free_seconds = s.free_seconds;
     rep->alloc.seconds_measured = 1;
+    rep->run.token_hash = x->token_hash;
+    rep->run.tokens = x->tokens;
     return PKV_OK;
 }

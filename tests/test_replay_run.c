@@ -1,0 +1,175 @@
+// SPDX-License-Identifier: MIT
+// Run mode for every policy: the tiny decoder executes each policy's schedule
+// on the CPU (and on CUDA in the cuda suite, skipped without a device), with
+// --validate. Checked: the greedy tokens are the same whatever the layout (one
+// hash over every computed position), run and sim take the same scheduling
+// decisions step by step on a trace whose requests all arrive at 0, the memory
+// accounting is the same in both modes, and the backend calls a policy stands
+// for are made for real, counted and timed.
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pkv/backend.h"
+#include "pkv/replay.h"
+#include "pkv/trace.h"
+
+// Timing-independent: every request arrives at 0; some fork (n = 2, 3).
+static pkv_trace *trace_at_zero(void) {
+    enum { N = 14 };
+    pkv_trace_request rq[N];
+    uint64_t x = 99;
+    for (int i = 0; i < N; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        const uint32_t n = (i % 5 == 1) ? 2 : (i % 7 == 3) ? 3 : 1;
+        rq[i] = (pkv_trace_request){0, 6 + (uint32_t)(x >> 35) % 60, 2 + (uint32_t)(x >> 50) % 14, n, -1, 0,
+                                    (uint64_t)i};
+    }
+    pkv_trace *t = NULL;
+    pkv_trace_error err;
+    cr_assert_eq(pkv_trace_create(rq, N, &t, &err), PKV_OK, "%s", err.message);
+    return t;
+}
+
+static pkv_replay_params params(pkv_policy policy, pkv_replay_mode mode, uint64_t kv) {
+    pkv_replay_params p = pkv_replay_params_default();
+    cr_assert_eq(pkv_model_preset("tiny", &p.model), PKV_OK);
+    p.mode = mode;
+    p.policy = policy;
+    p.dtype_bytes = 4; // the decoder keeps K/V in fp32: the same bytes per token in both modes
+    p.kv_mem_bytes = kv;
+    p.max_seq_len = 256;
+    p.prefix_sharing = 0; // run mode computes every prompt
+    p.run_threads = 2;
+    p.validate = 1;
+    return p;
+}
+
+typedef struct steps {
+    pkv_replay_step *v;
+    size_t n, cap;
+} steps;
+
+static void record(void *user, const pkv_replay_step *s) {
+    steps *r = user;
+    if (r->n == r->cap) {
+        r->cap = r->cap ? r->cap * 2 : 256;
+        r->v = realloc(r->v, r->cap * sizeof *r->v);
+        cr_assert(r->v);
+    }
+    r->v[r->n++] = *s;
+}
+
+static pkv_replay_report replay(const pkv_trace *t, pkv_replay_params p, steps *rec) {
+    memset(rec, 0, sizeof *rec);
+    p.on_step = record;
+    p.user = rec;
+    pkv_replay_report rep;
+    pkv_status st = pkv_replay_run(t, &p, &rep);
+    cr_assert_eq(st, PKV_OK, "%s %s: %s", pkv_policy_name(p.policy), p.mode ? "run" : "sim",
+                 pkv_status_str(st));
+    return rep;
+}
+
+// The same decisions: the same steps, batches, queue and memory at every step.
+static void assert_same_schedule(const steps *a, const steps *b, const char *name) {
+    cr_assert_eq(a->n, b->n, "%s: %zu sim steps, %zu run steps", name, a->n, b->n);
+    for (size_t i = 0; i < a->n; i++) {
+        const pkv_replay_step *x = &a->v[i], *y = &b->v[i];
+        cr_assert(x->running == y->running && x->waiting == y->waiting && x->used_bytes == y->used_bytes &&
+                      x->reserved_bytes == y->reserved_bytes && x->reservation_bytes == y->reservation_bytes &&
+                      x->ext_frag_bytes == y->ext_frag_bytes && x->prefill_tokens == y->prefill_tokens,
+                  "%s: step %zu differs: running %u/%u waiting %u/%u used %llu/%llu reserved %llu/%llu", name, i,
+                  x->running, y->running, x->waiting, y->waiting, (unsigned long long)x->used_bytes,
+                  (unsigned long long)y->used_bytes, (unsigned long long)x->reserved_bytes,
+                  (unsigned long long)y->reserved_bytes);
+    }
+}
+
+static int per_call(pkv_policy k) {
+    return k == PKV_POLICY_MALLOC_PER_REQUEST || k == PKV_POLICY_MALLOC_PER_TOKEN || k == PKV_POLICY_REALLOC_COPY;
+}
+
+static void every_policy(int cuda) {
+    pkv_trace *t = trace_at_zero();
+    // Ample: every policy holds every request at once (tiny: 8 KiB per token).
+    const uint64_t ample = 64ull << 20;
+    uint64_t paged_hash = 0, paged_tokens = 0;
+    for (int k = 0; k < PKV_POLICY_COUNT; k++) {
+        const pkv_policy pol = (pkv_policy)k;
+        const char *name = pkv_policy_name(pol);
+        steps ss, sr;
+        pkv_replay_params ps = params(pol, PKV_REPLAY_SIM, ample);
+        ps.alloc_model = pkv_alloc_model_none();
+        pkv_replay_report sim = replay(t, ps, &ss);
+        pkv_replay_params pr = params(pol, PKV_REPLAY_RUN, ample);
+        pr.run_cuda = cuda;
+        pkv_replay_report run = replay(t, pr, &sr);
+        cr_assert_eq(run.requests.completed, 14, "%s", name);
+        cr_assert_str_eq(run.mode, "run");
+        assert_same_schedule(&ss, &sr, name);
+        cr_assert_eq(run.memory.peak_used_bytes, sim.memory.peak_used_bytes, "%s", name);
+        cr_assert_eq(run.memory.peak_reserved_bytes, sim.memory.peak_reserved_bytes, "%s", name);
+        cr_assert_float_eq(run.memory.breakdown.token_states + run.memory.breakdown.reserved +
+                               run.memory.breakdown.internal_frag + run.memory.breakdown.external_frag +
+                               run.memory.breakdown.free,
+                           1.0, 1e-9, "%s", name);
+        // Layout must not change the math.
+        cr_assert_gt(run.run.tokens, 0, "%s", name);
+        if (pol == PKV_POLICY_PAGED) {
+            paged_hash = run.run.token_hash;
+            paged_tokens = run.run.tokens;
+        } else {
+            cr_assert_eq(run.run.tokens, paged_tokens, "%s: %llu positions vs paged's %llu", name,
+                         (unsigned long long)run.run.tokens, (unsigned long long)paged_tokens);
+            cr_assert_eq(run.run.token_hash, paged_hash, "%s computed other tokens than paged", name);
+        }
+        // Backend calls: measured, and for the per-call policies made for real,
+        // one per call the policy counts in sim (plus the run's table arena).
+        cr_assert(run.alloc.seconds_measured);
+        cr_assert_eq(run.alloc.backend_alloc_calls, sim.alloc.backend_alloc_calls + (per_call(pol) ? 1 : 0),
+                     "%s: %llu calls in run, %llu in sim", name, (unsigned long long)run.alloc.backend_alloc_calls,
+                     (unsigned long long)sim.alloc.backend_alloc_calls);
+        cr_assert_eq(run.alloc.backend_free_calls, run.alloc.backend_alloc_calls, "%s", name);
+        cr_assert_gt(run.alloc.backend_alloc_seconds, 0, "%s", name);
+        if (per_call(pol)) cr_assert_gt(run.alloc.step_seconds, 0, "%s: calls charged to steps", name);
+        cr_assert_gt(run.latency.step_p50_ms, 0, "%s", name);
+        free(ss.v);
+        free(sr.v);
+    }
+    pkv_trace_destroy(t);
+}
+
+Test(replay_run_all, every_policy_on_the_cpu, .timeout = 300) { every_policy(0); }
+
+// A tight budget: the contiguous policies preempt and fragment the same way in
+// both modes (the paged policy restores forks differently in run mode, where
+// every sample is recomputed alone, so it is compared at ample memory only).
+Test(replay_run_all, tight_budget_same_decisions, .timeout = 300) {
+    pkv_trace *t = trace_at_zero();
+    const pkv_policy pols[] = {PKV_POLICY_CONTIG_ORACLE, PKV_POLICY_MALLOC_PER_REQUEST, PKV_POLICY_CONTIG_POW2};
+    uint64_t tight = 0;
+    for (size_t i = 0; i < sizeof pols / sizeof pols[0]; i++) {
+        steps ss, sr;
+        pkv_replay_params ps = params(pols[i], PKV_REPLAY_SIM, 2ull << 20);
+        ps.alloc_model = pkv_alloc_model_none();
+        pkv_replay_report sim = replay(t, ps, &ss);
+        pkv_replay_report run = replay(t, params(pols[i], PKV_REPLAY_RUN, 2ull << 20), &sr);
+        tight += sim.preemptions + (uint64_t)(sim.memory.external_frag_frac > 0);
+        assert_same_schedule(&ss, &sr, pkv_policy_name(pols[i]));
+        cr_assert_eq(run.preemptions, sim.preemptions);
+        free(ss.v);
+        free(sr.v);
+    }
+    cr_assert_gt(tight, 0, "the budget is not tight: the test shows nothing");
+    pkv_trace_destroy(t);
+}
+
+Test(replay_run_cuda, every_policy_on_cuda, .timeout = 300) {
+    pkv_backend *b = NULL;
+    pkv_status st = pkv_backend_create_cuda(0, &b);
+    if (st != PKV_OK) cr_skip_test("no CUDA device (%s): run mode on CUDA skipped", pkv_status_str(st));
+    pkv_backend_destroy(b);
+    every_policy(1);
+}
