@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "pkv/backend.h"
 #include "pkv/replay.h"
@@ -172,4 +173,89 @@ Test(replay_run_cuda, every_policy_on_cuda, .timeout = 300) {
     if (st != PKV_OK) cr_skip_test("no CUDA device (%s): run mode on CUDA skipped", pkv_status_str(st));
     pkv_backend_destroy(b);
     every_policy(1);
+}
+
+// The fit recovers a known machine from steps it generated itself.
+Test(replay_calibration, fit_recovers_a_known_machine) {
+    enum { N = 400 };
+    pkv_replay_step s[N];
+    memset(s, 0, sizeof s);
+    const double B = 12e9, C = 80e9, O = 40e-6;
+    uint64_t x = 5;
+    for (int i = 0; i < N; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        s[i].work_bytes = 1e6 + (double)(x >> 40) * 50;       // 1 .. 50 MB
+        s[i].work_flops = s[i].work_bytes * (0.5 + (double)((x >> 20) % 64)); // both regimes
+        s[i].alloc_s = (i % 3) * 1e-3;                         // charged calls: not the executor's
+        s[i].step_s = (s[i].work_flops / C > s[i].work_bytes / B ? s[i].work_flops / C : s[i].work_bytes / B) +
+                      O + s[i].alloc_s;
+    }
+    pkv_replay_calibration cal;
+    cr_assert_eq(pkv_replay_calibrate(s, N, 2e-3, 1000, 1e-3, 1000, &cal), PKV_OK);
+    cr_assert_float_eq(cal.achieved_bw / B, 1.0, 0.03, "B %g", cal.achieved_bw);
+    cr_assert_float_eq(cal.achieved_flops / C, 1.0, 0.03, "C %g", cal.achieved_flops);
+    cr_assert_float_eq(cal.step_overhead_s / O, 1.0, 0.15, "overhead %g", cal.step_overhead_s);
+    cr_assert_lt(cal.median_rel_err, 0.02);
+    cr_assert_float_eq(cal.alloc.alloc.base_s, 2e-6, 1e-12);
+    cr_assert_eq(cal.steps, N);
+    cr_assert_eq(pkv_replay_calibrate(s, 4, 0, 0, 0, 0, &cal), PKV_ERR_INVALID_ARG, "too few steps");
+}
+
+Test(replay_calibration, file_round_trip_and_clear_errors) {
+    pkv_replay_calibration cal, back;
+    memset(&cal, 0, sizeof cal);
+    snprintf(cal.model, sizeof cal.model, "tiny");
+    snprintf(cal.device, sizeof cal.device, "cpu");
+    cal.dtype_bytes = 4;
+    cal.achieved_bw = 9.5e9;
+    cal.achieved_flops = 3.25e10;
+    cal.step_overhead_s = 125e-6;
+    cal.alloc.alloc.base_s = 1.5e-6;
+    cal.alloc.free.base_s = 0.5e-6;
+    cal.steps = 77;
+    char path[] = "/tmp/pkv_cal_XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert(fd >= 0);
+    FILE *f = fdopen(fd, "w");
+    cr_assert_eq(pkv_replay_calibration_write(f, &cal), PKV_OK);
+    fclose(f);
+    char err[256];
+    cr_assert_eq(pkv_replay_calibration_load(path, &back, err, sizeof err), PKV_OK, "%s", err);
+    cr_assert_str_eq(back.model, "tiny");
+    cr_assert_float_eq(back.achieved_bw, 9.5e9, 1);
+    cr_assert_float_eq(back.step_overhead_s, 125e-6, 1e-12);
+    cr_assert_float_eq(back.alloc.free.base_s, 0.5e-6, 1e-15);
+    // Applied, sim mode models this machine.
+    pkv_replay_params p = pkv_replay_params_default();
+    cr_assert_eq(pkv_replay_params_apply_calibration(&p, &back, path), PKV_OK);
+    cr_assert_eq(p.gpu.mem_bw, 9.5e9);
+    cr_assert_eq(p.dtype_bytes, 4);
+    cr_assert_str_eq(p.model.name, "tiny");
+    p.kv_mem_bytes = 8ull << 20;
+    pkv_trace_request one = {0, 10, 5, 1, -1, 0, 0};
+    pkv_trace *t = NULL;
+    pkv_trace_error terr;
+    cr_assert_eq(pkv_trace_create(&one, 1, &t, &terr), PKV_OK);
+    pkv_replay_report rep;
+    cr_assert_eq(pkv_replay_run(t, &p, &rep), PKV_OK);
+    cr_assert_geq(rep.latency.step_p50_ms, 0.125, "every step pays the overhead");
+    pkv_trace_destroy(t);
+    // A broken file names the file, the line and the field.
+    f = fopen(path, "w");
+    fputs("{\"model\": \"tiny\",\n \"device\": \"cpu\", \"dtype_bytes\": 4,\n \"achieved_bw_bytes_per_s\": -3}\n", f);
+    fclose(f);
+    cr_assert_eq(pkv_replay_calibration_load(path, &back, err, sizeof err), PKV_ERR_FORMAT);
+    cr_assert(strstr(err, ":3: achieved_bw_bytes_per_s"), "%s", err);
+    f = fopen(path, "w");
+    fputs("{\"model\": \"tiny\", \"device\": \"cpu\"}", f);
+    fclose(f);
+    cr_assert_eq(pkv_replay_calibration_load(path, &back, err, sizeof err), PKV_ERR_FORMAT);
+    cr_assert(strstr(err, "dtype_bytes: missing"), "%s", err);
+    f = fopen(path, "w");
+    fputs("{\"modle\": \"tiny\"}", f);
+    fclose(f);
+    cr_assert_eq(pkv_replay_calibration_load(path, &back, err, sizeof err), PKV_ERR_FORMAT);
+    cr_assert(strstr(err, "modle: unknown key"), "%s", err);
+    unlink(path);
+    cr_assert_eq(pkv_replay_calibration_load("/nonexistent/cal.json", &back, err, sizeof err), PKV_ERR_IO);
 }

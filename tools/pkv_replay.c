@@ -53,6 +53,10 @@ static void usage(FILE *f) {
         "                      50 us/call, synchronizing; see DESIGN.md), none, or a FILE.json\n"
         "                      written by bench_alloc --calibrate\n"
         "  --alloc-call-us X   sim: a constant X microseconds per call instead\n"
+        "  --calibrate-out F   run mode: fit sim mode to the measured steps (achieved\n"
+        "                      bandwidth, compute, per-step overhead, per-call cost), write\n"
+        "                      the calibration to F, and report the calibrated sim's error\n"
+        "  --calibration F     sim mode: model the machine and model calibrated in F\n"
         "  --cuda              run mode on the CUDA backend (default: CPU)\n"
         "  --threads N         run mode CPU attention threads (default: all)\n"
         "  --seed N            run mode weights and token ids (default 1)\n"
@@ -76,9 +80,17 @@ typedef struct timeline {
     const char *policy;
 } timeline;
 
+typedef struct collect {
+    int on;
+    pkv_replay_step *v;
+    size_t n, cap;
+    int oom;
+} collect;
+
 typedef struct ctx {
     progress prog;
     timeline tl;
+    collect cal;
 } ctx;
 
 static void on_progress(void *user, double frac) {
@@ -97,7 +109,22 @@ static void on_progress(void *user, double frac) {
 }
 
 static void on_step(void *user, const pkv_replay_step *s) {
+    collect *k = &((ctx *)user)->cal;
+    if (k->on) {
+        if (k->n == k->cap) {
+            size_t c = k->cap ? k->cap * 2 : 4096;
+            pkv_replay_step *p = realloc(k->v, c * sizeof *p);
+            if (!p) {
+                k->oom = 1;
+                return;
+            }
+            k->v = p;
+            k->cap = c;
+        }
+        k->v[k->n++] = *s;
+    }
     timeline *t = &((ctx *)user)->tl;
+    if (!t->f) return;
     fprintf(t->f, "%s,%llu,%.6f,%u,%u,%llu,%llu,%llu,%llu,%llu,%llu,%.6f,%llu,%.6f\n", t->policy,
             (unsigned long long)s->index, s->time_s, s->running, s->waiting,
             (unsigned long long)s->used_bytes, (unsigned long long)s->reserved_bytes,
@@ -170,6 +197,7 @@ int main(int argc, char **argv) {
     const pkv_policy_vtable *plugins[MAX_PLUGINS];
     int nplugins = 0, have_policy = 0;
     const char *fixed_from = NULL;
+    const char *calibrate_out = NULL, *calibration = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -279,6 +307,12 @@ int main(int argc, char **argv) {
             NEED();
             if (parse_u32(v, &prm.chunked_prefill, 1))
                 BAD("--chunked-prefill must be a token count >= 1, got '%s'", v);
+        } else if (!strcmp(a, "--calibrate-out")) {
+            NEED();
+            calibrate_out = v;
+        } else if (!strcmp(a, "--calibration")) {
+            NEED();
+            calibration = v;
         } else if (!strcmp(a, "--cuda")) {
             prm.run_cuda = 1;
         } else if (!strcmp(a, "--threads")) {
@@ -324,10 +358,28 @@ int main(int argc, char **argv) {
     if (prm.batching == PKV_BATCHING_STATIC && prm.chunked_prefill)
         BAD("--chunked-prefill needs --batching continuous");
     prm.load_scale = load_scale;
+    if (calibrate_out && prm.mode != PKV_REPLAY_RUN) BAD("--calibrate-out needs --mode run");
+    if (calibration && prm.mode != PKV_REPLAY_SIM) BAD("--calibration is for sim mode");
+    if (calibration && (gpu || alloc_model || alloc_call_us >= 0))
+        BAD("--calibration sets the machine and call costs: drop --gpu / --alloc-model / --alloc-call-us");
+    const int model_given = model != NULL;
     if (!model) model = prm.mode == PKV_REPLAY_RUN ? "tiny" : "llama2-7b";
     if (pkv_model_preset(model, &prm.model) != PKV_OK) BAD("unknown --model '%s'", model);
     if (gpu && pkv_gpu_preset(gpu, &prm.gpu) != PKV_OK)
         BAD("unknown --gpu '%s' (a100-80g, h100-80g, h200-141g)", gpu);
+    if (calibration) {
+        pkv_replay_calibration cal;
+        char err[300];
+        pkv_status cs = pkv_replay_calibration_load(calibration, &cal, err, sizeof err);
+        if (cs != PKV_OK) BAD("--calibration: %s", err[0] ? err : pkv_status_str(cs));
+        pkv_model_config want = prm.model;
+        if (pkv_replay_params_apply_calibration(&prm, &cal, calibration) != PKV_OK)
+            BAD("--calibration %s: unknown model '%s'", calibration, cal.model);
+        if (model_given && strcmp(want.name, prm.model.name) != 0)
+            BAD("--calibration %s was measured with model %s, not %s", calibration, cal.model, want.name);
+        prm.prefix_sharing = 0; // as the run it was measured with
+        if (!have_kv) prm.kv_mem_bytes = 64ull << 20;
+    }
     if (prm.mode == PKV_REPLAY_RUN) {
         prm.dtype_bytes = 4; // the decoder keeps weights and KV in fp32
         if (!have_kv) prm.kv_mem_bytes = 64ull << 20;
@@ -370,7 +422,9 @@ int main(int argc, char **argv) {
     // the trace keeps everything it was loaded with (Mooncake hash ids included).
     const int tty = isatty(fileno(stderr)) && !quiet;
     FILE *table_out = json_path && !strcmp(json_path, "-") ? stderr : stdout;
-    ctx c = {{NULL, tty, -1}, {NULL, NULL}};
+    ctx c = {{NULL, tty, -1}, {NULL, NULL}, {0, NULL, 0, 0, 0}};
+    c.cal.on = calibrate_out != NULL;
+    if (calibrate_out) prm.on_step = on_step;
     if (timeline_path) {
         c.tl.f = fopen(timeline_path, "w");
         if (!c.tl.f) {
@@ -454,6 +508,72 @@ int main(int argc, char **argv) {
     pkv_replay_schedule_destroy(sched);
     prm.schedule = NULL;
     if (nrep) pkv_replay_write_table(table_out, reports, nrep);
+    if (calibrate_out && nrep && !rc) {
+        double as = 0, fs = 0;
+        uint64_t ac = 0, fc = 0;
+        for (size_t i = 0; i < nrep; i++) {
+            as += reports[i].alloc.backend_alloc_seconds;
+            ac += reports[i].alloc.backend_alloc_calls;
+            fs += reports[i].alloc.backend_free_seconds;
+            fc += reports[i].alloc.backend_free_calls;
+        }
+        pkv_replay_calibration cal;
+        st = c.cal.oom ? PKV_ERR_OUT_OF_MEMORY
+                       : pkv_replay_calibrate(c.cal.v, c.cal.n, as, ac, fs, fc, &cal);
+        FILE *cf = st == PKV_OK ? fopen(calibrate_out, "w") : NULL;
+        if (st == PKV_OK) {
+            snprintf(cal.model, sizeof cal.model, "%s", prm.model.name);
+            snprintf(cal.device, sizeof cal.device, "%s", prm.run_cuda ? "cuda" : "cpu");
+            cal.dtype_bytes = prm.dtype_bytes;
+        }
+        if (!cf || pkv_replay_calibration_write(cf, &cal) != PKV_OK || fclose(cf) != 0) {
+            fprintf(stderr, "pkv-replay: calibration to %s failed: %s\n", calibrate_out,
+                    st != PKV_OK ? pkv_status_str(st) : "cannot write");
+            rc = 1;
+        } else {
+            fprintf(table_out,
+                    "\ncalibration %s: achieved %.3g GB/s, %.3g GFLOP/s, %.1f us/step overhead, "
+                    "%.3g us/alloc, %.3g us/free (%llu steps, median fit error %.1f%%)\n",
+                    calibrate_out, cal.achieved_bw / 1e9, cal.achieved_flops / 1e9,
+                    cal.step_overhead_s * 1e6, cal.alloc.alloc.base_s * 1e6, cal.alloc.free.base_s * 1e6,
+                    (unsigned long long)cal.steps, cal.median_rel_err * 100);
+            // The calibrated sim next to each run: same trace, model, budget, schedule rules.
+            pkv_replay_params sp = prm;
+            sp.mode = PKV_REPLAY_SIM;
+            sp.on_step = NULL;
+            sp.on_progress = NULL;
+            sp.prefix_sharing = 0;
+            sp.validate = 0;
+            pkv_replay_params_apply_calibration(&sp, &cal, calibrate_out);
+            fprintf(table_out, "%-22s %12s %12s %7s %12s %12s %7s %12s %12s %7s\n", "calibrated sim vs run",
+                    "run p50 ms", "sim p50 ms", "err%", "run tok/s", "sim tok/s", "err%", "run TPOT ms",
+                    "sim TPOT ms", "err%");
+            for (size_t i = 0; i < nrep; i++) {
+                pkv_policy k;
+                sp.custom_policy = NULL;
+                if (pkv_policy_from_name(reports[i].policy, &k) == PKV_OK) {
+                    sp.policy = k;
+                } else {
+                    for (int j = 0; j < nplugins; j++)
+                        if (!strcmp(plugins[j]->name, reports[i].policy)) sp.custom_policy = plugins[j];
+                    if (!sp.custom_policy) continue;
+                }
+                pkv_replay_report sr;
+                if (pkv_replay_run(trace, &sp, &sr) != PKV_OK) continue;
+                const pkv_replay_report *r = &reports[i];
+#define ERR(a, b) (100.0 * ((b) - (a)) / (a))
+                fprintf(table_out, "%-22s %12.3f %12.3f %+7.1f %12.1f %12.1f %+7.1f %12.3f %12.3f %+7.1f\n",
+                        r->policy, r->latency.step_p50_ms, sr.latency.step_p50_ms,
+                        ERR(r->latency.step_p50_ms, sr.latency.step_p50_ms), r->throughput.output_tokens_per_s,
+                        sr.throughput.output_tokens_per_s,
+                        ERR(r->throughput.output_tokens_per_s, sr.throughput.output_tokens_per_s),
+                        r->latency.tpot_p50_ms, sr.latency.tpot_p50_ms,
+                        ERR(r->latency.tpot_p50_ms, sr.latency.tpot_p50_ms));
+#undef ERR
+            }
+        }
+    }
+    free(c.cal.v);
     if (json_path && nrep) {
         FILE *jf = strcmp(json_path, "-") ? fopen(json_path, "w") : stdout;
         if (!jf) {

@@ -154,6 +154,9 @@ typedef struct pkv_replay_step {
     uint64_t idle_free_bytes;    // free_bytes - ext_frag_bytes
     double alloc_s;              // backend-call seconds charged to this step
     uint32_t prefill_tokens;     // tokens prefilled in this step (incl. padding)
+    // The step's modelled work (the roofline's count, in both modes; for
+    // calibration): flops and bytes moved.
+    double work_flops, work_bytes;
 } pkv_replay_step;
 
 // A recorded schedule (opaque): the admissions, preemptions and rejections a
@@ -161,6 +164,31 @@ typedef struct pkv_replay_step {
 // gives every policy the same admission and step sequence, so that memory
 // effects are separated from timing effects (docs/POLICIES.md, "Fixed schedule").
 typedef struct pkv_replay_schedule pkv_replay_schedule;
+
+// Sim mode: what share of the GPU's peak a step achieves, and a fixed cost per
+// step (kernel launches, scheduling). Step time = max(flops / (peak_flops x
+// compute_frac), bytes / (mem_bw x bw_frac)) + step_overhead_s. Plain data.
+typedef struct pkv_sim_efficiency {
+    double bw_frac;         // (0, 1]; default 1
+    double compute_frac;    // (0, 1]; default 1
+    double step_overhead_s; // >= 0; default 0
+    char source[96];        // where the figures come from (shown in reports)
+} pkv_sim_efficiency;
+
+// A calibration of sim mode against run mode on one machine and model
+// (pkv_replay_calibrate): the achieved bandwidth and compute, the per-step
+// overhead, and the measured cost of one backend call. Plain data.
+typedef struct pkv_replay_calibration {
+    char model[32];          // the model preset it was measured with
+    char device[16];         // "cpu" or "cuda"
+    uint32_t dtype_bytes;    // of the run (4: fp32)
+    double achieved_bw;      // bytes/s
+    double achieved_flops;   // flop/s
+    double step_overhead_s;
+    pkv_alloc_model alloc;   // measured per-call costs (constant per call, synchronizing)
+    uint64_t steps;          // steps fitted
+    double median_rel_err;   // of the fitted step times
+} pkv_replay_calibration;
 
 typedef struct pkv_replay_params {
     pkv_replay_mode mode;          // default PKV_REPLAY_SIM
@@ -180,6 +208,7 @@ typedef struct pkv_replay_params {
     double watermark;              // fraction of capacity kept free at admission, 0.01
     pkv_model_config model;        // default preset "llama2-7b"
     pkv_gpu_spec gpu;              // default preset "a100-80g"
+    pkv_sim_efficiency sim_eff;    // default: 1, 1, 0 (the plain roofline)
     uint64_t kv_mem_bytes;         // 0 (default): (gpu.mem - weights) x gpu_util
     double gpu_util;               // default 0.9
     uint32_t dtype_bytes;          // bytes per KV and weight element, default 2 (fp16)
@@ -323,6 +352,27 @@ void pkv_replay_schedule_destroy(pkv_replay_schedule *schedule); // NULL does no
 // Steps and events a schedule holds (for reports and tests).
 uint64_t pkv_replay_schedule_steps(const pkv_replay_schedule *schedule);
 uint64_t pkv_replay_schedule_events(const pkv_replay_schedule *schedule);
+
+// Fit a calibration to run-mode steps (borrowed, n entries, from on_step of
+// run-mode replays of one model on one machine): achieved bandwidth, compute
+// and per-step overhead minimizing the mean relative error of
+// max(flops / C, bytes / B) + overhead against each step's measured time
+// (without its charged backend calls). alloc_s / alloc_calls, free_s /
+// free_calls: measured call totals for the per-call cost (0 calls: none).
+// PKV_ERR_INVALID_ARG with fewer than 8 usable steps.
+pkv_status pkv_replay_calibrate(const pkv_replay_step *steps, size_t n, double alloc_s,
+                                uint64_t alloc_calls, double free_s, uint64_t free_calls,
+                                pkv_replay_calibration *out);
+// Write / read a calibration as JSON (keys in docs/POLICIES.md, "Calibration").
+// On PKV_ERR_FORMAT / PKV_ERR_IO, `err` (optional) says "path: field: problem".
+pkv_status pkv_replay_calibration_write(FILE *out, const pkv_replay_calibration *cal);
+pkv_status pkv_replay_calibration_load(const char *path, pkv_replay_calibration *cal, char *err,
+                                       size_t err_len);
+// Make params' sim mode model the calibrated machine: gpu rates, efficiency 1
+// with the overhead, the alloc model, the model preset and dtype.
+pkv_status pkv_replay_params_apply_calibration(pkv_replay_params *params,
+                                               const pkv_replay_calibration *cal,
+                                               const char *source);
 
 // Write {"trace": {...}, "config": {...}, "runs": [...]} to `out` (borrowed).
 // trace_name: shown as trace.path (borrowed). reports: num_reports entries.

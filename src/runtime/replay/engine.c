@@ -262,6 +262,14 @@ static pkv_status time_step(engine *e, double *dt_out) {
     pkvi_step_time parts;
     pkv_status status = e->ex->step(e->ex, &e->b, &dt, &parts);
     if (status != PKV_OK) return status;
+    double work_flops = parts.flops, work_bytes = parts.bytes;
+    if (e->work) {
+        double wdt;
+        pkvi_step_time wp;
+        if ((status = e->work->step(e->work, &e->b, &wdt, &wp)) != PKV_OK) return status;
+        work_flops = wp.flops;
+        work_bytes = wp.bytes;
+    }
     if (prm->mode == PKV_REPLAY_SIM && e->pol->vt->take_copies) {
         const pkv_block_copy *cp;
         (void)e->pol->vt->take_copies(e->pol->state, &cp); // sim: nothing to move
@@ -336,6 +344,8 @@ static pkv_status time_step(engine *e, double *dt_out) {
         ps.idle_free_bytes = (cap - reserved - ext) * e->bpt;
         ps.alloc_s = alloc_s;
         ps.prefill_tokens = (uint32_t)e->b.prefill_tokens;
+        ps.work_flops = work_flops;
+        ps.work_bytes = work_bytes;
         prm->on_step(prm->user, &ps);
     }
     *dt_out = dt;

@@ -70,6 +70,7 @@ typedef struct engine {
     pkvi_policy *pol;    // &polh
     pkvi_policy polh;
     pkvi_executor *ex;
+    pkvi_executor *work; // run mode: the roofline, for each step's modelled work
     uint64_t bpt;        // KV bytes per token
     uint32_t max_len;    // max_seq_len
     uint64_t wm_slots;   // watermark in slots

@@ -4,6 +4,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "replay_internal.h"
@@ -80,6 +81,10 @@ pkv_replay_params pkv_replay_params_default(void) {
     p.watermark = 0.01;
     pkv_model_preset("llama2-7b", &p.model);
     pkv_gpu_preset("a100-80g", &p.gpu);
+    p.sim_eff.bw_frac = 1;
+    p.sim_eff.compute_frac = 1;
+    p.sim_eff.step_overhead_s = 0;
+    snprintf(p.sim_eff.source, sizeof p.sim_eff.source, "none: the plain roofline (100%% of peak)");
     p.kv_mem_bytes = 0;
     p.gpu_util = 0.9;
     p.dtype_bytes = 2;

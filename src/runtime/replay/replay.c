@@ -19,7 +19,10 @@ static int params_ok(const pkv_replay_params *p) {
            !(p->batching == PKV_BATCHING_STATIC && p->chunked_prefill) &&
            p->load_scale > 0 && isfinite(p->load_scale) && p->alloc_model.alloc.base_s >= 0 &&
            p->alloc_model.alloc.per_byte_s >= 0 && p->alloc_model.free.base_s >= 0 &&
-           p->alloc_model.free.per_byte_s >= 0 && pkv_model_config_validate(&p->model) == PKV_OK;
+           p->alloc_model.free.per_byte_s >= 0 && p->sim_eff.bw_frac > 0 && p->sim_eff.bw_frac <= 1 &&
+           p->sim_eff.compute_frac > 0 && p->sim_eff.compute_frac <= 1 &&
+           p->sim_eff.step_overhead_s >= 0 && isfinite(p->sim_eff.step_overhead_s) &&
+           pkv_model_config_validate(&p->model) == PKV_OK;
 }
 
 // A budget below one allocation unit: no policy can exist, every request is
@@ -120,6 +123,8 @@ static pkv_status replay(const pkv_trace *trace, const pkv_replay_params *params
     e.wm_slots = (uint64_t)ceil(prm.watermark * (double)e.pol->info.capacity_slots);
     st = prm.mode == PKV_REPLAY_SIM ? pkvi_executor_roofline_create(&prm, &e.ex)
                                     : pkvi_executor_run_create(&prm, e.pol, &e.ex);
+    // Run mode counts each step's modelled work too (calibration).
+    if (st == PKV_OK && prm.mode == PKV_REPLAY_RUN) st = pkvi_executor_roofline_create(&prm, &e.work);
     if (st != PKV_OK) goto done;
     st = pkvi_engine_run(&e, budget, report);
     if (st != PKV_OK) goto done;
@@ -138,6 +143,7 @@ static pkv_status replay(const pkv_trace *trace, const pkv_replay_params *params
     }
 done:
     if (e.ex) e.ex->destroy(e.ex);
+    if (e.work) e.work->destroy(e.work);
     if (e.pol) pkvi_policy_close(e.pol);
     free(max_seqs);
     free(e.st);

@@ -7,8 +7,9 @@
 // - bytes = the weights once per step (params x dtype_bytes)
 //         + KV read (every context token of every sequence) and written (the new
 //           tokens), at kv_bytes_per_token each, + device copies read and written.
-// It is a lower bound: no kernel-efficiency factor, no launch overheads, no
-// activations traffic. Its purpose is to rank policies on the same trace
+// With pkv_sim_efficiency at 1, 1, 0 (the default) it is a lower bound: no
+// kernel-efficiency factor, no launch overheads, no activations traffic; a
+// calibration (pkv_replay_calibrate) scales the rates and adds the overhead. Its purpose is to rank policies on the same trace
 // (larger batches amortize the weight reads), not to predict a server.
 //
 // GPU figures are nominal datasheet numbers (dense fp16/bf16 tensor throughput,
@@ -48,7 +49,8 @@ typedef struct roofline {
     double flops_per_token;     // 2 x params
     double attn_flops_per_pair; // 4 x layers x heads x head_dim
     double kv_bytes_per_token;
-    double peak_flops, mem_bw, host_bw;
+    double peak_flops, mem_bw, host_bw; // achieved: peak x the efficiency fraction
+    double overhead_s;                   // per step with work
 } roofline;
 
 // Roofline time of `tokens` new tokens reading `kv_tokens` of KV with `pairs`
@@ -70,7 +72,7 @@ static pkv_status roofline_step(pkvi_executor *e, const pkvi_step_batch *b, doub
     if (tokens > 0) {
         const double pairs = b->prefill_attn_pairs + (double)b->decode_ctx_tokens;
         const double kv_tokens = (double)b->decode_ctx_tokens + (double)b->prefill_ctx_tokens + tokens;
-        t = roof(m, tokens, pairs, kv_tokens, (double)b->copy_bytes, &f, &by);
+        t = roof(m, tokens, pairs, kv_tokens, (double)b->copy_bytes, &f, &by) + m->overhead_s;
         // The split: each part's time had it run alone, scaled to the step.
         double fp, bp, fd, bd, tp = 0, td = 0;
         if (b->prefill_tokens)
@@ -112,9 +114,10 @@ pkv_status pkvi_executor_roofline_create(const pkv_replay_params *p, pkvi_execut
     m->flops_per_token = 2.0 * (double)params;
     m->attn_flops_per_pair = 4.0 * p->model.num_layers * (double)p->model.num_heads * p->model.head_dim;
     m->kv_bytes_per_token = (double)kvb;
-    m->peak_flops = p->gpu.peak_flops;
-    m->mem_bw = p->gpu.mem_bw;
+    m->peak_flops = p->gpu.peak_flops * p->sim_eff.compute_frac;
+    m->mem_bw = p->gpu.mem_bw * p->sim_eff.bw_frac;
     m->host_bw = p->gpu.host_link_bw;
+    m->overhead_s = p->sim_eff.step_overhead_s;
     *out = &m->base;
     return PKV_OK;
 }
