@@ -93,6 +93,14 @@ typedef struct pkv_replay_step {
     uint64_t capacity_bytes;
 } pkv_replay_step;
 
+// Where a replay stands, passed to on_progress after every step. Plain data.
+typedef struct pkv_replay_progress {
+    uint64_t steps;          // steps done
+    uint64_t requests_done;  // completed + rejected
+    uint64_t requests_total; // requests in the trace
+    double time_s;           // simulated (sim) or replay (run) clock
+} pkv_replay_progress;
+
 typedef struct pkv_replay_params {
     pkv_replay_mode mode;          // default PKV_REPLAY_SIM
     pkv_policy policy;             // default paged
@@ -117,9 +125,11 @@ typedef struct pkv_replay_params {
     uint32_t run_threads;          // CPU threads, 0 = all
     uint64_t seed;                 // weights and token ids in run mode, default 1
     int validate;                  // 1: check every invariant after every step (slow)
-    // Optional callbacks (may be NULL); `user` is passed back.
+    // Optional callbacks (may be NULL); `user` is passed back. on_progress runs
+    // after every step (keep it cheap); a nonzero return stops the replay, which
+    // then reports what it replayed so far with report.partial = 1.
     void (*on_step)(void *user, const pkv_replay_step *step);
-    void (*on_progress)(void *user, double fraction_done);
+    int (*on_progress)(void *user, const pkv_replay_progress *progress);
     void *user;
 } pkv_replay_params;
 
@@ -160,6 +170,9 @@ typedef struct pkv_replay_report {
         double step_p50_ms, step_p90_ms, step_p99_ms, step_max_ms;
         double ttft_p50_ms, ttft_p99_ms;
         double tpot_p50_ms, tpot_p99_ms;
+        // The vLLM paper's normalized latency: mean over completed requests of
+        // (completion - arrival) / output tokens, in ms per token.
+        double norm_ms_per_token;
     } latency;
     struct {
         double output_tokens_per_s;  // completed output tokens / makespan
@@ -178,6 +191,7 @@ typedef struct pkv_replay_report {
     uint64_t copy_bytes;      // KV bytes copied on device: CoW, fork copies, regrowth
     uint64_t swap_bytes;      // KV bytes moved to and from the host pool
     double replay_seconds;    // host wall time of the replay itself
+    int partial;              // 1: on_progress stopped the replay before the trace ended
 } pkv_replay_report;
 
 // Replay `trace` (borrowed) with `params` into *report (caller-owned).

@@ -180,6 +180,7 @@ static pkv_status engine_run(engine *e, pkv_replay_report *rep) {
     uint32_t ai = 0;
     uint64_t finished = 0, steps = 0, batch_sum = 0;
     uint32_t batch_max = 0;
+    double norm_sum = 0; // sum of (completion - arrival) / output tokens
     double w_sum = 0, waste_sum = 0, internal_sum = 0, reservation_sum = 0, ext_sum = 0;
     uint64_t peak_used = 0, peak_reserved = 0, copy_slots_seen = 0;
     while (finished < e->n) {
@@ -410,6 +411,7 @@ static pkv_status engine_run(engine *e, pkv_replay_report *rep) {
                 finished++;
                 e->output_tokens += (uint64_t)q->output_tokens * q->n;
                 last_finish = t;
+                norm_sum += (t - q->arrival_s) / q->output_tokens;
                 if (dvec_push(&ttft, (s->first_token_s - q->arrival_s) * 1e3) != 0 ||
                     (q->output_tokens > 1 &&
                      dvec_push(&tpot, (t - s->first_token_s) * 1e3 / (q->output_tokens - 1)) != 0)) {
@@ -437,10 +439,14 @@ static pkv_status engine_run(engine *e, pkv_replay_report *rep) {
             prm->on_step(prm->user, &ps);
         }
         steps++;
-        if (prm->on_progress && (steps & 4095) == 0)
-            prm->on_progress(prm->user, (double)finished / (double)e->n);
+        if (prm->on_progress) {
+            const pkv_replay_progress pg = {steps, finished, e->n, t};
+            if (prm->on_progress(prm->user, &pg)) {
+                rep->partial = 1; // the report covers what was replayed so far
+                break;
+            }
+        }
     }
-    if (prm->on_progress) prm->on_progress(prm->user, 1.0);
     // Report.
     rep->requests.total = e->n;
     rep->requests.completed = e->completed;
@@ -466,6 +472,7 @@ static pkv_status engine_run(engine *e, pkv_replay_report *rep) {
     rep->latency.ttft_p99_ms = percentile(&ttft, 99);
     rep->latency.tpot_p50_ms = percentile(&tpot, 50);
     rep->latency.tpot_p99_ms = percentile(&tpot, 99);
+    rep->latency.norm_ms_per_token = e->completed ? norm_sum * 1e3 / (double)e->completed : 0;
     rep->throughput.output_tokens = e->output_tokens;
     rep->throughput.makespan_s = last_finish - e->reqs[0].arrival_s;
     rep->throughput.output_tokens_per_s =
