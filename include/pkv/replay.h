@@ -101,6 +101,17 @@ typedef struct pkv_replay_progress {
     double time_s;           // simulated (sim) or replay (run) clock
 } pkv_replay_progress;
 
+// A completed request, passed to on_request. Plain data; times on the replay clock.
+typedef struct pkv_replay_request_done {
+    uint64_t index;          // 0-based position in the trace
+    double arrival_s;
+    double first_token_s;    // end of its prefill step
+    double finish_s;         // end of the step that emitted its last token
+    uint32_t prompt_tokens;
+    uint32_t output_tokens;  // per sample
+    uint32_t n;              // samples
+} pkv_replay_request_done;
+
 typedef struct pkv_replay_params {
     pkv_replay_mode mode;          // default PKV_REPLAY_SIM
     pkv_policy policy;             // default paged
@@ -130,6 +141,8 @@ typedef struct pkv_replay_params {
     // then reports what it replayed so far with report.partial = 1.
     void (*on_step)(void *user, const pkv_replay_step *step);
     int (*on_progress)(void *user, const pkv_replay_progress *progress);
+    // Called once per completed request, in completion order (latency CDFs).
+    void (*on_request)(void *user, const pkv_replay_request_done *request);
     void *user;
 } pkv_replay_params;
 

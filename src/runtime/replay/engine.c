@@ -418,6 +418,11 @@ static pkv_status engine_run(engine *e, pkv_replay_report *rep) {
                     status = PKV_ERR_OUT_OF_MEMORY;
                     goto out;
                 }
+                if (prm->on_request) {
+                    const pkv_replay_request_done rd = {r, q->arrival_s, s->first_token_s, t,
+                                                        q->prompt_tokens, q->output_tokens, q->n};
+                    prm->on_request(prm->user, &rd);
+                }
             } else {
                 e->running[keep++] = r;
             }
