@@ -241,6 +241,39 @@ def test_sigint_partial():
         check(",true," in f.read().split("\n")[1], "SIGINT: the CSV row says partial")
 
 
+def test_plots():
+    # pkv-plot draws every figure from real outputs when matplotlib is there,
+    # and says how to get it (exit 1) when it is not.
+    plot = os.path.join(ROOT, "tools", "pkv_plot.py")
+    trace = os.path.join(ROOT, "traces", "conv_small.csv")
+    run(trace, "--policy", "paged,contiguous-max", "--load-scale", "1,2", "-q", "--csv",
+        tmp("p.csv"), "--timeline", tmp("p_tl.csv"), "--requests", tmp("p_rq.csv"))
+    run(trace, "--policy", "paged,contiguous-max", "--load-scale", "0.5,8", "-q",
+        "--slo", "ttft_p99<=1s", "--csv", tmp("p_slo.csv"))
+    try:
+        import matplotlib  # noqa: F401
+        have = True
+    except ImportError:
+        have = False
+    for cmd, src in (("capacity", "p_tl.csv"), ("cdf", "p_rq.csv"), ("norm", "p.csv"),
+                     ("waste", "p.csv"), ("slo", "p_slo.csv")):
+        out = tmp("plot_%s.png" % cmd)
+        p = subprocess.run([sys.executable, plot, cmd, tmp(src), "-o", out],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        if have:
+            check(p.returncode == 0 and os.path.getsize(out) > 10000,
+                  "pkv-plot %s draws %s" % (cmd, out))
+        else:
+            check(p.returncode == 1 and "scripts/deps.sh --plots" in p.stderr,
+                  "pkv-plot %s without matplotlib: exit 1 and how to install it" % cmd)
+    p = subprocess.run([sys.executable, plot, "norm", tmp("p_tl.csv"), "-o", tmp("x.png")],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    check(p.returncode == (2 if have else 1), "pkv-plot norm on a timeline: bad input")
+    with open(tmp("p_rq.csv")) as f:
+        n = len(f.read().strip().split("\n")) - 1
+    check(n == 4 * 400, "--requests: one row per completed request of each run (%d)" % n)
+
+
 def test_bad_usage():
     trace = os.path.join(ROOT, "traces", "conv_small.csv")
     for args in (["--point", "4/3"], ["--point", "0/3"], ["--jobs", "0"],
@@ -257,7 +290,7 @@ def main():
     with tempfile.TemporaryDirectory() as d:
         TMP = d
         for t in (test_sweep_jobs_and_individual_runs, test_shards_merge, test_slo_hand_computed,
-                  test_stamp, test_sigint_partial, test_bad_usage):
+                  test_stamp, test_sigint_partial, test_plots, test_bad_usage):
             print("--", t.__name__)
             t()
     print("%d failure(s)" % len(FAILS))

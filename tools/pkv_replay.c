@@ -64,6 +64,7 @@ static void usage(FILE *f) {
         "  --csv FILE          one row per run, columns = the JSON keys ('-' = stdout)\n"
         "  --timeline FILE     write CSV rows of the steps of every run\n"
         "  --timeline-rows N   at most 2N rows per run, evenly thinned (default 2000; 0 = all)\n"
+        "  --requests FILE     one CSV row per completed request of every run (latency CDFs)\n"
         "  --validate          check every invariant after every step (slow)\n"
         "  --quiet             no progress bar\n"
         "  --help              this text\n",
@@ -95,7 +96,8 @@ int main(int argc, char **argv) {
     pkv_replay_params prm = pkv_replay_params_default();
     pkv_trace_load_options lo = pkv_trace_load_options_default();
     if (argc > 1 && !strcmp(argv[1], "merge")) return rt_merge_main(argc - 1, argv + 1);
-    const char *trace_path = NULL, *json_path = NULL, *timeline_path = NULL, *csv_path = NULL;
+    const char *trace_path = NULL, *json_path = NULL, *timeline_path = NULL, *csv_path = NULL,
+               *requests_path = NULL;
     const char *model = NULL, *gpu = NULL, *format = "auto";
     int quiet = 0, have_kv = 0;
     char err[256];
@@ -205,6 +207,9 @@ int main(int argc, char **argv) {
         } else if (!strcmp(a, "--timeline-rows")) {
             NEED();
             if (parse_u32(v, &timeline_rows, 0)) BAD("--timeline-rows must be >= 0, got '%s'", v);
+        } else if (!strcmp(a, "--requests")) {
+            NEED();
+            requests_path = v;
         } else if (!strcmp(a, "--csv")) {
             NEED();
             csv_path = v;
@@ -339,6 +344,7 @@ int main(int argc, char **argv) {
         .num = mine,
         .jobs = jobs,
         .timeline_limit = timeline_path ? timeline_rows : SIZE_MAX,
+        .keep_requests = requests_path != NULL && !have_slo,
         .slo = have_slo ? &slo : NULL,
         .slo_lo = slo_lo,
         .slo_hi = slo_hi,
@@ -405,7 +411,22 @@ int main(int argc, char **argv) {
             if (ferror(tf) || fclose(tf) != 0) rc = 1;
         }
     }
-    for (size_t i = 0; i < mine; i++) rt_timeline_free(&results[i].timeline);
+    if (rc == 0 && requests_path) {
+        FILE *qf = fopen(requests_path, "w");
+        if (!qf) {
+            fprintf(stderr, "pkv-replay: cannot write --requests %s\n", requests_path);
+            rc = 1;
+        } else {
+            rt_requests_header(qf);
+            for (size_t i = 0; i < mine; i++)
+                if (results[i].ran) rt_requests_write(qf, &results[i]);
+            if (ferror(qf) || fclose(qf) != 0) rc = 1;
+        }
+    }
+    for (size_t i = 0; i < mine; i++) {
+        rt_timeline_free(&results[i].timeline);
+        free(results[i].requests);
+    }
     free(results);
     pkv_trace_destroy(trace);
     rt_stamp_free(&stamp);

@@ -28,6 +28,7 @@ typedef struct worker {
     shared *sh;
     unsigned id;
     rt_timeline *timeline;   // of the run in progress, NULL if none is kept
+    rt_result *requests;     // where completed requests go, NULL if not kept
 } worker;
 
 static int on_progress(void *user, const pkv_replay_progress *pg) {
@@ -41,9 +42,21 @@ static void on_step(void *user, const pkv_replay_step *s) {
     if (w->timeline) rt_timeline_add(w->timeline, s);
 }
 
+static void on_request(void *user, const pkv_replay_request_done *d) {
+    rt_result *r = ((worker *)user)->requests;
+    if (r->num_requests == r->cap_requests) {
+        size_t c = r->cap_requests ? 2 * r->cap_requests : 1024;
+        pkv_replay_request_done *v = realloc(r->requests, c * sizeof *v);
+        if (!v) return; // out of memory: the CDF loses rows, the run goes on
+        r->requests = v;
+        r->cap_requests = c;
+    }
+    r->requests[r->num_requests++] = *d;
+}
+
 // One replay of `pt` at load scale `scale` into *rep.
 static pkv_status run_one(worker *w, const rt_point *pt, double scale, rt_timeline *tl,
-                          pkv_replay_report *rep) {
+                          rt_result *keep, pkv_replay_report *rep) {
     const rt_job *job = w->sh->job;
     pkv_replay_params prm = *job->base;
     prm.policy = pt->policy;
@@ -51,6 +64,7 @@ static pkv_status run_one(worker *w, const rt_point *pt, double scale, rt_timeli
     if (pt->kv_mem_bytes) prm.kv_mem_bytes = pt->kv_mem_bytes;
     prm.on_progress = on_progress;
     prm.on_step = tl ? on_step : NULL;
+    prm.on_request = keep ? on_request : NULL;
     prm.user = w;
     pkv_trace *scaled = NULL;
     const pkv_trace *tr = job->trace;
@@ -60,8 +74,10 @@ static pkv_status run_one(worker *w, const rt_point *pt, double scale, rt_timeli
         tr = scaled;
     }
     w->timeline = tl;
+    w->requests = keep;
     pkv_status st = pkv_replay_run(tr, &prm, rep);
     w->timeline = NULL;
+    w->requests = NULL;
     pkv_trace_destroy(scaled);
     rt_progress_finish_run(w->sh->prog, w->id,
                            st == PKV_OK ? rep->requests.completed + rep->requests.rejected : 0);
@@ -75,7 +91,7 @@ static pkv_status search(worker *w, rt_result *r) {
     const rt_job *job = w->sh->job;
     double lo = job->slo_lo, hi = job->slo_hi;
     pkv_replay_report rep;
-    pkv_status st = run_one(w, &r->point, hi, NULL, &rep);
+    pkv_status st = run_one(w, &r->point, hi, NULL, NULL, &rep);
     r->slo_probes = 1;
     if (st != PKV_OK) return st;
     if (rep.partial || rt_slo_met(job->slo, &rep)) {
@@ -85,7 +101,7 @@ static pkv_status search(worker *w, rt_result *r) {
         r->slo_bounded = 0; // the SLO holds at the top of the range
         return PKV_OK;
     }
-    st = run_one(w, &r->point, lo, NULL, &rep);
+    st = run_one(w, &r->point, lo, NULL, NULL, &rep);
     r->slo_probes++;
     if (st != PKV_OK) return st;
     r->report = rep;
@@ -98,7 +114,7 @@ static pkv_status search(worker *w, rt_result *r) {
     r->slo_met = 1;
     while (hi / lo > 1 + job->slo_tol) {
         const double mid = sqrt(lo * hi);
-        st = run_one(w, &r->point, mid, NULL, &rep);
+        st = run_one(w, &r->point, mid, NULL, NULL, &rep);
         r->slo_probes++;
         if (st != PKV_OK) return st;
         if (rep.partial) { // stopped: report the best so far, marked partial
@@ -131,7 +147,8 @@ static void *work(void *arg) {
         } else {
             r->timeline.limit = job->timeline_limit;
             st = run_one(w, &r->point, r->point.load_scale,
-                         job->timeline_limit != SIZE_MAX ? &r->timeline : NULL, &r->report);
+                         job->timeline_limit != SIZE_MAX ? &r->timeline : NULL,
+                         job->keep_requests ? r : NULL, &r->report);
         }
         if (st != PKV_OK) {
             pthread_mutex_lock(&sh->lock);
@@ -171,14 +188,14 @@ pkv_status rt_run(const rt_job *job) {
     unsigned started = 0;
     atomic_store(&sh.active, nw);
     for (unsigned i = 0; i < nw; i++) {
-        ws[i] = (worker){&sh, i, NULL};
+        ws[i] = (worker){&sh, i, NULL, NULL};
         if (pthread_create(&th[i], NULL, work, &ws[i]) != 0) break;
         started++;
     }
     atomic_fetch_sub(&sh.active, nw - started);
     if (started == 0) { // no threads at all: work here
         atomic_store(&sh.active, 1);
-        ws[0] = (worker){&sh, 0, NULL};
+        ws[0] = (worker){&sh, 0, NULL, NULL};
         work(&ws[0]);
     }
     // Redraw four times a second until every worker is done.

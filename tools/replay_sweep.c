@@ -218,3 +218,24 @@ void rt_timeline_write(FILE *f, const rt_timeline *t, const rt_point *p) {
                 p->load_scale);
     }
 }
+
+void rt_requests_header(FILE *f) {
+    fputs("point,policy,block_size,load_scale,request,arrival_s,first_token_s,finish_s,ttft_ms,"
+          "tpot_ms,e2e_ms,norm_ms_per_token,prompt_tokens,output_tokens,n\n",
+          f);
+}
+
+void rt_requests_write(FILE *f, const rt_result *r) {
+    const rt_point *p = &r->point;
+    for (size_t i = 0; i < r->num_requests; i++) {
+        const pkv_replay_request_done *d = &r->requests[i];
+        const double e2e = (d->finish_s - d->arrival_s) * 1e3;
+        fprintf(f, "%u,%s,%u,%.9g,%llu,%.6f,%.6f,%.6f,%.6f,", p->index, pkv_policy_name(p->policy),
+                p->block_size, p->load_scale, (unsigned long long)d->index, d->arrival_s,
+                d->first_token_s, d->finish_s, (d->first_token_s - d->arrival_s) * 1e3);
+        if (d->output_tokens > 1)
+            fprintf(f, "%.6f", (d->finish_s - d->first_token_s) * 1e3 / (d->output_tokens - 1));
+        fprintf(f, ",%.6f,%.6f,%u,%u,%u\n", e2e, e2e / d->output_tokens, d->prompt_tokens,
+                d->output_tokens, d->n);
+    }
+}

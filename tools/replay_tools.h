@@ -124,7 +124,14 @@ typedef struct rt_result {
     int slo_met, slo_bounded;  // met at point.load_scale; bounded: the top of the range failed
     uint32_t slo_probes;
     rt_timeline timeline;
+    // Completed requests in completion order (--requests), malloc'ed.
+    pkv_replay_request_done *requests;
+    size_t num_requests, cap_requests;
 } rt_result;
+
+// --requests: one CSV row per completed request of every run, for latency CDFs.
+void rt_requests_header(FILE *f);
+void rt_requests_write(FILE *f, const rt_result *r);
 
 // `{"point": {...}, <report fields>}` (no newline); slo: include the slo object.
 void rt_record_json(FILE *f, const rt_result *r, int slo);
@@ -160,6 +167,7 @@ typedef struct rt_job {
     size_t num;
     unsigned jobs;                   // worker threads
     size_t timeline_limit;           // rows per run; SIZE_MAX: no timeline
+    int keep_requests;               // fill results[i].requests
     const rt_slo *slo;               // NULL: plain sweep
     double slo_lo, slo_hi, slo_tol;  // search bracket and relative tolerance
     int progress;                    // draw the progress line
