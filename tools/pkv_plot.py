@@ -84,6 +84,7 @@ def pyplot():
 
 
 def save(fig, out):
+    fig.tight_layout(rect=(0, 0, 1, 0.96))
     try:
         fig.savefig(out, dpi=130, bbox_inches="tight")
     except OSError as e:
