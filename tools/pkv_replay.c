@@ -274,6 +274,9 @@ int main(int argc, char **argv) {
         slo_lo = fmin(slo_lo, axes.load_scales[i]);
         slo_hi = fmax(slo_hi, axes.load_scales[i]);
     }
+    if (have_slo && (timeline_path || requests_path))
+        BAD("--timeline and --requests record single runs; an --slo search makes many "
+            "(sweep --load-scale instead)");
     if (have_slo && !(slo_hi > slo_lo))
         BAD("--slo searches between the smallest and the largest --load-scale: give two, "
             "e.g. --load-scale 0.25,16");

@@ -5,6 +5,7 @@
 // moves in any mode, and a slow step cannot hold it back. SIGINT only sets a
 // flag that the workers' progress callbacks return to the replay, which then
 // stops and reports what it replayed (marked partial).
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,11 +19,11 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-volatile sig_atomic_t rt_stop_requested = 0;
+atomic_int rt_stop_requested = 0;
 
 static void on_sigint(int sig) {
     (void)sig;
-    rt_stop_requested = 1;
+    atomic_store(&rt_stop_requested, 1);
     signal(SIGINT, SIG_DFL); // a second ^C ends the process at once
 }
 

@@ -13,7 +13,7 @@
 #ifndef PKV_TOOLS_REPLAY_TOOLS_H
 #define PKV_TOOLS_REPLAY_TOOLS_H
 
-#include <signal.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -98,8 +98,10 @@ void rt_timeline_write(FILE *f, const rt_timeline *t, const rt_point *p);
 
 // ---- replay_progress.c: the progress line and SIGINT ----
 
-// Set by SIGINT (the first one; a second one kills as usual).
-extern volatile sig_atomic_t rt_stop_requested;
+// Set by SIGINT (the first one; a second one kills as usual). An atomic, not a
+// volatile sig_atomic_t, because worker threads read it while the handler runs
+// on whichever thread the signal hit (lock-free, so safe in a handler).
+extern atomic_int rt_stop_requested;
 void rt_install_sigint(void);
 
 // Counters the workers update and the main thread reads (one slot per worker).
