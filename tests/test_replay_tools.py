@@ -241,6 +241,42 @@ def test_sigint_partial():
         check(",true," in f.read().split("\n")[1], "SIGINT: the CSV row says partial")
 
 
+def test_progress_line():
+    # On a terminal the progress line is redrawn at least twice a second even when
+    # every step is slow (run mode); off a terminal, or with --quiet, nothing.
+    import pty
+    trace = os.path.join(ROOT, "traces", "conv_small.csv")
+    for quiet in (False, True):
+        master, slave = pty.openpty()
+        args = [TOOL, trace, "--mode", "run", "--threads", "1"] + (["-q"] if quiet else [])
+        p = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=slave)
+        os.close(slave)
+        time.sleep(2.5)
+        p.send_signal(signal.SIGINT)
+        out = b""
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            out += chunk
+        p.wait(timeout=60)
+        os.close(master)
+        text = out.decode(errors="replace")
+        draws = text.count(" requests (")
+        if quiet:
+            check(draws == 0, "--quiet: no progress line on a terminal")
+        else:
+            check(draws >= 5, "progress line redrawn %d times in 2.5 s on a terminal" % draws)
+            check("sim " in text and "req/s" in text and "ETA" in text,
+                  "progress line shows requests, simulated time, rate and ETA")
+    p = run(os.path.join(ROOT, "traces", "shared_prefix.csv"))
+    check(" requests (" not in p.stderr, "no progress line when stderr is not a terminal")
+
+
 def test_plots():
     # pkv-plot draws every figure from real outputs when matplotlib is there,
     # and says how to get it (exit 1) when it is not.
@@ -290,7 +326,7 @@ def main():
     with tempfile.TemporaryDirectory() as d:
         TMP = d
         for t in (test_sweep_jobs_and_individual_runs, test_shards_merge, test_slo_hand_computed,
-                  test_stamp, test_sigint_partial, test_plots, test_bad_usage):
+                  test_stamp, test_sigint_partial, test_progress_line, test_plots, test_bad_usage):
             print("--", t.__name__)
             t()
     print("%d failure(s)" % len(FAILS))
