@@ -17,6 +17,14 @@ def pct(x):
     return f"{100.0 * x:.1f}%"
 
 
+def seconds(d, r):
+    # Older reports hold replay_seconds in the run; stamped ones (pkv-replay's
+    # research workflow) keep run-specific wall times in stamp.run_seconds.
+    if "replay_seconds" in r:
+        return r["replay_seconds"]
+    return d["stamp"]["run_seconds"][str(r["point"]["index"])]
+
+
 def table(path):
     d = json.loads(path.read_text())
     runs = d["runs"]
@@ -43,7 +51,7 @@ def table(path):
         total = d["trace"]["prompt_tokens_mean"] * d["trace"]["requests"]
         out.append("")
         out.append(f"{r['policy']}: {r['prefix_cached_tokens']:,} prompt tokens served by the "
-                   f"prefix cache (of {total:,.0f}); replay took {r['replay_seconds']:.1f} s.")
+                   f"prefix cache (of {total:,.0f}); replay took {seconds(d, r):.1f} s.")
     return "\n".join(out)
 
 

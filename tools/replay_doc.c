@@ -109,7 +109,7 @@ static void sweep_line(FILE *f, const rt_doc *d) {
 
 void rt_doc_write_json(FILE *f, const rt_doc *d) {
     fputs("{\"stamp\": ", f);
-    rt_stamp_write(f, d->stamp, d->wall_s);
+    rt_stamp_write(f, d->stamp, d->wall_s, d->results, d->num_results);
     fputs(",\n", f);
     trace_line(f, d);
     config_line(f, d);

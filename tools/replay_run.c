@@ -141,6 +141,8 @@ static void *work(void *arg) {
         const size_t i = atomic_fetch_add(&sh->next, 1);
         if (i >= job->num) break;
         rt_result *r = &job->results[i];
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
         pkv_status st;
         if (job->slo) {
             st = search(w, r);
@@ -157,6 +159,8 @@ static void *work(void *arg) {
             atomic_store(&sh->failed, 1);
             break;
         }
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        r->seconds = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
         r->request_rate = rt_request_rate(job->trace, r->point.load_scale);
         r->ran = 1;
     }

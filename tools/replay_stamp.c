@@ -135,7 +135,8 @@ void rt_stamp_free(rt_stamp *s) {
     s->command = NULL;
 }
 
-void rt_stamp_write(FILE *f, const rt_stamp *s, double wall_s) {
+void rt_stamp_write(FILE *f, const rt_stamp *s, double wall_s, const rt_result *results,
+                    size_t num_results) {
     fputs("{\"version\": ", f);
     rt_json_str(f, s->version);
     fputs(", \"commit\": ", f);
@@ -158,5 +159,13 @@ void rt_stamp_write(FILE *f, const rt_stamp *s, double wall_s) {
         fputs("null", f);
     fputs(", \"wall_seconds\": ", f);
     rt_json_num(f, wall_s);
-    fputc('}', f);
+    fputs(", \"run_seconds\": {", f);
+    int first = 1;
+    for (size_t i = 0; i < num_results; i++) {
+        if (!results[i].ran) continue;
+        fprintf(f, "%s\"%u\": ", first ? "" : ", ", results[i].point.index);
+        rt_json_num(f, results[i].seconds);
+        first = 0;
+    }
+    fputs("}}", f);
 }

@@ -36,8 +36,12 @@ typedef struct rt_stamp {
 
 int rt_stamp_init(rt_stamp *s, int argc, char **argv);
 void rt_stamp_free(rt_stamp *s);
-// One JSON object, no newline; wall_s: seconds this process replayed.
-void rt_stamp_write(FILE *f, const rt_stamp *s, double wall_s);
+// One JSON object, no newline; wall_s: seconds this process replayed. Holds the
+// wall seconds of each run too (run_seconds, keyed by point index): they differ
+// from run to run, so they live here and not in the runs.
+typedef struct rt_result rt_result;
+void rt_stamp_write(FILE *f, const rt_stamp *s, double wall_s, const rt_result *results,
+                    size_t num_results);
 // FNV-1a 64 of a file's bytes. 0 on success, -1 if unreadable.
 int rt_fnv1a64_file(const char *path, uint64_t *hash);
 // A JSON string literal.
@@ -117,7 +121,7 @@ void rt_progress_draw(rt_progress *p, int last);
 
 // ---- replay_record.c: a run as JSON line and CSV row ----
 
-typedef struct rt_result {
+struct rt_result {
     rt_point point;
     double request_rate;       // requests/s at point.load_scale
     int ran;                   // 0: not reached (SIGINT before it started)
@@ -129,7 +133,8 @@ typedef struct rt_result {
     // Completed requests in completion order (--requests), malloc'ed.
     pkv_replay_request_done *requests;
     size_t num_requests, cap_requests;
-} rt_result;
+    double seconds;            // wall time of the run (or of the whole search)
+};
 
 // --requests: one CSV row per completed request of every run, for latency CDFs.
 void rt_requests_header(FILE *f);
