@@ -274,6 +274,8 @@ int main(int argc, char **argv) {
         slo_lo = fmin(slo_lo, axes.load_scales[i]);
         slo_hi = fmax(slo_hi, axes.load_scales[i]);
     }
+    if (json_path && csv_path && !strcmp(json_path, "-") && !strcmp(csv_path, "-"))
+        BAD("--json - and --csv - would both write to stdout: give one a file");
     if (have_slo && (timeline_path || requests_path))
         BAD("--timeline and --requests record single runs; an --slo search makes many "
             "(sweep --load-scale instead)");
