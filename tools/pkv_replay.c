@@ -292,6 +292,7 @@ int main(int argc, char **argv) {
     uint64_t trace_hash = 0;
     pkv_trace *trace = NULL;
     pkv_trace_error terr;
+    memset(&terr, 0, sizeof terr);
     pkv_status st = pkv_trace_load(trace_path, &lo, &trace, &terr);
     if (st == PKV_OK && rt_fnv1a64_file(trace_path, &trace_hash) != 0) st = PKV_ERR_IO;
     if (st != PKV_OK) {
