@@ -43,6 +43,14 @@ def caption(d, name):
     return f"#### {name}: {trace}\n\n" + "; ".join(parts) + "."
 
 
+def seconds(d, r):
+    # Older reports hold replay_seconds in the run; stamped ones (pkv-replay's
+    # research workflow) keep run-specific wall times in stamp.run_seconds.
+    if "replay_seconds" in r:
+        return r["replay_seconds"]
+    return d["stamp"]["run_seconds"][str(r["point"]["index"])]
+
+
 def table(path):
     d = json.loads(path.read_text())
     out = [caption(d, path.stem), "", HEAD]
@@ -73,7 +81,7 @@ def table(path):
         if r.get("prefix_cached_tokens"):
             total = d["trace"]["prompt_tokens_mean"] * d["trace"]["requests"]
             out.append(f"\n{r['policy']}: {r['prefix_cached_tokens']:,} prompt tokens served by the "
-                       f"prefix cache (of {total:,.0f}).")
+                       f"prefix cache (of {total:,.0f}); replay took {seconds(d, r):.1f} s.")
         if r.get("padding_tokens"):
             out.append(f"\n{r['policy']}: {r['padding_tokens']:,} padding tokens computed; padding held "
                        f"{pct(r['memory'].get('padding_frac'))} of the budget (inside token states).")

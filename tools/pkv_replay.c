@@ -1,30 +1,37 @@
 // SPDX-License-Identifier: MIT
 // pkv-replay: replay a request trace through one or every KV-cache policy and
-// print the comparison (table on stdout, --json for machines, --timeline CSV
-// per step for plots). Exit codes: 0 ok, 1 runtime failure, 2 bad usage or input.
+// print the comparison (table on stdout, --json / --csv for machines, --timeline
+// CSV per step for plots). Lists of block sizes, load scales and budgets run as
+// a sweep (tools/replay_*.c hold the sweep, SLO search, stamp, progress and
+// merge; this file parses options and wires them). Exit codes: 0 ok, 1 runtime
+// failure, 2 bad usage or input, 130 interrupted (the report written is partial).
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "pkv/replay.h"
 #include "pkv/trace.h"
+#include "replay_tools.h"
 
 static void usage(FILE *f) {
     fputs(
         "usage: pkv-replay [options] TRACE\n"
+        "       pkv-replay merge [-o OUT] SHARD.json... | SHARD.csv...\n"
         "Replay TRACE (native CSV, Azure 2023 CSV, BurstGPT CSV or Mooncake .jsonl)\n"
         "through KV-cache policies and report memory, allocation calls and latency.\n"
         "\n"
         "Trace:\n"
         "  --format F          auto (default), native, azure, burstgpt, mooncake\n"
         "  --skip-bad          skip (and count) bad rows instead of failing\n"
-        "  --load-scale X      replay X times faster (arrival times divided by X; default 1)\n"
+        "  --load-scale X,...  replay X times faster (arrival times divided by X; default 1)\n"
         "Policy and scheduler:\n"
-        "  --policy P          paged (default), contiguous-max, contiguous-pow2 (Orca Pow2),\n"
+        "  --policy P,...      paged (default), contiguous-max, contiguous-pow2 (Orca Pow2),\n"
         "                      contiguous-oracle, malloc-per-request, malloc-per-token,\n"
         "                      realloc-copy, contiguous-pow2-grow, all\n"
-        "  --block-size N      paged block size in tokens (default 16)\n"
+        "  --block-size N,...  paged block size in tokens (default 16)\n"
         "  --max-seq-len N     longest sequence; contiguous-max reserves it (default: model's)\n"
         "  --preempt M         recompute (default) or swap\n"
         "  --swap-space SIZE   host pool for --preempt swap (default 4G); a full pool recomputes\n"
@@ -38,7 +45,7 @@ static void usage(FILE *f) {
         "  --mode M            sim (default: roofline model) or run (execute the decoder)\n"
         "  --model NAME        model preset (sim default llama2-7b, run default tiny)\n"
         "  --gpu NAME          a100-80g (default), h100-80g, h200-141g (sim)\n"
-        "  --kv-mem SIZE       KV budget, e.g. 40G (K/M/G/T = powers of 1024); default\n"
+        "  --kv-mem SIZE,...   KV budget, e.g. 40G (K/M/G/T = powers of 1024); default\n"
         "                      (GPU memory - weights) x --gpu-util in sim, 64M in run mode\n"
         "  --gpu-util F        utilization factor for the default budget (default 0.9)\n"
         "  --alloc-model M     sim: cost of backend alloc/free calls: cuda-boyer (default,\n"
@@ -48,54 +55,26 @@ static void usage(FILE *f) {
         "  --cuda              run mode on the CUDA backend (default: CPU)\n"
         "  --threads N         run mode CPU attention threads (default: all)\n"
         "  --seed N            run mode weights and token ids (default 1)\n"
+        "Sweeps (lists run as their cross product, output in point order):\n"
+        "  --jobs N            run N points at once on threads (default 1; results do not\n"
+        "                      depend on N; run mode always uses 1)\n"
+        "  --point K/N         run only shard K of N (points K-1, K-1+N, ...); join the\n"
+        "                      shards' files with 'pkv-replay merge'\n"
+        "  --slo SPEC          per policy point, the highest load scale in [min, max] of\n"
+        "                      --load-scale that meets SPEC, by bisection, e.g.\n"
+        "                      'ttft_p99<=2s,tpot_p50<=100ms' (metrics: ttft_p50/p99,\n"
+        "                      tpot_p50/p99, step_p50/p90/p99/max, norm_latency)\n"
+        "  --slo-tol F         stop the bisection when hi/lo <= 1 + F (default 0.01)\n"
         "Output:\n"
         "  --json FILE         write the JSON report ('-' = stdout; the table then goes to stderr)\n"
-        "  --timeline FILE     write one CSV row per step\n"
+        "  --csv FILE          one row per run, columns = the JSON keys ('-' = stdout)\n"
+        "  --timeline FILE     write CSV rows of the steps of every run\n"
+        "  --timeline-rows N   at most 2N rows per run, evenly thinned (default 2000; 0 = all)\n"
+        "  --requests FILE     one CSV row per completed request of every run (latency CDFs)\n"
         "  --validate          check every invariant after every step (slow)\n"
         "  --quiet             no progress bar\n"
         "  --help              this text\n",
         f);
-}
-
-typedef struct progress {
-    const char *policy;
-    int enabled;
-    int last;
-} progress;
-
-typedef struct timeline {
-    FILE *f;
-    const char *policy;
-} timeline;
-
-typedef struct ctx {
-    progress prog;
-    timeline tl;
-} ctx;
-
-static void on_progress(void *user, double frac) {
-    progress *p = &((ctx *)user)->prog;
-    if (!p->enabled) return;
-    int pct = (int)(frac * 100);
-    if (pct == p->last) return;
-    p->last = pct;
-    char bar[41];
-    int fill = pct * 40 / 100;
-    for (int i = 0; i < 40; i++) bar[i] = i < fill ? '#' : ' ';
-    bar[40] = '\0';
-    fprintf(stderr, "\r%-18s [%s] %3d%%", p->policy, bar, pct);
-    if (pct >= 100) fputc('\n', stderr);
-    fflush(stderr);
-}
-
-static void on_step(void *user, const pkv_replay_step *s) {
-    timeline *t = &((ctx *)user)->tl;
-    fprintf(t->f, "%s,%llu,%.6f,%u,%u,%llu,%llu,%llu,%llu,%llu,%llu,%.6f,%llu,%.6f\n", t->policy,
-            (unsigned long long)s->index, s->time_s, s->running, s->waiting,
-            (unsigned long long)s->used_bytes, (unsigned long long)s->reserved_bytes,
-            (unsigned long long)s->reservation_bytes, (unsigned long long)s->ext_frag_bytes,
-            (unsigned long long)s->free_bytes, (unsigned long long)s->capacity_bytes,
-            s->step_s * 1e3, (unsigned long long)s->internal_frag_bytes, s->alloc_s * 1e3);
 }
 
 static int parse_u32(const char *s, uint32_t *v, uint32_t min) {
@@ -122,10 +101,24 @@ static int parse_f(const char *s, double *v) {
 int main(int argc, char **argv) {
     pkv_replay_params prm = pkv_replay_params_default();
     pkv_trace_load_options lo = pkv_trace_load_options_default();
-    const char *trace_path = NULL, *json_path = NULL, *timeline_path = NULL, *policy = "paged";
-    const char *model = NULL, *gpu = NULL;
+    if (argc > 1 && !strcmp(argv[1], "merge")) return rt_merge_main(argc - 1, argv + 1);
+    const char *trace_path = NULL, *json_path = NULL, *timeline_path = NULL, *csv_path = NULL,
+               *requests_path = NULL;
+    const char *model = NULL, *gpu = NULL, *format = "auto";
     int quiet = 0, have_kv = 0;
-    double load_scale = 1;
+    char err[256];
+    rt_axes axes;
+    memset(&axes, 0, sizeof axes);
+    axes.policies[PKV_POLICY_PAGED] = 1;
+    axes.block_sizes[0] = 16;
+    axes.num_block_sizes = 1;
+    axes.load_scales[0] = 1;
+    axes.num_load_scales = 1;
+    axes.num_kv_mems = 1; // kv_mems[0] = 0: the default budget
+    uint32_t jobs = 1, shard_k = 1, shard_n = 1, timeline_rows = 2000;
+    int have_slo = 0;
+    rt_slo slo;
+    double slo_tol = 0.01;
     const char *alloc_model = NULL;
     double alloc_call_us = -1;
     for (int i = 1; i < argc; i++) {
@@ -141,6 +134,7 @@ int main(int argc, char **argv) {
             return 0;
         } else if (!strcmp(a, "--format")) {
             NEED();
+            format = v;
             if (!strcmp(v, "auto")) lo.format = PKV_TRACE_AUTO;
             else if (!strcmp(v, "native")) lo.format = PKV_TRACE_NATIVE;
             else if (!strcmp(v, "azure")) lo.format = PKV_TRACE_AZURE;
@@ -149,20 +143,15 @@ int main(int argc, char **argv) {
             else BAD("unknown --format '%s'", v);
         } else if (!strcmp(a, "--load-scale")) {
             NEED();
-            if (parse_f(v, &load_scale) || !(load_scale > 0))
-                BAD("--load-scale must be > 0, got '%s'", v);
+            if (rt_parse_load_scales(v, &axes, err, sizeof err)) BAD("--load-scale: %s", err);
         } else if (!strcmp(a, "--skip-bad")) {
             lo.skip_bad = 1;
         } else if (!strcmp(a, "--policy")) {
             NEED();
-            pkv_policy p;
-            if (strcmp(v, "all") && pkv_policy_from_name(v, &p) != PKV_OK)
-                BAD("unknown --policy '%s' (see --help)", v);
-            policy = v;
+            if (rt_parse_policies(v, &axes, err, sizeof err)) BAD("--policy: %s", err);
         } else if (!strcmp(a, "--block-size")) {
             NEED();
-            if (parse_u32(v, &prm.block_size, 1) || prm.block_size > 65536)
-                BAD("--block-size must be 1..65536, got '%s'", v);
+            if (rt_parse_block_sizes(v, &axes, err, sizeof err)) BAD("--block-size: %s", err);
         } else if (!strcmp(a, "--max-seq-len")) {
             NEED();
             if (parse_u32(v, &prm.max_seq_len, 1)) BAD("--max-seq-len must be >= 1, got '%s'", v);
@@ -196,8 +185,7 @@ int main(int argc, char **argv) {
             gpu = v;
         } else if (!strcmp(a, "--kv-mem")) {
             NEED();
-            if (pkv_size_parse(v, &prm.kv_mem_bytes) != PKV_OK || prm.kv_mem_bytes == 0)
-                BAD("--kv-mem must be a size like 512M or 40G (K/M/G/T = powers of 1024), got '%s'", v);
+            if (rt_parse_kv_mems(v, &axes, err, sizeof err)) BAD("--kv-mem: %s", err);
             have_kv = 1;
         } else if (!strcmp(a, "--gpu-util")) {
             NEED();
@@ -239,6 +227,30 @@ int main(int argc, char **argv) {
         } else if (!strcmp(a, "--timeline")) {
             NEED();
             timeline_path = v;
+        } else if (!strcmp(a, "--timeline-rows")) {
+            NEED();
+            if (parse_u32(v, &timeline_rows, 0)) BAD("--timeline-rows must be >= 0, got '%s'", v);
+        } else if (!strcmp(a, "--requests")) {
+            NEED();
+            requests_path = v;
+        } else if (!strcmp(a, "--csv")) {
+            NEED();
+            csv_path = v;
+        } else if (!strcmp(a, "--jobs") || !strcmp(a, "-j")) {
+            NEED();
+            if (parse_u32(v, &jobs, 1) || jobs > 1024) BAD("--jobs must be 1..1024, got '%s'", v);
+        } else if (!strcmp(a, "--point")) {
+            NEED();
+            if (rt_parse_shard(v, &shard_k, &shard_n))
+                BAD("--point must be K/N with 1 <= K <= N, got '%s'", v);
+        } else if (!strcmp(a, "--slo")) {
+            NEED();
+            if (rt_slo_parse(v, &slo, err, sizeof err)) BAD("%s", err);
+            have_slo = 1;
+        } else if (!strcmp(a, "--slo-tol")) {
+            NEED();
+            if (parse_f(v, &slo_tol) || !(slo_tol > 0 && slo_tol < 1))
+                BAD("--slo-tol must be in (0, 1), got '%s'", v);
         } else if (!strcmp(a, "--validate")) {
             prm.validate = 1;
         } else if (!strcmp(a, "--quiet") || !strcmp(a, "-q")) {
@@ -260,117 +272,232 @@ int main(int argc, char **argv) {
         BAD("give --alloc-model or --alloc-call-us, not both");
     if (alloc_call_us >= 0) prm.alloc_model = pkv_alloc_model_constant(alloc_call_us * 1e-6);
     if (alloc_model && pkv_alloc_model_builtin(alloc_model, &prm.alloc_model) != PKV_OK) {
-        char err[256];
-        pkv_status ms = pkv_alloc_model_load(alloc_model, &prm.alloc_model, err, sizeof err);
+        char merr[256] = "";
+        pkv_status ms = pkv_alloc_model_load(alloc_model, &prm.alloc_model, merr, sizeof merr);
         if (ms != PKV_OK)
-            BAD("--alloc-model: %s", err[0] ? err : pkv_status_str(ms));
+            BAD("--alloc-model: %s", merr[0] ? merr : pkv_status_str(ms));
     }
     if (prm.batching == PKV_BATCHING_STATIC && prm.chunked_prefill)
         BAD("--chunked-prefill needs --batching continuous");
-    prm.load_scale = load_scale;
     if (!model) model = prm.mode == PKV_REPLAY_RUN ? "tiny" : "llama2-7b";
     if (pkv_model_preset(model, &prm.model) != PKV_OK) BAD("unknown --model '%s'", model);
     if (gpu && pkv_gpu_preset(gpu, &prm.gpu) != PKV_OK)
         BAD("unknown --gpu '%s' (a100-80g, h100-80g, h200-141g)", gpu);
     if (prm.mode == PKV_REPLAY_RUN) {
         prm.dtype_bytes = 4; // the decoder keeps weights and KV in fp32
-        if (!have_kv) prm.kv_mem_bytes = 64ull << 20;
-        if (strcmp(policy, "paged") != 0)
-            BAD("--mode run executes the paged policy only (got --policy %s)", policy);
+        if (!have_kv) axes.kv_mems[0] = 64ull << 20;
+        for (int p = 0; p < PKV_POLICY_COUNT; p++)
+            if (axes.policies[p] && p != PKV_POLICY_PAGED)
+                BAD("--mode run executes the paged policy only (got --policy %s)",
+                    pkv_policy_name((pkv_policy)p));
         if (prm.chunked_prefill || prm.batching != PKV_BATCHING_CONTINUOUS)
             BAD("--mode run supports continuous batching without --chunked-prefill only");
         // Learned positions cap the sequence length at the model's context.
         if (prm.max_seq_len == 0 || prm.max_seq_len > prm.model.max_seq_len)
             prm.max_seq_len = prm.model.max_seq_len;
+        jobs = 1; // measured step times: one replay at a time
     }
-    uint64_t budget;
-    if (pkv_replay_kv_budget(&prm, &budget) != PKV_OK)
-        BAD("model %s does not fit %s (use --kv-mem)", prm.model.name, prm.gpu.name);
+    prm.block_size = axes.block_sizes[0];
+    for (size_t k = 0; k < axes.num_kv_mems; k++) {
+        uint64_t budget;
+        pkv_replay_params q = prm;
+        q.kv_mem_bytes = axes.kv_mems[k];
+        if (pkv_replay_kv_budget(&q, &budget) != PKV_OK)
+            BAD("model %s does not fit %s (use --kv-mem)", prm.model.name, prm.gpu.name);
+    }
+    double slo_lo = axes.load_scales[0], slo_hi = axes.load_scales[0];
+    for (size_t i = 1; i < axes.num_load_scales; i++) {
+        slo_lo = fmin(slo_lo, axes.load_scales[i]);
+        slo_hi = fmax(slo_hi, axes.load_scales[i]);
+    }
+    if (json_path && csv_path && !strcmp(json_path, "-") && !strcmp(csv_path, "-"))
+        BAD("--json - and --csv - would both write to stdout: give one a file");
+    if (have_slo && (timeline_path || requests_path))
+        BAD("--timeline and --requests record single runs; an --slo search makes many "
+            "(sweep --load-scale instead)");
+    if (have_slo && !(slo_hi > slo_lo))
+        BAD("--slo searches between the smallest and the largest --load-scale: give two, "
+            "e.g. --load-scale 0.25,16");
 
+    rt_stamp stamp;
+    if (rt_stamp_init(&stamp, argc, argv) != 0) {
+        fprintf(stderr, "pkv-replay: out of memory\n");
+        return 1;
+    }
+    if (shard_n > 1) snprintf(stamp.shard, sizeof stamp.shard, "%u/%u", shard_k, shard_n);
+    uint64_t trace_hash = 0;
     pkv_trace *trace = NULL;
-    pkv_trace_error err;
-    pkv_status st = pkv_trace_load(trace_path, &lo, &trace, &err);
+    pkv_trace_error terr;
+    memset(&terr, 0, sizeof terr);
+    pkv_status st = pkv_trace_load(trace_path, &lo, &trace, &terr);
+    if (st == PKV_OK && rt_fnv1a64_file(trace_path, &trace_hash) != 0) st = PKV_ERR_IO;
     if (st != PKV_OK) {
-        if (st == PKV_ERR_FORMAT || st == PKV_ERR_IO)
-        {
+        if ((st == PKV_ERR_FORMAT || st == PKV_ERR_IO) && terr.file[0]) {
             char where[32] = "";
-            if (err.line) snprintf(where, sizeof where, ":%llu", (unsigned long long)err.line);
-            fprintf(stderr, "pkv-replay: %s%s%s%s: %s\n", err.file, where,
-                    err.field[0] ? ": field " : "", err.field, err.message);
-        }
-        else
+            if (terr.line) snprintf(where, sizeof where, ":%llu", (unsigned long long)terr.line);
+            fprintf(stderr, "pkv-replay: %s%s%s%s: %s\n", terr.file, where,
+                    terr.field[0] ? ": field " : "", terr.field, terr.message);
+        } else {
             fprintf(stderr, "pkv-replay: %s: %s\n", trace_path, pkv_status_str(st));
+        }
+        pkv_trace_destroy(trace);
+        rt_stamp_free(&stamp);
         return st == PKV_ERR_OUT_OF_MEMORY ? 1 : 2;
     }
-    const pkv_trace_format loaded_format = pkv_trace_get_format(trace);
-    // --load-scale divides arrival times inside the replay (prm.load_scale), so
-    // the trace keeps everything it was loaded with (Mooncake hash ids included).
-    const int tty = isatty(fileno(stderr)) && !quiet;
-    FILE *table_out = json_path && !strcmp(json_path, "-") ? stderr : stdout;
-    ctx c = {{NULL, tty, -1}, {NULL, NULL}};
-    if (timeline_path) {
-        c.tl.f = fopen(timeline_path, "w");
-        if (!c.tl.f) {
-            pkv_trace_destroy(trace);
-            BAD("cannot write --timeline %s", timeline_path);
-        }
-        fputs("policy,step,time_s,running,waiting,used_bytes,reserved_bytes,reservation_bytes,"
-              "ext_frag_bytes,free_bytes,capacity_bytes,step_ms,internal_frag_bytes,alloc_ms\n",
-              c.tl.f);
-        prm.on_step = on_step;
+    // The points: the sweep's cross product, or one SLO search per point
+    // without its load scale; then this shard's share of them.
+    rt_axes run_axes = axes;
+    if (have_slo) run_axes.num_load_scales = 1;
+    rt_point *points = NULL;
+    const size_t num_points = rt_points(&run_axes, &points);
+    size_t mine = 0;
+    rt_result *results = calloc(num_points ? num_points : 1, sizeof *results);
+    if (!points || !results) {
+        fprintf(stderr, "pkv-replay: out of memory\n");
+        free(points);
+        free(results);
+        pkv_trace_destroy(trace);
+        rt_stamp_free(&stamp);
+        return 1;
     }
-    prm.on_progress = on_progress;
-    prm.user = &c;
-    pkv_replay_report reports[PKV_POLICY_COUNT];
-    size_t nrep = 0;
-    int rc = 0;
+    for (size_t i = 0; i < num_points; i++)
+        if (i % shard_n == shard_k - 1) results[mine++].point = points[i];
+    free(points);
+
+    const int tty = isatty(fileno(stderr)) && !quiet;
+    FILE *table_out = (json_path && !strcmp(json_path, "-")) || (csv_path && !strcmp(csv_path, "-"))
+                          ? stderr
+                          : stdout;
     char chunk[32] = "off";
     if (prm.chunked_prefill) snprintf(chunk, sizeof chunk, "%u tokens", prm.chunked_prefill);
     fprintf(table_out,
-            "trace %s: %zu requests (%s, %llu skipped, load x%g)\n"
-            "mode %s, model %s, GPU %s, KV budget %.2f GiB; batching %s, chunked prefill %s; "
-            "preempt %s (host pool %.1f GiB); alloc cost model: %s; step time: %s\n",
-            trace_path, pkv_trace_count(trace), pkv_trace_format_name(loaded_format),
-            (unsigned long long)pkv_trace_skipped(trace), load_scale,
-            prm.mode == PKV_REPLAY_SIM ? "sim" : "run", prm.model.name,
+            "trace %s: %zu requests (%s, %llu skipped); %zu point%s%s\n"
+            "mode %s, model %s, GPU %s; batching %s, chunked prefill %s; preempt %s (host pool "
+            "%.1f GiB); alloc cost model: %s; step time: %s\n",
+            trace_path, pkv_trace_count(trace), pkv_trace_format_name(pkv_trace_get_format(trace)),
+            (unsigned long long)pkv_trace_skipped(trace), mine, mine == 1 ? "" : "s",
+            shard_n > 1 ? " (this shard)" : "", prm.mode == PKV_REPLAY_SIM ? "sim" : "run",
+            prm.model.name,
             prm.mode == PKV_REPLAY_SIM ? prm.gpu.name : (prm.run_cuda ? "cuda (measured)" : "cpu (measured)"),
-            (double)budget / (1024.0 * 1024 * 1024), pkv_batching_name(prm.batching), chunk,
-            pkv_preempt_mode_name(prm.preempt), (double)prm.swap_space_bytes / (1024.0 * 1024 * 1024),
+            pkv_batching_name(prm.batching), chunk, pkv_preempt_mode_name(prm.preempt),
+            (double)prm.swap_space_bytes / (1024.0 * 1024 * 1024),
             prm.mode == PKV_REPLAY_SIM ? prm.alloc_model.name : "measured",
             prm.mode == PKV_REPLAY_SIM ? "roofline model" : "measured wall time");
-    for (int p = 0; p < PKV_POLICY_COUNT; p++) {
-        if (strcmp(policy, "all") != 0 && strcmp(policy, pkv_policy_name((pkv_policy)p)) != 0) continue;
-        prm.policy = (pkv_policy)p;
-        c.prog.policy = pkv_policy_name(prm.policy);
-        c.prog.last = -1;
-        c.tl.policy = c.prog.policy;
-        st = pkv_replay_run(trace, &prm, &reports[nrep]);
-        if (st != PKV_OK) {
-            // Every policy runs even when one fails; the others are still reported.
-            fprintf(stderr, "pkv-replay: policy %s failed: %s\n", pkv_policy_name(prm.policy),
-                    pkv_status_str(st));
-            if (!rc) rc = st == PKV_ERR_INVALID_ARG ? 2 : 1;
-            continue;
-        }
-        if (reports[nrep].failure[0]) {
-            fprintf(stderr, "pkv-replay: policy %s completed no request: %s\n",
-                    reports[nrep].policy, reports[nrep].failure);
+    fflush(table_out);
+    rt_install_sigint();
+    struct timespec w0, w1;
+    clock_gettime(CLOCK_MONOTONIC, &w0);
+    const rt_job job = {
+        .trace = trace,
+        .base = &prm,
+        .results = results,
+        .num = mine,
+        .jobs = jobs,
+        .timeline_limit = timeline_path ? timeline_rows : SIZE_MAX,
+        .keep_requests = requests_path != NULL && !have_slo,
+        .slo = have_slo ? &slo : NULL,
+        .slo_lo = slo_lo,
+        .slo_hi = slo_hi,
+        .slo_tol = slo_tol,
+        .progress = tty,
+    };
+    st = rt_run(&job);
+    clock_gettime(CLOCK_MONOTONIC, &w1);
+    int rc = 0;
+    // Every point runs even when one fails (rt_run goes on); each failure is
+    // named, and the points that ran are still reported.
+    for (size_t i = 0; i < mine; i++) {
+        const rt_result *r = &results[i];
+        if (r->status != PKV_OK) {
+            fprintf(stderr, "pkv-replay: point %u (policy %s) failed: %s\n", r->point.index,
+                    pkv_policy_name(r->point.policy), pkv_status_str(r->status));
+            if (!rc) rc = r->status == PKV_ERR_INVALID_ARG ? 2 : 1;
+        } else if (r->ran && r->report.failure[0] && !r->report.partial) {
+            // (An interrupted run may not have completed a request yet: that is
+            // the interruption, exit 130, not a failure of the policy.)
+            fprintf(stderr, "pkv-replay: point %u (policy %s) completed no request: %s\n",
+                    r->point.index, r->report.policy, r->report.failure);
             if (!rc) rc = 1;
         }
-        nrep++;
     }
-    if (nrep) pkv_replay_write_table(table_out, reports, nrep);
-    if (json_path && nrep) {
+    if (st != PKV_OK && !rc) {
+        fprintf(stderr, "pkv-replay: replay failed: %s\n", pkv_status_str(st));
+        rc = st == PKV_ERR_INVALID_ARG ? 2 : 1;
+    }
+    int wrc = 0; // output files: written whenever a point ran (failed runs hold nulls)
+    const rt_doc doc = {
+        .stamp = &stamp,
+        .wall_s = (double)(w1.tv_sec - w0.tv_sec) + 1e-9 * (double)(w1.tv_nsec - w0.tv_nsec),
+        .trace_path = trace_path,
+        .trace = trace,
+        .trace_hash = trace_hash,
+        .format_option = format,
+        .skip_bad = lo.skip_bad,
+        .base = &prm,
+        .axes = &axes,
+        .num_points = num_points,
+        .slo = have_slo ? &slo : NULL,
+        .slo_lo = slo_lo,
+        .slo_hi = slo_hi,
+        .slo_tol = slo_tol,
+        .results = results,
+        .num_results = mine,
+    };
+    rt_print_table(table_out, &doc);
+    if (rt_stop_requested)
+        fprintf(stderr, "pkv-replay: interrupted; the report covers what was replayed (partial)\n");
+    if (json_path) {
         FILE *jf = strcmp(json_path, "-") ? fopen(json_path, "w") : stdout;
         if (!jf) {
             fprintf(stderr, "pkv-replay: cannot write --json %s\n", json_path);
-            rc = rc ? rc : 1;
+            wrc = 1;
         } else {
-            if (pkv_replay_write_json(jf, trace_path, trace, &prm, reports, nrep) != PKV_OK) rc = 1;
-            if (jf != stdout && fclose(jf) != 0) rc = 1;
+            rt_doc_write_json(jf, &doc);
+            if (ferror(jf) || (jf != stdout && fclose(jf) != 0)) wrc = 1;
         }
     }
-    if (c.tl.f && fclose(c.tl.f) != 0) rc = rc ? rc : 1;
+    if (csv_path) {
+        FILE *cf = strcmp(csv_path, "-") ? fopen(csv_path, "w") : stdout;
+        if (!cf) {
+            fprintf(stderr, "pkv-replay: cannot write --csv %s\n", csv_path);
+            wrc = 1;
+        } else {
+            rt_doc_write_csv(cf, &doc);
+            if (ferror(cf) || (cf != stdout && fclose(cf) != 0)) wrc = 1;
+        }
+    }
+    if (timeline_path) {
+        FILE *tf = fopen(timeline_path, "w");
+        if (!tf) {
+            fprintf(stderr, "pkv-replay: cannot write --timeline %s\n", timeline_path);
+            wrc = 1;
+        } else {
+            rt_timeline_header(tf);
+            for (size_t i = 0; i < mine; i++)
+                if (results[i].ran) rt_timeline_write(tf, &results[i].timeline, &results[i].point);
+            if (ferror(tf) || fclose(tf) != 0) wrc = 1;
+        }
+    }
+    if (requests_path) {
+        FILE *qf = fopen(requests_path, "w");
+        if (!qf) {
+            fprintf(stderr, "pkv-replay: cannot write --requests %s\n", requests_path);
+            wrc = 1;
+        } else {
+            rt_requests_header(qf);
+            for (size_t i = 0; i < mine; i++)
+                if (results[i].ran) rt_requests_write(qf, &results[i]);
+            if (ferror(qf) || fclose(qf) != 0) wrc = 1;
+        }
+    }
+    for (size_t i = 0; i < mine; i++) {
+        rt_timeline_free(&results[i].timeline);
+        free(results[i].requests);
+    }
+    free(results);
     pkv_trace_destroy(trace);
+    rt_stamp_free(&stamp);
+    if (wrc && !rc) rc = 1;
+    if (rc == 0 && rt_stop_requested) rc = 130;
     return rc;
 }

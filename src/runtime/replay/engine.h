@@ -81,6 +81,7 @@ typedef struct engine {
     uint64_t min_need_slots;  // smallest need among requests rejected for memory
     uint32_t min_long_len;    // shortest final length among too-long rejects
     double last_finish;
+    double norm_sum;      // sum over completed requests of (finish - arrival) / output tokens
     dvec step_s, ttft, tpot;
     accum acc;
 } engine;
