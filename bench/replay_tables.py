@@ -31,10 +31,14 @@ def pct(x):
 def caption(d, name):
     c, first = d["config"], d["runs"][0]
     am = c.get("alloc_model") or {}
+    # Stamped reports (pkv-replay's sweep driver) keep the budget and the load
+    # scale per run (memory.capacity_bytes, point.load_scale), not in config.
+    budget = c.get("kv_budget_bytes", first["memory"]["capacity_bytes"])
+    load = first["point"]["load_scale"] if "point" in first else c.get("load_scale", 1)
     parts = [f"model {c['model']}", f"GPU {c['gpu']} (sim, roofline)",
-             f"KV budget {c['kv_budget_bytes'] / GiB:.2f} GiB",
+             f"KV budget {budget / GiB:.2f} GiB",
              f"{first['kv_bytes_per_token'] // 1024} KiB of KV per token",
-             f"load x{c.get('load_scale', 1):g}", f"batching {c.get('batching', 'continuous')}",
+             f"load x{load:g}", f"batching {c.get('batching', 'continuous')}",
              "chunked prefill " + (f"{c['chunked_prefill']} tokens" if c.get("chunked_prefill") else "off"),
              f"preempt {c['preempt']}" + (f" (host pool {c['swap_space_bytes'] / GiB:.0f} GiB)"
                                          if c["preempt"] == "swap" else ""),
