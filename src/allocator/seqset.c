@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "pkv/seq.h"
+#include "pool_internal.h"
 #include "seqset_internal.h"
 
 #define ID_INDEX_BITS 20
@@ -50,6 +51,8 @@ struct pkv_seqset {
     pkv_block_id *cowed_block;
     uint32_t *cowed_count;
     uint32_t num_cowed, cap_cowed;
+    seq **batch;           // [cap_batch]; the sequences of the batch being applied
+    uint32_t cap_batch;
     pkvi_unused_hook hook; // optional: told when a release leaves a block at refcount 1
     void *hook_ctx;
 };
@@ -136,6 +139,7 @@ void pkv_seqset_destroy(pkv_seqset *set) {
     free(set->copies);
     free(set->cowed_block);
     free(set->cowed_count);
+    free(set->batch);
     free(set);
 }
 
@@ -314,22 +318,36 @@ static uint32_t cowed(pkv_seqset *set, pkv_block_id b, int add) {
 // Work out a batch append without changing anything visible: per sequence the new
 // table entries and whether it copies its last block (in batch order, as the
 // appends will run: n sharers of one block in the batch make n - 1 copies when
-// nobody else holds it), and the totals.
+// nobody else holds it), and the totals. Fills set->batch[0..k-1]. This loop is
+// the per-sequence cost of an engine step, so it reads the seq and the refcount
+// array directly and divides only when an append crosses more than one block.
 static pkv_status plan_batch(pkv_seqset *set, const pkv_seq_id *seqs, const uint32_t *counts,
                              uint32_t k, uint64_t *blocks, uint32_t *cows) {
     if (!set || (k && (!seqs || !counts))) return PKV_ERR_INVALID_ARG;
-    pkv_status st = check_batch_ids(set, seqs, k);
-    if (st != PKV_OK) return st;
+    if (k > set->cap_batch) {
+        if (!grow((void **)&set->batch, &set->cap_batch, k, sizeof *set->batch))
+            return PKV_ERR_OUT_OF_MEMORY;
+    }
+    new_epoch(set);
     set->num_cowed = 0;
+    const uint32_t bs = set->block_size, epoch = set->epoch;
+    const int32_t *rc = set->pool->refcount;
     uint64_t total = 0;
     uint32_t ncow = 0;
     for (uint32_t i = 0; i < k; i++) {
-        seq *s = get_seq(set, seqs[i]);
-        uint32_t nb;
-        if ((st = new_blocks_for(set, s, counts[i], &nb)) != PKV_OK) return st;
-        s->batch_new = nb;
+        const pkv_seq_id id = seqs[i];
+        const uint32_t idx = (uint32_t)id & ID_INDEX_MASK;
+        if (id < 0 || idx >= set->num_slots) return PKV_ERR_NOT_FOUND;
+        seq *s = &set->seqs[idx];
+        if (!s->live || s->gen != (uint32_t)id >> ID_INDEX_BITS) return PKV_ERR_NOT_FOUND;
+        if (s->mark == epoch) return PKV_ERR_INVALID_ARG; // listed twice
+        s->mark = epoch;
+        const uint32_t n = counts[i], room = s->num_blocks * bs - s->len;
+        if ((uint64_t)s->len + n > (uint64_t)INT32_MAX) return PKV_ERR_INVALID_ARG;
+        s->batch_new = n <= room ? 0 : n - room <= bs ? 1 : blocks_for(n - room, bs);
         s->batch_cow = 0;
-        if (counts[i] && room_of(set, s) && pkv_pool_refcount(set->pool, s->blocks[s->num_blocks - 1]) > 1) {
+        if (n && room && rc[s->blocks[s->num_blocks - 1]] > 1) {
+            // A shared, partly filled last block: the slow path.
             if (set->cap_cowed < k) {
                 uint32_t cap_b = set->cap_cowed;
                 if (!grow((void **)&set->cowed_block, &cap_b, k, sizeof *set->cowed_block) ||
@@ -342,7 +360,8 @@ static pkv_status plan_batch(pkv_seqset *set, const pkv_seq_id *seqs, const uint
                 cowed(set, last, 1);
             }
         }
-        total += nb + s->batch_cow;
+        set->batch[i] = s;
+        total += s->batch_new + s->batch_cow;
         ncow += s->batch_cow;
     }
     *blocks = total;
@@ -354,6 +373,15 @@ static pkv_status plan_batch(pkv_seqset *set, const pkv_seq_id *seqs, const uint
 // table and copy queue were grown and the pool space checked by the caller.
 static void apply_append(pkv_seqset *set, seq *s, uint32_t n, int64_t *slots) {
     const uint32_t nb = s->batch_new, cow = s->batch_cow, bs = set->block_size;
+    if (nb + cow == 0) { // the common decode step: room in an unshared last block
+        if (slots && n) {
+            const int64_t first = (int64_t)s->blocks[s->num_blocks - 1] * bs +
+                                  (bs - (s->num_blocks * bs - s->len));
+            for (uint32_t i = 0; i < n; i++) slots[i] = first + i;
+        }
+        s->len += n;
+        return;
+    }
     // With copy-on-write the first new block lands on the last table entry,
     // replacing the shared block (saved in src first).
     pkv_block_id src = cow ? s->blocks[s->num_blocks - 1] : -1;
@@ -380,12 +408,11 @@ static void apply_append(pkv_seqset *set, seq *s, uint32_t n, int64_t *slots) {
     s->num_blocks += nb;
 }
 
-// Grow every table of the batch and the copy queue (only spare capacity changes
-// on failure).
-static pkv_status reserve_batch(pkv_seqset *set, const pkv_seq_id *seqs, uint32_t k,
-                                uint32_t cows) {
+// Grow every table of the batch (seqs[0..k-1]) and the copy queue (only spare
+// capacity changes on failure).
+static pkv_status reserve_batch(pkv_seqset *set, seq *const *seqs, uint32_t k, uint32_t cows) {
     for (uint32_t i = 0; i < k; i++) {
-        seq *s = get_seq(set, seqs[i]);
+        seq *s = seqs[i];
         if (s->batch_new &&
             !grow((void **)&s->blocks, &s->cap, (uint64_t)s->num_blocks + s->batch_new,
                   sizeof(pkv_block_id)))
@@ -419,9 +446,9 @@ pkv_status pkv_seqset_append_batch(pkv_seqset *set, const pkv_seq_id *seqs,
     pkv_status st = plan_batch(set, seqs, counts, num_seqs, &total, &cows);
     if (st != PKV_OK) return st;
     if (!can_take(set, total)) return refuse(set, total);
-    if ((st = reserve_batch(set, seqs, num_seqs, cows)) != PKV_OK) return st;
+    if ((st = reserve_batch(set, set->batch, num_seqs, cows)) != PKV_OK) return st;
     for (uint32_t i = 0; i < num_seqs; i++) {
-        apply_append(set, get_seq(set, seqs[i]), counts[i], slots);
+        apply_append(set, set->batch[i], counts[i], slots);
         if (slots) slots += counts[i];
     }
     return PKV_OK;
@@ -447,7 +474,7 @@ pkv_status pkv_seq_append(pkv_seqset *set, pkv_seq_id id, uint32_t n, int64_t *s
     s->batch_cow = (uint32_t)needs_cow(set, s, 0);
     if (!can_take(set, (uint64_t)s->batch_new + s->batch_cow))
         return refuse(set, (uint64_t)s->batch_new + s->batch_cow);
-    if ((st = reserve_batch(set, &id, 1, s->batch_cow)) != PKV_OK) return st;
+    if ((st = reserve_batch(set, &s, 1, s->batch_cow)) != PKV_OK) return st;
     apply_append(set, s, n, slots);
     return PKV_OK;
 }
