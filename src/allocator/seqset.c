@@ -29,6 +29,7 @@ typedef struct seq {
     uint32_t mark;         // == set->epoch while a batch call has seen this sequence
     uint32_t batch_new;    // batch scratch: blocks appended to the table
     uint32_t batch_cow;    // batch scratch: 1 if the last block is copied first
+    pkv_seq_id live_id;    // the id naming this slot's current life; negative when free
     int live;
     pkv_block_id *blocks;  // [cap]; the block table, entries 0..num_blocks-1 valid
 } seq;
@@ -87,11 +88,11 @@ static pkv_status release_blocks(pkv_seqset *set, const pkv_block_id *blocks, ui
 }
 
 static seq *get_seq(const pkv_seqset *set, pkv_seq_id id) {
-    if (!set || id < 0) return NULL;
-    uint32_t idx = (uint32_t)id & ID_INDEX_MASK, gen = (uint32_t)id >> ID_INDEX_BITS;
+    if (!set) return NULL;
+    uint32_t idx = (uint32_t)id & ID_INDEX_MASK;
     if (idx >= set->num_slots) return NULL;
     seq *s = &set->seqs[idx];
-    return s->live && s->gen == gen ? s : NULL;
+    return s->live_id == id ? s : NULL; // live, and this generation
 }
 
 static pkv_seq_id id_of(const pkv_seqset *set, const seq *s) {
@@ -194,6 +195,7 @@ static seq *take_slot(pkv_seqset *set) {
     s->len = 0;
     s->num_blocks = 0;
     s->live = 1;
+    s->live_id = (pkv_seq_id)((s->gen << ID_INDEX_BITS) | idx);
     set->live++;
     return s;
 }
@@ -203,6 +205,9 @@ static seq *take_slot(pkv_seqset *set) {
 static void return_slot(pkv_seqset *set, seq *s) {
     uint32_t idx = (uint32_t)(s - set->seqs);
     s->live = 0;
+    // A negative value whose low bits never name this slot, so no id (a negative
+    // one included) matches a free slot.
+    s->live_id = -1 - (int32_t)idx;
     s->len = 0;
     s->num_blocks = 0;
     s->gen = (s->gen + 1) & ID_GEN_MASK;
@@ -337,32 +342,38 @@ static pkv_status plan_batch(pkv_seqset *set, const pkv_seq_id *seqs, const uint
     for (uint32_t i = 0; i < k; i++) {
         const pkv_seq_id id = seqs[i];
         const uint32_t idx = (uint32_t)id & ID_INDEX_MASK;
-        if (id < 0 || idx >= set->num_slots) return PKV_ERR_NOT_FOUND;
+        if (idx >= set->num_slots) return PKV_ERR_NOT_FOUND;
         seq *s = &set->seqs[idx];
-        if (!s->live || s->gen != (uint32_t)id >> ID_INDEX_BITS) return PKV_ERR_NOT_FOUND;
+        if (s->live_id != id) return PKV_ERR_NOT_FOUND; // freed, or an older generation
         if (s->mark == epoch) return PKV_ERR_INVALID_ARG; // listed twice
         s->mark = epoch;
+        set->batch[i] = s;
         const uint32_t n = counts[i], room = s->num_blocks * bs - s->len;
         if ((uint64_t)s->len + n > (uint64_t)INT32_MAX) return PKV_ERR_INVALID_ARG;
-        s->batch_new = n <= room ? 0 : n - room <= bs ? 1 : blocks_for(n - room, bs);
-        s->batch_cow = 0;
-        if (n && room && rc[s->blocks[s->num_blocks - 1]] > 1) {
-            // A shared, partly filled last block: the slow path.
-            if (set->cap_cowed < k) {
-                uint32_t cap_b = set->cap_cowed;
-                if (!grow((void **)&set->cowed_block, &cap_b, k, sizeof *set->cowed_block) ||
-                    !grow((void **)&set->cowed_count, &set->cap_cowed, k, sizeof *set->cowed_count))
-                    return PKV_ERR_OUT_OF_MEMORY;
-            }
-            pkv_block_id last = s->blocks[s->num_blocks - 1];
-            if (needs_cow(set, s, (int32_t)cowed(set, last, 0))) {
-                s->batch_cow = 1;
-                cowed(set, last, 1);
-            }
+        if (n <= room) { // the common decode step: no new block
+            s->batch_new = 0;
+            s->batch_cow = 0;
+            if (n == 0 || rc[s->blocks[s->num_blocks - 1]] == 1) continue;
+        } else {
+            s->batch_new = n - room <= bs ? 1 : blocks_for(n - room, bs);
+            s->batch_cow = 0;
+            total += s->batch_new;
+            if (n == 0 || room == 0 || rc[s->blocks[s->num_blocks - 1]] == 1) continue;
         }
-        set->batch[i] = s;
-        total += s->batch_new + s->batch_cow;
-        ncow += s->batch_cow;
+        // A shared, partly filled last block: the slow path.
+        if (set->cap_cowed < k) {
+            uint32_t cap_b = set->cap_cowed;
+            if (!grow((void **)&set->cowed_block, &cap_b, k, sizeof *set->cowed_block) ||
+                !grow((void **)&set->cowed_count, &set->cap_cowed, k, sizeof *set->cowed_count))
+                return PKV_ERR_OUT_OF_MEMORY;
+        }
+        pkv_block_id last = s->blocks[s->num_blocks - 1];
+        if (needs_cow(set, s, (int32_t)cowed(set, last, 0))) {
+            s->batch_cow = 1;
+            cowed(set, last, 1);
+            total++;
+            ncow++;
+        }
     }
     *blocks = total;
     *cows = ncow;
@@ -446,10 +457,23 @@ pkv_status pkv_seqset_append_batch(pkv_seqset *set, const pkv_seq_id *seqs,
     pkv_status st = plan_batch(set, seqs, counts, num_seqs, &total, &cows);
     if (st != PKV_OK) return st;
     if (!can_take(set, total)) return refuse(set, total);
-    if ((st = reserve_batch(set, set->batch, num_seqs, cows)) != PKV_OK) return st;
+    if (total && (st = reserve_batch(set, set->batch, num_seqs, cows)) != PKV_OK) return st;
+    const uint32_t bs = set->block_size;
     for (uint32_t i = 0; i < num_seqs; i++) {
-        apply_append(set, set->batch[i], counts[i], slots);
-        if (slots) slots += counts[i];
+        seq *s = set->batch[i];
+        const uint32_t n = counts[i];
+        if (s->batch_new + s->batch_cow == 0) {
+            // Inline fast path (apply_append's first case): room in the last block.
+            if (slots && n) {
+                const int64_t first = (int64_t)s->blocks[s->num_blocks - 1] * bs +
+                                      (bs - (s->num_blocks * bs - s->len));
+                for (uint32_t j = 0; j < n; j++) slots[j] = first + j;
+            }
+            s->len += n;
+        } else {
+            apply_append(set, s, n, slots);
+        }
+        if (slots) slots += n;
     }
     return PKV_OK;
 }
@@ -783,7 +807,7 @@ pkv_status pkv_seqset_validate(const pkv_seqset *set, int exclusive) {
         if (!s->live) continue;
         live++;
         if (s->num_blocks != blocks_for(s->len, set->block_size) || s->num_blocks > s->cap ||
-            s->gen > ID_GEN_MASK) {
+            s->gen > ID_GEN_MASK || s->live_id != (pkv_seq_id)((s->gen << ID_INDEX_BITS) | i)) {
             st = PKV_ERR_CORRUPT;
             break;
         }
