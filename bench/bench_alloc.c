@@ -177,8 +177,10 @@ static double bench_fork(pkv_seqset *set, long iters) {
 // shared 64-token system prompt taken from the cache). One step = decide
 // (blocks needed) + append with the slot mapping + take the copy list; a
 // sequence that reaches 1024 tokens retires and a new request takes its place
-// through the cache, as in a server's steady state. `batched` selects one
-// batch call per step or 256 single calls; both do the same work.
+// through the cache, as in a server's steady state. mode 0: 256 single calls
+// (blocks_needed + append each); mode 1: blocks_needed_batch + append_batch;
+// mode 2: append_batch alone (it is all or nothing: an engine may ask
+// blocks_needed_batch only when the append is refused). Same work in all three.
 #define STEP_SEQS 256
 #define STEP_MAX_LEN 1024
 #define STEP_PROMPT 65 // 64 cached tokens + the one that is always computed
@@ -228,12 +230,13 @@ static void step_world_free(step_world *w) {
     pkv_pool_destroy(w->pool);
 }
 
-static void engine_step(step_world *w, int batched) {
+static void engine_step(step_world *w, int mode) {
     pkv_block_copy copies[STEP_SEQS];
     uint32_t need = 0, ncopies;
     pkv_status st;
-    if (batched) {
-        st = pkv_seqset_blocks_needed_batch(w->set, w->ids, w->counts, STEP_SEQS, &need);
+    if (mode) {
+        st = mode == 1 ? pkv_seqset_blocks_needed_batch(w->set, w->ids, w->counts, STEP_SEQS, &need)
+                       : PKV_OK;
         if (st == PKV_OK) st = pkv_seqset_append_batch(w->set, w->ids, w->counts, STEP_SEQS, w->slots);
         if (st != PKV_OK) die("engine step (batch)", st);
     } else {
@@ -254,27 +257,26 @@ static void engine_step(step_world *w, int batched) {
         }
 }
 
-// ns per step: the best of short reps of 200 steps (short, so that most reps run
-// without being preempted on a shared machine); both variants run interleaved on
-// identical worlds.
-static void bench_engine_step(long steps, double *batch_ns, double *single_ns) {
+// ns per step for each mode: the best of short reps of 200 steps (short, so that
+// most reps run without being preempted on a shared machine); the modes run
+// interleaved on identical worlds.
+static void bench_engine_step(long steps, double ns[3]) {
     const long per_rep = 200, reps = steps / per_rep > REPS ? steps / per_rep : REPS;
-    step_world *w[2];
-    for (int v = 0; v < 2; v++) {
+    step_world *w[3];
+    for (int v = 0; v < 3; v++) {
         w[v] = calloc(1, sizeof *w[v]);
         if (!w[v]) die("engine step", PKV_ERR_OUT_OF_MEMORY);
         step_world_init(w[v]);
     }
-    *batch_ns = *single_ns = 1e300;
+    ns[0] = ns[1] = ns[2] = 1e300;
     for (long r = 0; r < reps; r++)
-        for (int v = 0; v < 2; v++) {
+        for (int v = 0; v < 3; v++) {
             double t0 = now_ns();
-            for (long i = 0; i < per_rep; i++) engine_step(w[v], v == 0);
+            for (long i = 0; i < per_rep; i++) engine_step(w[v], v);
             double t = (now_ns() - t0) / (double)per_rep;
-            double *best = v == 0 ? batch_ns : single_ns;
-            if (t < *best) *best = t;
+            if (t < ns[v]) ns[v] = t;
         }
-    for (int v = 0; v < 2; v++) {
+    for (int v = 0; v < 3; v++) {
         step_world_free(w[v]);
         free(w[v]);
     }
@@ -288,7 +290,7 @@ static void usage(FILE *out) {
             "2k-token sequence, against glibc malloc/free, jemalloc mallocx/dallocx and (with\n"
             "a GPU) cudaMalloc/cudaFree of block-sized buffers, side by side in one run; and\n"
             "one engine step (256 sequences decode one token, block 16, prefix cache on) as\n"
-            "one batch call vs 256 single calls (ns per step; x column: single / batch).\n"
+            "batch calls vs 256 single calls (ns per step; x column: single / batch).\n"
             "\n"
             "  --block-bytes N  bytes per block for malloc rows (default 262144: 16 tokens of\n"
             "                   one Llama-2-7B layer's K and V in fp16, 2x32x128x2x16)\n"
@@ -389,10 +391,11 @@ int main(int argc, char **argv) {
     }
     rows[n++] = (row){"seq append 1 token (block 16)", bench_append(set, it1), 0};
     rows[n++] = (row){"seq fork+free of 2048 tokens", bench_fork(set, itb / 4), 0};
-    double step_batch, step_single;
-    bench_engine_step(itb / 4, &step_batch, &step_single);
-    rows[n++] = (row){"engine step 256 seqs: 1 batch call", step_batch, 0};
-    rows[n++] = (row){"engine step 256 seqs: 256 single calls", step_single, step_single / step_batch};
+    double step[3];
+    bench_engine_step(itb / 4, step);
+    rows[n++] = (row){"engine step 256 seqs: 256 single calls", step[0], 0};
+    rows[n++] = (row){"engine step: blocks_needed+append batch", step[1], step[0] / step[1]};
+    rows[n++] = (row){"engine step: append_batch alone", step[2], step[0] / step[2]};
 
     if (o.json) {
         printf("{\"block_bytes\": %zu, \"jemalloc\": %s, \"cuda\": %s, \"rows\": [", o.block_bytes,
