@@ -467,7 +467,8 @@ pkv_status pkv_seqset_append_batch(pkv_seqset *set, const pkv_seq_id *seqs,
             if (slots && n) {
                 const int64_t first = (int64_t)s->blocks[s->num_blocks - 1] * bs +
                                       (bs - (s->num_blocks * bs - s->len));
-                for (uint32_t j = 0; j < n; j++) slots[j] = first + j;
+                slots[0] = first; // n == 1 (decode) without a vectorized loop's prologue
+                for (uint32_t j = 1; j < n; j++) slots[j] = first + j;
             }
             s->len += n;
         } else {
