@@ -183,8 +183,9 @@ pkv_status pkv_seqset_take_copies(pkv_seqset *set, pkv_block_copy *copies, uint3
 // pool (all or nothing: PKV_ERR_OUT_OF_BLOCKS, also below `to`'s watermark,
 // changes nothing), frees the sequence in `from` (its blocks return to the pool
 // unless shared), and writes one pair {src = block in `from`, dst = block in
-// `to`} per table entry, in increasing src order, into pairs[0..*n-1] (caller-owned, `cap` entries;
-// PKV_ERR_BUFFER_TOO_SMALL changes nothing and sets *n to the number needed).
+// `to`} per table entry, in increasing src order, into pairs[0..*n-1]
+// (caller-owned, `cap` entries; PKV_ERR_BUFFER_TOO_SMALL changes nothing and sets
+// *n to the number needed).
 // Forked sequences lose their sharing this way: move them together with
 // pkv_seq_move_group.
 // The caller moves the data with pkv_cache_transfer before anything is written
