@@ -197,7 +197,8 @@ typedef struct step_world {
 
 static void step_admit(step_world *w, int i, uint32_t len) {
     uint32_t cached;
-    pkv_status st = pkv_seq_create_cached(w->set, w->cache, w->prompt, STEP_PROMPT, &w->ids[i], &cached);
+    pkv_status st =
+        pkv_seq_create_cached(w->set, w->cache, w->prompt, STEP_PROMPT, &w->ids[i], &cached);
     if (st == PKV_OK) st = pkv_seq_append(w->set, w->ids[i], len - cached, NULL);
     if (st != PKV_OK) die("engine step admit", st);
     w->lens[i] = len;
@@ -214,7 +215,8 @@ static void step_world_init(step_world *w) {
     uint32_t cached;
     st = pkv_seq_create_cached(w->set, w->cache, w->prompt, STEP_PROMPT, &first, &cached);
     if (st == PKV_OK) st = pkv_seq_append(w->set, first, STEP_PROMPT, NULL);
-    if (st == PKV_OK) st = pkv_prefix_cache_insert(w->cache, w->set, first, w->prompt, STEP_PROMPT, NULL);
+    if (st == PKV_OK)
+        st = pkv_prefix_cache_insert(w->cache, w->set, first, w->prompt, STEP_PROMPT, NULL);
     if (st == PKV_OK) st = pkv_seq_free(w->set, first);
     if (st != PKV_OK) die("engine step prompt", st);
     // Staggered lengths so that block boundaries and retirements spread over steps.
@@ -237,7 +239,8 @@ static void engine_step(step_world *w, int mode) {
     if (mode) {
         st = mode == 1 ? pkv_seqset_blocks_needed_batch(w->set, w->ids, w->counts, STEP_SEQS, &need)
                        : PKV_OK;
-        if (st == PKV_OK) st = pkv_seqset_append_batch(w->set, w->ids, w->counts, STEP_SEQS, w->slots);
+        if (st == PKV_OK)
+            st = pkv_seqset_append_batch(w->set, w->ids, w->counts, STEP_SEQS, w->slots);
         if (st != PKV_OK) die("engine step (batch)", st);
     } else {
         for (int i = 0; i < STEP_SEQS; i++) {
@@ -248,7 +251,8 @@ static void engine_step(step_world *w, int mode) {
             if (st != PKV_OK) die("engine step (single)", st);
         }
     }
-    if ((st = pkv_seqset_take_copies(w->set, copies, STEP_SEQS, &ncopies)) != PKV_OK) die("copies", st);
+    st = pkv_seqset_take_copies(w->set, copies, STEP_SEQS, &ncopies);
+    if (st != PKV_OK) die("copies", st);
     sink += (uintptr_t)w->slots[STEP_SEQS - 1] + need + ncopies;
     for (int i = 0; i < STEP_SEQS; i++)
         if (++w->lens[i] == STEP_MAX_LEN) {
