@@ -523,6 +523,43 @@ Test(cache, many_copies_in_one_call_cuda) {
     for (uint64_t i = 0; i < bytes; i++) h[i] = (unsigned char)(i * 2654435761u >> 24);
     cr_assert_eq(pkv_backend_upload(dev, pkv_cache_data(c), h, bytes), PKV_OK);
     check_many_copies(c, dev, h, bytes, layers, n);
+    // Transfers with 2D copies: device -> a host cache of another capacity (other
+    // layer stride) and back, checked against the device's own bytes.
+    pkv_pool *hpool;
+    pkv_backend *hb;
+    pkv_cache *hc;
+    cr_assert_eq(pkv_pool_create(7, &hpool), PKV_OK);
+    cr_assert_eq(pkv_backend_create_host(&hb), PKV_OK);
+    cr_assert_eq(pkv_cache_create(&p, hpool, hb, &hc), PKV_OK);
+    const pkv_block_copy out[3] = {{.src = 5, .dst = 6}, {.src = 900, .dst = 0}, {.src = 17, .dst = 3}};
+    cr_assert_eq(pkv_cache_transfer(hc, c, out, 3, NULL), PKV_OK);
+    cr_assert_eq(pkv_backend_sync(dev, NULL), PKV_OK);
+    pkv_cache_geometry g;
+    pkv_cache_get_geometry(c, &g);
+    unsigned char *got = malloc(2 * g.half_block_bytes);
+    cr_assert_not_null(got);
+    for (int i = 0; i < 3; i++)
+        for (uint32_t l = 0; l < layers; l++) {
+            void *pd, *ph;
+            pkv_cache_block_ptr(c, l, out[i].src, PKV_K, &pd);
+            pkv_cache_block_ptr(hc, l, out[i].dst, PKV_K, &ph);
+            cr_assert_eq(pkv_backend_download(dev, got, pd, 2 * g.half_block_bytes), PKV_OK);
+            cr_assert_eq(memcmp(got, ph, 2 * g.half_block_bytes), 0, "pair %d layer %u", i, l);
+        }
+    const pkv_block_copy in[1] = {{.src = 6, .dst = 999}};
+    cr_assert_eq(pkv_cache_transfer(c, hc, in, 1, NULL), PKV_OK);
+    cr_assert_eq(pkv_backend_sync(dev, NULL), PKV_OK);
+    for (uint32_t l = 0; l < layers; l++) {
+        void *pd, *ph;
+        pkv_cache_block_ptr(c, l, 999, PKV_K, &pd);
+        pkv_cache_block_ptr(hc, l, 6, PKV_K, &ph);
+        cr_assert_eq(pkv_backend_download(dev, got, pd, 2 * g.half_block_bytes), PKV_OK);
+        cr_assert_eq(memcmp(got, ph, 2 * g.half_block_bytes), 0, "back in, layer %u", l);
+    }
+    free(got);
+    pkv_cache_destroy(hc);
+    pkv_backend_destroy(hb);
+    pkv_pool_destroy(hpool);
     free(h);
     pkv_cache_destroy(c);
     pkv_backend_destroy(dev);

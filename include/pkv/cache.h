@@ -145,7 +145,9 @@ pkv_status pkv_cache_apply_copies(pkv_cache *cache, pkv_seqset *set, void *strea
 // pairs[i].dst a block of `dst` (pairs borrowed, n entries, as pkv_seq_move wrote
 // them). Host<->host, host<->CUDA and CUDA<->host are supported; two different
 // CUDA caches give PKV_ERR_UNSUPPORTED. PKV_ERR_INVALID_ARG if the shapes differ.
-// CUDA: one cudaMemcpyAsync per (pair, layer) on `stream`, no synchronization;
+// CUDA: one cudaMemcpy2DAsync per pair (its layers are the rows) on `stream`, no
+// synchronization (one cudaMemcpyAsync per layer when a layer is wider than the
+// device's pitch limit);
 // with a pinned host cache (an external cache over cudaHostAlloc memory) the
 // copy is fully asynchronous, so synchronize before reading or reusing the host
 // blocks.

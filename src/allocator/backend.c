@@ -88,13 +88,11 @@ pkv_status pkvi_backend_copy_blocks(pkv_backend *b, void *arena, const pkv_block
 }
 
 pkv_status pkvi_backend_transfer(pkv_backend *b, void *dst_base, const void *src_base,
-                                 const pkv_copy_region *regions, uint32_t n, pkvi_dir dir,
-                                 void *stream) {
+                                 const pkv_block_copy *pairs, uint32_t n,
+                                 const pkvi_xfer_geom *g, pkvi_dir dir, void *stream) {
     if (n == 0) return PKV_OK;
-    uint64_t bytes = 0;
-    for (uint32_t i = 0; i < n; i++) bytes += regions[i].bytes;
-    pkv_status st = b->ops->transfer(b, dst_base, src_base, regions, n, dir, stream);
-    if (st == PKV_OK) count_copy(b, bytes);
+    pkv_status st = b->ops->transfer(b, dst_base, src_base, pairs, n, g, dir, stream);
+    if (st == PKV_OK) count_copy(b, (uint64_t)n * g->num_layers * g->block_bytes);
     return st;
 }
 

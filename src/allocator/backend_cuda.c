@@ -50,20 +50,38 @@ static pkv_status cuda_copy_blocks(pkv_backend *b, void *arena, const pkv_block_
 }
 
 static pkv_status cuda_transfer(pkv_backend *b, void *dst_base, const void *src_base,
-                                const pkv_copy_region *regions, uint32_t n, pkvi_dir dir,
-                                void *stream) {
+                                const pkv_block_copy *pairs, uint32_t n, const pkvi_xfer_geom *g,
+                                pkvi_dir dir, void *stream) {
     pkv_status st = set_device(b);
     if (st != PKV_OK) return st;
     enum cudaMemcpyKind kind = dir == PKVI_HOST_TO_DEVICE   ? cudaMemcpyHostToDevice
                                : dir == PKVI_DEVICE_TO_HOST ? cudaMemcpyDeviceToHost
                                                             : cudaMemcpyHostToHost;
-    // One async copy per region (a block of one layer). With a pageable host side
-    // CUDA may finish the copy before returning; with pinned memory it is truly
-    // asynchronous and the caller synchronizes the stream before reading it.
+    // One 2D copy per pair: its num_layers rows of block_bytes, rows a layer stride
+    // apart on each side. Pitches past the device's limit (a layer over ~2 GiB)
+    // fall back to one copy per (pair, layer). With a pageable host side CUDA may
+    // finish the copy before returning; with pinned memory it is truly asynchronous
+    // and the caller synchronizes the stream before reading it.
+    int max_pitch = 0;
+    if (cudaDeviceGetAttribute(&max_pitch, cudaDevAttrMaxPitch, b->device) != cudaSuccess)
+        max_pitch = 0;
+    const int two_d = g->num_layers > 1 && g->src_layer_stride <= (uint64_t)max_pitch &&
+                      g->dst_layer_stride <= (uint64_t)max_pitch;
+    cudaStream_t cs = (cudaStream_t)stream;
     for (uint32_t i = 0; i < n; i++) {
-        cudaError_t err = cudaMemcpyAsync((char *)dst_base + regions[i].dst_offset,
-                                          (const char *)src_base + regions[i].src_offset,
-                                          regions[i].bytes, kind, (cudaStream_t)stream);
+        char *dst = (char *)dst_base + (uint64_t)(uint32_t)pairs[i].dst * g->dst_block_stride;
+        const char *src =
+            (const char *)src_base + (uint64_t)(uint32_t)pairs[i].src * g->src_block_stride;
+        cudaError_t err = cudaSuccess;
+        if (two_d) {
+            err = cudaMemcpy2DAsync(dst, (size_t)g->dst_layer_stride, src,
+                                    (size_t)g->src_layer_stride, (size_t)g->block_bytes,
+                                    g->num_layers, kind, cs);
+        } else {
+            for (uint32_t l = 0; l < g->num_layers && err == cudaSuccess; l++)
+                err = cudaMemcpyAsync(dst + l * g->dst_layer_stride, src + l * g->src_layer_stride,
+                                      (size_t)g->block_bytes, kind, cs);
+        }
         if (err != cudaSuccess) return cuda_status(err);
     }
     return PKV_OK;

@@ -58,12 +58,16 @@ static pkv_status host_copy_blocks(pkv_backend *b, void *arena, const pkv_block_
 }
 
 static pkv_status host_transfer(pkv_backend *b, void *dst_base, const void *src_base,
-                                const pkv_copy_region *regions, uint32_t n, pkvi_dir dir,
-                                void *stream) {
+                                const pkv_block_copy *pairs, uint32_t n, const pkvi_xfer_geom *g,
+                                pkvi_dir dir, void *stream) {
     (void)b, (void)dir, (void)stream;
     for (uint32_t i = 0; i < n; i++)
-        memcpy((char *)dst_base + regions[i].dst_offset,
-               (const char *)src_base + regions[i].src_offset, regions[i].bytes);
+        for (uint32_t l = 0; l < g->num_layers; l++)
+            memcpy((char *)dst_base + l * g->dst_layer_stride +
+                       (uint64_t)(uint32_t)pairs[i].dst * g->dst_block_stride,
+                   (const char *)src_base + l * g->src_layer_stride +
+                       (uint64_t)(uint32_t)pairs[i].src * g->src_block_stride,
+                   (size_t)g->block_bytes);
     return PKV_OK;
 }
 

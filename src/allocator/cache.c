@@ -18,9 +18,6 @@ struct pkv_cache {
     uint64_t arena_bytes;
     void *arena;           // owned, from backend; borrowed when external
     int external;          // 1: the caller owns the arena
-    // Scratch for batched copies, grown on demand (copies are not the hot path).
-    pkv_copy_region *regions;
-    uint32_t cap_regions;
 };
 
 size_t pkv_dtype_size(pkv_dtype dtype) {
@@ -153,7 +150,6 @@ void pkv_cache_destroy(pkv_cache *cache) {
     if (!cache) return;
     if (!cache->external)
         pkv_backend_free(cache->backend, cache->arena, (size_t)cache->arena_bytes);
-    free(cache->regions);
     free(cache);
 }
 
@@ -192,16 +188,6 @@ pkv_status pkv_cache_block_ptr(const pkv_cache *cache, uint32_t layer, pkv_block
     return PKV_OK;
 }
 
-static int grow(void **array, uint32_t *cap, uint64_t need, size_t elem) {
-    if (need <= *cap) return 1;
-    if (need > UINT32_MAX) return 0;
-    void *p = realloc(*array, (size_t)need * elem);
-    if (!p) return 0;
-    *array = p;
-    *cap = (uint32_t)need;
-    return 1;
-}
-
 // The copy grid of this cache (block_copy.h): K and V of a block are adjacent
 // within a layer, so one (pair, layer) moves one contiguous 2 x half block.
 static pkvi_copy_geom copy_geom(const pkv_cache *c) {
@@ -235,8 +221,8 @@ pkv_status pkv_cache_apply_copies(pkv_cache *cache, pkv_seqset *set, void *strea
     uint32_t n;
     pkv_status st = pkv_seqset_copies(set, &copies, &n);
     if (st != PKV_OK || n == 0) return st;
-    // The queue is emptied only once the copies ran, so a failure here (no memory
-    // for the regions, a CUDA error) leaves them queued and pinned for a retry.
+    // The queue is emptied only once the copies are enqueued, so a failure here (a
+    // CUDA error) leaves them queued and pinned for a retry.
     st = pkv_cache_copy_blocks(cache, copies, n, stream);
     return st == PKV_OK ? pkv_seqset_copies_done(set) : st;
 }
@@ -257,23 +243,21 @@ pkv_status pkv_cache_transfer(pkv_cache *dst, const pkv_cache *src, const pkv_bl
     const int src_dev = pkv_backend_get_kind(src->backend) == PKV_BACKEND_CUDA;
     const int dst_dev = pkv_backend_get_kind(dst->backend) == PKV_BACKEND_CUDA;
     if (src_dev && dst_dev) return PKV_ERR_UNSUPPORTED;
-    const uint32_t layers = src->params.num_layers;
-    if (!grow((void **)&dst->regions, &dst->cap_regions, (uint64_t)n * layers,
-              sizeof *dst->regions))
-        return PKV_ERR_OUT_OF_MEMORY;
-    // One region per (pair, layer): K and V of a block are adjacent in a layer.
-    uint32_t r = 0;
-    for (uint32_t i = 0; i < n; i++)
-        for (uint32_t l = 0; l < layers; l++, r++) {
-            dst->regions[r].src_offset = block_offset(src, l, pairs[i].src, 0);
-            dst->regions[r].dst_offset = block_offset(dst, l, pairs[i].dst, 0);
-            dst->regions[r].bytes = 2 * src->geom.half_block_bytes;
-        }
+    // K and V of a block are adjacent in a layer: one block_bytes run per (pair, layer).
+    const uint64_t es = pkv_dtype_size(src->params.dtype);
+    const pkvi_xfer_geom g = {
+        .src_layer_stride = src->geom.layer_stride * es,
+        .src_block_stride = src->geom.block_stride * es,
+        .dst_layer_stride = dst->geom.layer_stride * es,
+        .dst_block_stride = dst->geom.block_stride * es,
+        .block_bytes = 2 * src->geom.half_block_bytes,
+        .num_layers = src->params.num_layers,
+    };
     // The device side's backend moves the bytes; host to host goes through the
     // destination's host backend.
     pkv_backend *mover = src_dev ? src->backend : dst->backend;
     pkvi_dir dir = src_dev   ? PKVI_DEVICE_TO_HOST
                    : dst_dev ? PKVI_HOST_TO_DEVICE
                              : PKVI_HOST_TO_HOST;
-    return pkvi_backend_transfer(mover, dst->arena, src->arena, dst->regions, r, dir, stream);
+    return pkvi_backend_transfer(mover, dst->arena, src->arena, pairs, n, &g, dir, stream);
 }
