@@ -2,6 +2,7 @@
 // pkv-replay: replay a request trace through one or every KV-cache policy and
 // print the comparison (table on stdout, --json for machines, --timeline CSV
 // per step for plots). Exit codes: 0 ok, 1 runtime failure, 2 bad usage or input.
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -141,8 +142,8 @@ int main(int argc, char **argv) {
             else BAD("unknown --format '%s'", v);
         } else if (!strcmp(a, "--load-scale")) {
             NEED();
-            if (parse_f(v, &load_scale) || !(load_scale > 0))
-                BAD("--load-scale must be > 0, got '%s'", v);
+            if (parse_f(v, &load_scale) || !(load_scale > 0) || !isfinite(load_scale))
+                BAD("--load-scale must be a finite number > 0, got '%s'", v);
         } else if (!strcmp(a, "--skip-bad")) {
             lo.skip_bad = 1;
         } else if (!strcmp(a, "--policy")) {
@@ -281,6 +282,8 @@ int main(int argc, char **argv) {
         st = pkv_trace_create(scaled, n, &t2, &err);
         free(scaled);
         pkv_trace_destroy(trace);
+        if (st == PKV_ERR_FORMAT) // a tiny scale divides arrivals up to inf
+            BAD("--load-scale %g does not give valid arrivals: %s", load_scale, err.message);
         if (st != PKV_OK) {
             fprintf(stderr, "pkv-replay: %s\n", pkv_status_str(st));
             return 1;

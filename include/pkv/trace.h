@@ -136,7 +136,10 @@ typedef struct pkv_tracegen_params {
 pkv_tracegen_params pkv_tracegen_params_default(void);
 
 // Generate a trace (deterministic for a given params, seed included).
-// PKV_ERR_INVALID_ARG names nothing: check the ranges documented above.
+// PKV_ERR_INVALID_ARG names nothing: check the ranges documented above. Every
+// double parameter must be finite; parameters whose arrivals overflow to inf
+// (a rate near 0, a burst_cv so large that the gaps are not finite) are
+// refused too, so a generated trace always passes the loader's checks.
 pkv_status pkv_trace_generate(const pkv_tracegen_params *params, pkv_trace **out);
 
 #ifdef __cplusplus

@@ -108,13 +108,18 @@ static void wq_pop_front(engine *e) {
     e->wq_len--;
 }
 
-static uint32_t final_len(const pkv_trace_request *q) { return q->prompt_tokens + q->output_tokens - 1; }
+// In 64 bits: prompt + output of a valid trace can pass 2^32 (issue 15).
+// Admission rejects a request whose final length exceeds max_len (a uint32),
+// so every admitted request's final length fits a uint32.
+static uint64_t final_len(const pkv_trace_request *q) {
+    return (uint64_t)q->prompt_tokens + q->output_tokens - 1;
+}
 
 static void make_admit(const engine *e, uint32_t r, pkvi_admit *a) {
     const pkv_trace_request *q = &e->reqs[r];
     const req_state *s = &e->st[r];
     a->prompt = q->prompt_tokens;
-    a->final_len = final_len(q);
+    a->final_len = final_len(q) > UINT32_MAX ? UINT32_MAX : (uint32_t)final_len(q);
     a->n = q->output_tokens > 1 ? q->n : 1; // a one-token request never forks
     if (s->restore) {
         a->len = q->prompt_tokens + s->emitted - 1;
@@ -333,7 +338,7 @@ static pkv_status engine_run(engine *e, pkv_replay_report *rep) {
             // P + e - 1; a new one P (e = 0).
             const uint32_t len = e->reqs[r].prompt_tokens + e->st[r].emitted -
                                  (e->st[r].fresh && e->st[r].restore ? 1 : 0);
-            ops->sample(e->pol, r, e->st[r].nseq, len, final_len(&e->reqs[r]), &s);
+            ops->sample(e->pol, r, e->st[r].nseq, len, (uint32_t)final_len(&e->reqs[r]), &s);
             reservation += s.reservation;
         }
         pkvi_alloc_counts cnt;

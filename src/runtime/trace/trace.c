@@ -204,7 +204,11 @@ pkv_status pkv_trace_write_csv(const pkv_trace *t, FILE *f) {
     fprintf(f, "arrival_s,prompt_tokens,output_tokens,n,prefix_group,prefix_tokens,request_id\n");
     for (size_t i = 0; i < t->count; i++) {
         const pkv_trace_request *r = &t->reqs[i];
-        fprintf(f, "%.6f,%u,%u,%u,%lld,%u,%llu\n", r->arrival_s, r->prompt_tokens,
+        // Microseconds in fixed point, as traces/README.md shows; from 1e15 s on
+        // (where %.6f grows past the reader's 64-character field, up to ~300
+        // characters at 1e300) %.17g, which reads back exactly.
+        fprintf(f, r->arrival_s < 1e15 ? "%.6f,%u,%u,%u,%lld,%u,%llu\n" : "%.17g,%u,%u,%u,%lld,%u,%llu\n",
+                r->arrival_s, r->prompt_tokens,
                 r->output_tokens, r->n, (long long)r->prefix_group, r->prefix_tokens,
                 (unsigned long long)r->request_id);
     }
