@@ -51,6 +51,7 @@ static void skip_ws(cursor *c) {
 // Fail with a message; at the end of the line the real problem is truncation.
 static int fail(cursor *c, const char *what) {
     if (c->p >= c->end) snprintf(c->msg, c->msg_len, "truncated line: unterminated JSON object");
+    else if (*c->p == '\0') snprintf(c->msg, c->msg_len, "NUL byte in the line");
     else snprintf(c->msg, c->msg_len, "%s", what);
     return -1;
 }
@@ -220,7 +221,7 @@ static int scan_hash_ids(cursor *c, u64vec *ids, size_t *nids) {
         return 0;
     }
     for (;;) {
-        uint64_t id;
+        uint64_t id = 0;
         skip_ws(c);
         if (scan_block_id(c, &id) != 0) return -1;
         if (u64_push(ids, id) != 0) {
