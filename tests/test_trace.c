@@ -628,6 +628,9 @@ Test(issue15, d6_extreme_values_save_and_load_back) {
     pkv_trace_destroy(b);
 }
 
+#if defined(__clang__)
+__attribute__((no_sanitize("unsigned-integer-overflow"))) // splitmix64 wraps by design
+#endif
 static uint64_t rt_next(uint64_t *s) {
     uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;

@@ -109,8 +109,9 @@ static int parse_u64(span s, uint64_t *v) {
     if (s.n == 0 || s.n > 20) return -1;
     uint64_t x = 0;
     for (size_t i = 0; i < s.n; i++) {
-        const unsigned d = (unsigned)(unsigned char)s.p[i] - '0';
-        if (d > 9 || x > (UINT64_MAX - d) / 10) return -1;
+        if (s.p[i] < '0' || s.p[i] > '9') return -1;
+        const unsigned d = (unsigned)(s.p[i] - '0');
+        if (x > (UINT64_MAX - d) / 10) return -1;
         x = x * 10 + d;
     }
     *v = x;
@@ -128,13 +129,14 @@ static int parse_double(span s, double *v) {
 }
 
 // Days since 1970-01-01 of a proleptic Gregorian date.
-static long long days_from_civil(long long y, unsigned m, unsigned d) {
+// (H. Hinnant's algorithm, in signed arithmetic so nothing wraps.)
+static long long days_from_civil(long long y, int m, int d) {
     y -= m <= 2;
     const long long era = (y >= 0 ? y : y - 399) / 400;
-    const unsigned yoe = (unsigned)(y - era * 400);
-    const unsigned doy = (153 * (m + (m > 2 ? -3 : 9)) + 2) / 5 + d - 1;
-    const unsigned doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    return era * 146097 + (long long)doe - 719468;
+    const long long yoe = y - era * 400;                               // [0, 399]
+    const long long doy = (153 * (m > 2 ? m - 3 : m + 9) + 2) / 5 + d - 1; // [0, 365]
+    const long long doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;       // [0, 146096]
+    return era * 146097 + doe - 719468;
 }
 
 // "YYYY-MM-DD HH:MM:SS[.fraction]" to seconds since the epoch. 0 on success.
@@ -166,7 +168,7 @@ static int parse_timestamp(span s, double *v) {
         frac = strtod(buf + 19, NULL);
         if (!(frac >= 0 && frac < 1)) return -1;
     }
-    *v = (double)days_from_civil(y, (unsigned)mo, (unsigned)d) * 86400.0 + h * 3600.0 +
+    *v = (double)days_from_civil(y, mo, d) * 86400.0 + h * 3600.0 +
          mi * 60.0 + sec + frac;
     return 0;
 }

@@ -39,7 +39,7 @@ pkv_tracegen_params pkv_tracegen_params_default(void) {
 }
 
 // splitmix64: small, fast, and good enough for workload sampling.
-static uint64_t next_u64(uint64_t *s) {
+PKVI_WRAPS static uint64_t next_u64(uint64_t *s) {
     uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;

@@ -321,7 +321,7 @@ static int parse_line(const char *p, size_t n, double *vals, int *seen, u64vec *
 
 // ---- prefix groups from hash-id chains ----
 
-static uint64_t mix(uint64_t h, uint64_t x) {
+PKVI_WRAPS static uint64_t mix(uint64_t h, uint64_t x) {
     h ^= x + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
     h ^= h >> 31;
     h *= 0xbf58476d1ce4e5b9ull;
@@ -335,7 +335,7 @@ typedef struct counter {
     size_t mask;
 } counter;
 
-static uint32_t *counter_slot(counter *t, uint64_t key) {
+PKVI_WRAPS static uint32_t *counter_slot(counter *t, uint64_t key) {
     size_t i = (size_t)(key * 0x9e3779b97f4a7c15ull) & t->mask;
     while (t->keys[i] != 0 && t->keys[i] != key) i = (i + 1) & t->mask;
     t->keys[i] = key;

@@ -69,7 +69,7 @@ void pkv_trace_destroy(pkv_trace *trace) {
     free(trace);
 }
 
-static uint32_t token_hash(uint64_t a, uint64_t b) {
+PKVI_WRAPS static uint32_t token_hash(uint64_t a, uint64_t b) {
     uint64_t h = a * 0x9e3779b97f4a7c15ull ^ (b + 0x632be59bd9b4e019ull);
     h ^= h >> 32;
     h *= 0xd6e8feb86659fd93ull;
@@ -77,7 +77,7 @@ static uint32_t token_hash(uint64_t a, uint64_t b) {
     return (uint32_t)(h & 0x7fffffff);
 }
 
-void pkvi_trace_tokens(const pkv_trace *t, size_t i, uint32_t n, int32_t *out) {
+PKVI_WRAPS void pkvi_trace_tokens(const pkv_trace *t, size_t i, uint32_t n, int32_t *out) {
     const pkv_trace_request *r = &t->reqs[i];
     // Three disjoint salts: Mooncake blocks, native groups, the request itself.
     const uint64_t own = ((uint64_t)i << 2) | 1;
