@@ -593,6 +593,8 @@ Test(issue15, d4_nul_bytes_are_errors_in_every_reader) {
     static const char mc3[] = "{\"timestamp\": 0, \"input_length\": 3, \"output_length\": 4, "
                               "\"hash_ids\": [1\0]}\n";
     parse_bad_n(mc3, sizeof mc3 - 1, "m.jsonl", 1, "hash_ids", "NUL");
+    static const char mc4[] = "{\"time\0stamp\": 0, \"input_length\": 3, \"output_length\": 4}\n";
+    parse_bad_n(mc4, sizeof mc4 - 1, "m.jsonl", 1, "", "NUL");
 }
 
 // Defect 6: saved traces did not load back (1e300 arrivals written as 300

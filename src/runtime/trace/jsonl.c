@@ -254,10 +254,8 @@ static int parse_line(const char *p, size_t n, double *vals, int *seen, u64vec *
             size_t kn;
             skip_ws(&c);
             // After a ',' a key must follow: a trailing comma fails here.
-            if (scan_string(&c, &k, &kn) != 0) {
-                if (c.p < c.end) snprintf(msg, msg_len, "expected a quoted key");
-                return -1;
-            }
+            if (c.p >= c.end || *c.p != '"') return fail(&c, "expected a quoted key");
+            if (scan_string(&c, &k, &kn) != 0) return -1;
             int key = -1;
             for (int i = 0; i < NUM_KEYS; i++)
                 if (strlen(key_names[i]) == kn && memcmp(key_names[i], k, kn) == 0) key = i;
