@@ -2,7 +2,6 @@
 // pkv-tracegen: write a synthetic request trace in the native CSV format from
 // documented distributions (traces/README.md). Exit codes: 0 ok, 1 I/O failure,
 // 2 bad usage.
-#include <errno.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -45,7 +44,6 @@ static void usage(FILE *f) {
 // A finite decimal number filling the whole argument.
 static int num(const char *s, double *v) {
     char *end;
-    errno = 0;
     *v = strtod(s, &end);
     return (!*s || *end || !isfinite(*v)) ? -1 : 0;
 }
