@@ -5,14 +5,16 @@
 // The input's first bytes choose the pool size, block size and whether a
 // prefix cache is attached; every following pair of bytes is one operation
 // (create, create_cached, append, fork, free, flush copies, insert into the
-// cache, reclaim). The model holds each sequence's token ids; the "K/V" of
+// cache, reclaim; codes from 0xC0 on: alloc / retain / release / release_n on a
+// second, bare pool, checked against a model of its refcounts). The model holds each sequence's token ids; the "K/V" of
 // position p is a hash chained over tokens 0..p (as real K/V depends on the
 // whole prefix), written into a simulated cache memory after the queued
 // copy-on-write copies have run, as an engine step does. Oracles, after every
 // operation: lengths and block counts equal the model's, pool / set / cache
 // validate, a failed append takes no block, and after each flush every live
 // sequence reads back exactly its model values through its block table (so a
-// wrong CoW, a bad prefix hit or a block handed out twice shows). At the end
+// wrong CoW, a bad prefix hit or a block handed out twice shows), and the CSR
+// export agrees with the block tables. At the end
 // every sequence is freed and the cache reclaimed: all blocks must be free.
 #include <stdint.h>
 #include <stdio.h>
@@ -61,6 +63,10 @@ typedef struct world {
     mseq seqs[MAX_SEQS];
     write writes[MAX_SEQS * MAX_LEN];
     uint32_t num_writes;
+    // The bare pool and its model: refcount of every block (0 = free).
+    pkv_pool *bare;
+    uint32_t bare_cap;
+    int32_t bare_ref[64];
 } world;
 
 // Chained value of position p: depends on every token before it. The wrap of
@@ -117,6 +123,8 @@ static void flush(world *w) {
         w->mem[w->writes[i].slot] = w->writes[i].value;
     }
     w->num_writes = 0;
+    pkv_seq_id ids[MAX_SEQS];
+    uint32_t nids = 0, total = 0;
     for (int k = 0; k < MAX_SEQS; k++) {
         const mseq *m = &w->seqs[k];
         if (!m->live) continue;
@@ -126,7 +134,109 @@ static void flush(world *w) {
         for (uint32_t p = 0; p < m->len; p++)
             CHECK(w->mem[(size_t)t[p / w->bs] * w->bs + p % w->bs] == m->val[p],
                   "seq %d position %u holds the wrong value", m->id, p);
+        ids[nids++] = m->id;
+        total += nb;
     }
+    // The CSR export (FlashInfer layout) says the same as the block tables.
+    static int32_t indices[MAX_SEQS * MAX_LEN];
+    int32_t indptr[MAX_SEQS + 1], last[MAX_SEQS];
+    if (nids == 0) return;
+    if (total > 0)
+        CHECK(pkv_seqset_export_csr(w->set, ids, nids, indptr, indices, total - 1, last) ==
+                  PKV_ERR_BUFFER_TOO_SMALL,
+              "short CSR buffer accepted");
+    CHECK(pkv_seqset_export_csr(w->set, ids, nids, indptr, indices, total, last) == PKV_OK, "csr");
+    CHECK(indptr[0] == 0 && (uint32_t)indptr[nids] == total, "indptr ends");
+    for (uint32_t i = 0; i < nids; i++) {
+        const pkv_block_id *t;
+        uint32_t nb, len;
+        CHECK(pkv_seq_block_table(w->set, ids[i], &t, &nb) == PKV_OK &&
+                  pkv_seq_length(w->set, ids[i], &len) == PKV_OK, "table");
+        CHECK((uint32_t)(indptr[i + 1] - indptr[i]) == nb, "csr row %u length", i);
+        for (uint32_t j = 0; j < nb; j++) CHECK(indices[indptr[i] + (int32_t)j] == t[j], "csr entry");
+        CHECK((uint32_t)last[i] == (len == 0 ? 0 : len - (nb - 1) * w->bs), "last_page_len %d", last[i]);
+    }
+}
+
+// One operation on the bare pool, checked against its refcount model.
+static void bare_op(world *w, uint8_t code, uint8_t arg) {
+    const uint32_t free_before = pkv_pool_free_count(w->bare);
+    // An id in -1 .. cap: out-of-range ids must be refused too.
+    const pkv_block_id id = (pkv_block_id)(arg % (w->bare_cap + 2)) - 1;
+    const int in_range = id >= 0 && (uint32_t)id < w->bare_cap;
+    switch (code % 4) {
+    case 0: { // alloc n, all or nothing
+        const uint32_t n = arg % 8;
+        pkv_block_id got[8];
+        pkv_status st = pkv_pool_alloc(w->bare, n, got);
+        if (n > free_before) {
+            CHECK(st == PKV_ERR_OUT_OF_BLOCKS && pkv_pool_free_count(w->bare) == free_before,
+                  "over-alloc");
+            return;
+        }
+        CHECK(st == PKV_OK, "alloc %u of %u free: %d", n, free_before, (int)st);
+        for (uint32_t i = 0; i < n; i++) {
+            CHECK(got[i] >= 0 && (uint32_t)got[i] < w->bare_cap && w->bare_ref[got[i]] == 0,
+                  "alloc gave block %d, not a free one", got[i]);
+            w->bare_ref[got[i]] = 1;
+        }
+        return;
+    }
+    case 1: { // retain
+        pkv_status st = pkv_pool_retain(w->bare, id);
+        if (!in_range || w->bare_ref[id] == 0) {
+            CHECK(st == PKV_ERR_NOT_FOUND, "retain of free/out-of-range %d: %d", id, (int)st);
+            return;
+        }
+        CHECK(st == PKV_OK, "retain %d", id);
+        w->bare_ref[id]++;
+        return;
+    }
+    case 2: { // release
+        pkv_status st = pkv_pool_release(w->bare, id);
+        if (!in_range || w->bare_ref[id] == 0) {
+            CHECK(st == PKV_ERR_NOT_FOUND, "release of free/out-of-range %d: %d", id, (int)st);
+            return;
+        }
+        CHECK(st == PKV_OK, "release %d", id);
+        w->bare_ref[id]--;
+        return;
+    }
+    case 3: { // release_n of up to 3 ids (repeats allowed): all checked first
+        pkv_block_id ids[3];
+        const uint32_t n = 1 + arg % 3;
+        int32_t need[64] = {0};
+        int ok = 1;
+        for (uint32_t i = 0; i < n; i++) {
+            ids[i] = (pkv_block_id)(((uint32_t)arg * (i + 3u) + code) % (w->bare_cap + 2)) - 1;
+            if (ids[i] < 0 || (uint32_t)ids[i] >= w->bare_cap) ok = 0;
+            else need[ids[i]]++;
+        }
+        for (uint32_t b = 0; b < w->bare_cap && ok; b++)
+            if (need[b] > w->bare_ref[b]) ok = 0;
+        pkv_status st = pkv_pool_release_n(w->bare, ids, n);
+        CHECK((st == PKV_OK) == ok, "release_n: status %d, model says %s", (int)st,
+              ok ? "ok" : "refuse");
+        if (!ok) {
+            CHECK(pkv_pool_free_count(w->bare) == free_before, "refused release_n changed the pool");
+            return;
+        }
+        for (uint32_t b = 0; b < w->bare_cap; b++) w->bare_ref[b] -= need[b];
+        return;
+    }
+    }
+}
+
+static void bare_check(const world *w) {
+    uint32_t nfree = 0;
+    for (uint32_t b = 0; b < w->bare_cap; b++) {
+        const int32_t rc = pkv_pool_refcount(w->bare, (pkv_block_id)b);
+        CHECK(rc == w->bare_ref[b], "block %u refcount %d want %d", b, rc, w->bare_ref[b]);
+        nfree += w->bare_ref[b] == 0;
+    }
+    CHECK(pkv_pool_free_count(w->bare) == nfree, "free count %u want %u",
+          pkv_pool_free_count(w->bare), nfree);
+    CHECK(pkv_pool_validate(w->bare) == PKV_OK, "bare pool invalid");
 }
 
 static void drop_writes(world *w, pkv_seq_id id) {
@@ -267,10 +377,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     w.mem = calloc((size_t)w.capacity * w.bs, sizeof *w.mem);
     CHECK(w.mem != NULL, "mem");
+    w.bare_cap = 1 + data[0] / 4 % 64;
+    CHECK(pkv_pool_create(w.bare_cap, &w.bare) == PKV_OK, "bare pool");
     for (size_t i = 3; i + 1 < size; i += 2) {
-        op(&w, data[i], data[i + 1]);
-        check_state(&w);
+        // Codes 0xC0 and up drive the bare pool; the rest the sequences.
+        if (data[i] >= 0xC0) {
+            bare_op(&w, data[i], data[i + 1]);
+            bare_check(&w);
+        } else {
+            op(&w, data[i], data[i + 1]);
+            check_state(&w);
+        }
     }
+    pkv_pool_destroy(w.bare);
     flush(&w);
     // Nothing lost: free everything, reclaim the cache, every block is free.
     for (int k = 0; k < MAX_SEQS; k++) {
