@@ -776,4 +776,11 @@ Test(issue15, d13_bom_accepted_and_long_rows_refused) {
               "4 fields, the header has 3");
     parse_bad("arrival_s,prompt_tokens,output_tokens\n0,10,5\n1,10,5,\n", "long.csv", 3, "",
               "the header has 3");
+    // Found while fixing 4: strtod took hex floats and words for arrivals.
+    const char *words[] = {"0x1p3", "inf", "nan", "infinity", "1e400"};
+    for (int k = 0; k < 5; k++) {
+        char text[96];
+        snprintf(text, sizeof text, "arrival_s,prompt_tokens,output_tokens\n%s,10,5\n", words[k]);
+        parse_bad(text, "w.csv", 2, "arrival_s", "not a number");
+    }
 }

@@ -118,9 +118,13 @@ static int parse_u64(span s, uint64_t *v) {
     return 0;
 }
 
+// A finite decimal number that fills the field. strtod alone would also take
+// hex floats ("0x1p3"), "inf" and "nan".
 static int parse_double(span s, double *v) {
     char buf[64];
     if (s.n == 0 || s.n >= sizeof buf) return -1;
+    for (size_t i = 0; i < s.n; i++)
+        if (!isdigit((unsigned char)s.p[i]) && !strchr("+-.eE", s.p[i])) return -1;
     quote(s, buf, sizeof buf);
     char *end;
     errno = 0;
