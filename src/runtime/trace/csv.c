@@ -124,7 +124,8 @@ static int parse_double(span s, double *v) {
     char buf[64];
     if (s.n == 0 || s.n >= sizeof buf) return -1;
     for (size_t i = 0; i < s.n; i++)
-        if (!isdigit((unsigned char)s.p[i]) && !strchr("+-.eE", s.p[i])) return -1;
+        if (!isdigit((unsigned char)s.p[i]) && (s.p[i] == '\0' || !strchr("+-.eE", s.p[i])))
+            return -1; // (strchr finds '\0' too: the terminator)
     quote(s, buf, sizeof buf);
     char *end;
     errno = 0;
