@@ -143,7 +143,7 @@ int main(int argc, char **argv) {
             else BAD("unknown --format '%s'", v);
         } else if (!strcmp(a, "--load-scale")) {
             NEED();
-            if (rt_parse_load_scales(v, &axes, err, sizeof err)) BAD("--load-scale: %s", err);
+            if (rt_parse_load_scales(v, &axes, err, sizeof err)) BAD("--load-scale %s", err);
         } else if (!strcmp(a, "--skip-bad")) {
             lo.skip_bad = 1;
         } else if (!strcmp(a, "--policy")) {
@@ -343,6 +343,18 @@ int main(int argc, char **argv) {
         pkv_trace_destroy(trace);
         rt_stamp_free(&stamp);
         return st == PKV_ERR_OUT_OF_MEMORY ? 1 : 2;
+    }
+    // Arrivals are divided by the load scale: a tiny scale pushes the last one
+    // to infinity, which the replay refuses. Say which option is at fault.
+    const double last_arrival = pkv_trace_requests(trace)[pkv_trace_count(trace) - 1].arrival_s;
+    for (size_t i = 0; i < axes.num_load_scales; i++) {
+        if (!isfinite(last_arrival / axes.load_scales[i])) {
+            pkv_trace_destroy(trace);
+            rt_stamp_free(&stamp);
+            BAD("--load-scale %g does not give valid arrivals: the last arrival, %g s, becomes "
+                "infinite",
+                axes.load_scales[i], last_arrival);
+        }
     }
     // The points: the sweep's cross product, or one SLO search per point
     // without its load scale; then this shard's share of them.

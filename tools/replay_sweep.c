@@ -77,7 +77,7 @@ static int load_item(const char *t, rt_axes *a, char *err, size_t cap) {
     char *end;
     double v = strtod(t, &end);
     if (!*t || *end || !(v > 0) || !isfinite(v)) {
-        snprintf(err, cap, "load scale must be a number > 0, got '%s'", t);
+        snprintf(err, cap, "must be a finite number > 0, got '%s'", t);
         return -1;
     }
     if (a->num_load_scales == sizeof a->load_scales / sizeof a->load_scales[0]) {

@@ -192,7 +192,8 @@ typedef struct pkv_replay_params {
     pkv_batching batching;         // default continuous
     uint32_t chunked_prefill;      // 0 (default): off; else prefill + decode tokens per
                                    // step, long prompts split across steps
-    double load_scale;             // arrivals divided by this (> 0), default 1
+    double load_scale;             // arrivals divided by this (> 0, and every scaled arrival
+                                   // finite, else PKV_ERR_INVALID_ARG), default 1
     int prefix_sharing;            // paged, sim mode: prefix cache over the trace's shared
                                    // prefixes (prefix_group, Mooncake hash_ids); default 1
     // Run mode.

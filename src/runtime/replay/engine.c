@@ -30,6 +30,7 @@
 // its final length is P + O - 1. A restored request recomputes (or swaps in)
 // exactly the tokens it held and emits nothing in that step.
 #include <math.h>
+#include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -221,7 +222,7 @@ static pkv_status time_step(engine *e, double *dt_out) {
         // After growth a decoded sequence holds P + e tokens; one that was
         // prefilled or restored (or still is) what its prefill fills.
         const uint32_t len = (s->fresh || s->prefilling) ? s->pf_len : prompt_of(e, r) + s->emitted;
-        ops->sample(e->pol, r, s->nseq, len, final_len(e, r), &m);
+        ops->sample(e->pol, r, s->nseq, len, (uint32_t)final_len(e, r), &m);
         reservation += m.reservation;
     }
     pkvi_alloc_counts cnt;
@@ -441,7 +442,7 @@ static void explain_failure(const engine *e, uint64_t budget, pkv_replay_report 
     } else if (e->rejected_long > 0) {
         snprintf(rep->failure, sizeof rep->failure,
                  "no request of this trace fits max_seq_len %u and max_batch %u (the shortest "
-                 "holds %u tokens)",
+                 "holds %" PRIu64 " tokens)",
                  e->max_len, e->prm->max_batch, e->min_long_len);
     } else {
         snprintf(rep->failure, sizeof rep->failure, "no request completed");
@@ -479,7 +480,7 @@ pkv_status pkvi_engine_run(engine *e, uint64_t budget, pkv_replay_report *rep) {
     e->t = arrival(e, 0);
     e->last_finish = e->t;
     e->min_need_slots = UINT64_MAX;
-    e->min_long_len = UINT32_MAX;
+    e->min_long_len = UINT64_MAX;
     while (e->finished < e->n) {
         const uint64_t before = e->steps;
         if ((status = engine_step(e)) != PKV_OK) goto out;

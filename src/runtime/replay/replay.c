@@ -46,11 +46,20 @@ static void report_no_capacity(engine *e, uint64_t budget, pkv_replay_report *re
     pkvi_engine_report_failed(e, budget, rep);
 }
 
+// Arrivals are divided by the load scale as the engine runs: a tiny scale can
+// push the last arrival to infinity, and a step loop waiting for it would never
+// end (issue 15, defect 13). Arrivals are sorted, so the last one decides.
+static int scaled_arrivals_finite(const pkv_trace *trace, double load_scale) {
+    const pkv_trace_request *q = pkv_trace_requests(trace);
+    return isfinite(q[pkv_trace_count(trace) - 1].arrival_s / load_scale);
+}
+
 pkv_status pkv_replay_run(const pkv_trace *trace, const pkv_replay_params *params,
                           pkv_replay_report *report) {
     if (!trace || !params || !report || pkv_trace_count(trace) == 0 || !params_ok(params))
         return PKV_ERR_INVALID_ARG;
     if (pkv_trace_count(trace) > UINT32_MAX - 1) return PKV_ERR_INVALID_ARG;
+    if (!scaled_arrivals_finite(trace, params->load_scale)) return PKV_ERR_INVALID_ARG;
     if (params->mode == PKV_REPLAY_RUN &&
         (params->policy != PKV_POLICY_PAGED || params->chunked_prefill ||
          params->batching != PKV_BATCHING_CONTINUOUS))
