@@ -50,9 +50,24 @@ PyArrayObject *pkvpy_int_vector(PyObject *obj, int typenum, const char *what) {
             return NULL;
         }
     }
-    // General path: through int64 (uint64 above 2**63 fails the cast and is reported).
-    PyArrayObject *wide = (PyArrayObject *)PyArray_FROMANY(obj, NPY_INT64, 0, 1,
-                                                           NPY_ARRAY_IN_ARRAY);
+    // General path: discover the type first (a list of floats must not be truncated
+    // into ids), then widen to int64 (uint64 above 2**63 fails the cast, reported).
+    PyArrayObject *wide = NULL;
+    PyArrayObject *any = (PyArrayObject *)PyArray_FromAny(obj, NULL, 0, 1, 0, NULL);
+    if (any) {
+        if (PyArray_SIZE(any) > 0 && !PyArray_ISINTEGER(any) && !PyArray_ISBOOL(any)) {
+            pkvpy_raise(PKV_ERR_INVALID_ARG, what, "expected integers, got dtype %c",
+                        PyArray_DESCR(any)->type);
+            Py_DECREF(any);
+            return NULL;
+        }
+        if (PyArray_SIZE(any) == 0 && PyArray_NDIM(any) == 1)
+            wide = pkvpy_new_vector(0, NPY_INT64); // [] is float64 to numpy
+        else
+            wide = (PyArrayObject *)PyArray_FROMANY((PyObject *)any, NPY_INT64, 0, 1,
+                                                    NPY_ARRAY_IN_ARRAY);
+        Py_DECREF(any);
+    }
     if (!wide) {
         PyObject *type, *value, *tb;
         PyErr_Fetch(&type, &value, &tb);
