@@ -31,6 +31,7 @@ from ._core import (  # noqa: F401
     FormatError,
     InvalidArgument,
     KVCache,
+    LimitExceeded,
     NoDevice,
     NotFound,
     OutOfBlocks,
@@ -54,6 +55,6 @@ __all__ = [
     "load_trace", "parse_trace", "make_trace", "generate_trace", "replay", "ReplayReport",
     "PagedKVError", "InvalidArgument", "OutOfBlocks", "OutOfMemory", "NotFound",
     "Unsupported", "NoDevice", "BackendError", "Corrupt", "BufferTooSmall", "FileError",
-    "FormatError", "Busy", "status_str", "POLICIES", "MODEL_PRESETS", "GPU_PRESETS",
+    "FormatError", "Busy", "LimitExceeded", "status_str", "POLICIES", "MODEL_PRESETS", "GPU_PRESETS",
     "TRACE_DTYPE", "HAVE_BATCH", "HAVE_CUDA", "POOL_MAX_BLOCKS",
 ]

@@ -67,8 +67,8 @@ static PyObject *Prefix_attach(PrefixObject *self, PyObject *set) {
     if (s->prefix == (PyObject *)self)
         Py_RETURN_NONE;
     if (s->prefix)
-        return pkvpy_raise(PKV_ERR_INVALID_ARG, "PrefixCache.attach",
-                           "the SeqSet is already attached to another cache");
+        return pkvpy_raise(PKV_ERR_BUSY, "PrefixCache.attach",
+                           "the SeqSet is already attached to another cache (detach it first)");
     pkv_status st = pkv_prefix_cache_attach(self->cache, s->set);
     if (st != PKV_OK)
         return pkvpy_raise(st, "PrefixCache.attach", "the set must use this cache's pool and "
@@ -76,6 +76,27 @@ static PyObject *Prefix_attach(PrefixObject *self, PyObject *set) {
     Py_INCREF(self);
     s->prefix = (PyObject *)self;
     Py_RETURN_NONE;
+}
+
+static PyObject *Prefix_detach(PrefixObject *self, PyObject *set) {
+    if (!PyObject_TypeCheck(set, &pkvpy_SeqSet_Type))
+        return pkvpy_raise(PKV_ERR_INVALID_ARG, "PrefixCache.detach", "expected a SeqSet");
+    SeqSetObject *s = (SeqSetObject *)set;
+    if (s->prefix != (PyObject *)self)
+        return pkvpy_raise(PKV_ERR_NOT_FOUND, "PrefixCache.detach",
+                           "the SeqSet is not attached to this cache");
+#ifdef PKVPY_HAVE_PKV_PREFIX_CACHE_DETACH
+    pkv_status st = pkv_prefix_cache_detach(self->cache, s->set);
+    if (st != PKV_OK)
+        return pkvpy_raise(st, "PrefixCache.detach", "a sequence or queued copy of the set "
+                           "still holds a block the cache holds");
+    s->prefix = NULL;
+    Py_DECREF(self);
+    Py_RETURN_NONE;
+#else
+    return pkvpy_raise(PKV_ERR_UNSUPPORTED, "PrefixCache.detach",
+                       "this build of libpagedkv does not declare pkv_prefix_cache_detach");
+#endif
 }
 
 static PyObject *Prefix_create_seq(PrefixObject *self, PyObject *args) {
@@ -183,6 +204,8 @@ static PyObject *Prefix_get_block_size(PrefixObject *self, void *c) {
 static PyMethodDef Prefix_methods[] = {
     {"attach", (PyCFunction)Prefix_attach, METH_O,
      "attach(seqset): the set (same pool, block size) now uses this cache."},
+    {"detach", (PyCFunction)Prefix_detach, METH_O,
+     "detach(seqset): the set no longer uses this cache (Busy while it shares cached blocks)."},
     {"create_seq", (PyCFunction)Prefix_create_seq, METH_VARARGS,
      "create_seq(seqset, tokens) -> (id, cached_tokens): a sequence starting with the longest\n"
      "cached prefix of tokens; append and prefill the remaining len(tokens) - cached_tokens."},

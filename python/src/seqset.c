@@ -719,6 +719,13 @@ static PyObject *SeqSet_get_prefix(SeqSetObject *self, void *c) {
     Py_INCREF(p);
     return p;
 }
+static PyObject *SeqSet_get_watermark(SeqSetObject *self, void *c) {
+#ifdef PKVPY_HAVE_PKV_SEQSET_WATERMARK
+    return PyLong_FromUnsignedLong(pkv_seqset_watermark(self->set));
+#else
+    MISSING("SeqSet.watermark", "pkv_seqset_watermark");
+#endif
+}
 static PyObject *SeqSet_get_live(SeqSetObject *self, void *c) {
     return PyLong_FromUnsignedLong(pkv_seqset_live_count(self->set));
 }
@@ -778,6 +785,8 @@ static PyGetSetDef SeqSet_getset[] = {
     {"block_size", (getter)SeqSet_get_block_size, NULL, "tokens per block", NULL},
     {"pool", (getter)SeqSet_get_pool, NULL, "the BlockPool", NULL},
     {"prefix_cache", (getter)SeqSet_get_prefix, NULL, "the attached PrefixCache or None", NULL},
+    {"watermark", (getter)SeqSet_get_watermark, NULL, "blocks growth must leave free (0: off)",
+     NULL},
     {"live_count", (getter)SeqSet_get_live, NULL, "live sequences", NULL},
     {"pending_copies", (getter)SeqSet_get_pending, NULL, "queued copy-on-write copies", NULL},
     {NULL, NULL, NULL, NULL, NULL},

@@ -74,7 +74,7 @@ def test_errors():
         cache.create_seq(other, [1, 2, 3])  # not attached
     with pytest.raises(pkv.InvalidArgument):
         cache.insert(other, 0, [1])
-    with pytest.raises(pkv.InvalidArgument):
+    with pytest.raises(pkv.Busy):
         pkv.PrefixCache(pool, 4).attach(s)  # already attached elsewhere
     with pytest.raises(pkv.InvalidArgument):
         pkv.PrefixCache(pool, 8).attach(other)  # block size differs
