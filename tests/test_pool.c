@@ -110,6 +110,24 @@ Test(pool, bad_ids_and_double_release_are_refused) {
     pkv_pool_destroy(pool);
 }
 
+// Issue 15, defect 11: the refcount used to wrap to INT32_MIN. 2^31 retains take
+// a few seconds; there is no shortcut into the pool's counters from outside.
+Test(pool, retain_stops_at_int32_max, .timeout = 120) {
+    pkv_pool *pool = make_pool(2);
+    pkv_block_id id;
+    cr_assert_eq(pkv_pool_alloc(pool, 1, &id), PKV_OK);
+    for (int32_t rc = 1; rc < INT32_MAX; rc++) {
+        if (pkv_pool_retain(pool, id) != PKV_OK) cr_assert_fail("retain refused at %d", rc);
+    }
+    cr_assert_eq(pkv_pool_refcount(pool, id), INT32_MAX);
+    cr_assert_eq(pkv_pool_retain(pool, id), PKV_ERR_LIMIT);
+    cr_assert_eq(pkv_pool_refcount(pool, id), INT32_MAX, "a refused retain changes nothing");
+    cr_assert_eq(pkv_pool_validate(pool), PKV_OK);
+    cr_assert_eq(pkv_pool_release(pool, id), PKV_OK);
+    cr_assert_eq(pkv_pool_retain(pool, id), PKV_OK, "room again after one release");
+    pkv_pool_destroy(pool);
+}
+
 Test(pool, release_n_checks_everything_first) {
     pkv_pool *pool = make_pool(4);
     pkv_block_id ids[4];

@@ -69,6 +69,7 @@ pkv_status pkv_pool_retain(pkv_pool *pool, pkv_block_id id) {
     if (!pool) return PKV_ERR_INVALID_ARG;
     // The unsigned compare also rejects negative ids.
     if ((uint32_t)id >= pool->capacity || pool->refcount[id] <= 0) return PKV_ERR_NOT_FOUND;
+    if (pool->refcount[id] == INT32_MAX) return PKV_ERR_LIMIT; // never wrap to negative
     pool->refcount[id]++;
     return PKV_OK;
 }
