@@ -162,7 +162,10 @@ class ToyEngine:
 
     def decode(self):
         while self.running:
-            pairs = [(r, s) for r in self.running for s in range(r.n)]
+            # a request can finish at its prefill (max_tokens 1): it only retires
+            pairs = [(r, s) for r in self.running if not r.finished for s in range(r.n)]
+            if not pairs:
+                return
             ids = [r.seqs[s] for r, s in pairs]
             res = self.m.allocate_slots(ids, np.ones(len(ids), dtype=np.int32))
             if res is not None:

@@ -28,8 +28,7 @@ static struct {
     {PKV_ERR_IO, "FileError", "OSError", "A file could not be opened, read or written."},
     {PKV_ERR_FORMAT, "FormatError", "ValueError", "A file did not follow its format."},
     {PKV_ERR_BUSY, "Busy", NULL, "The object is bound elsewhere or in use."},
-    // PKV_ERR_LIMIT (-13) by value: the class exists even before the core declares it.
-    {(pkv_status)-13, "LimitExceeded", NULL, "A count would pass its limit (refcount, live "
+    {PKV_ERR_LIMIT, "LimitExceeded", NULL, "A count would pass its limit (refcount, live "
                                              "sequences)."},
 };
 static PyObject *base_error; // pagedkv.PagedKVError

@@ -105,3 +105,24 @@ def test_cache_outlives_attached_sets():
     assert cached == 4
     del s  # set first, then the cache, then the pool: no crash, no leak
     assert pool.free_count == 8
+
+
+def test_detach():
+    pool, s, cache = setup()
+    a, _ = cache.create_seq(s, list(range(9)))
+    s.append(a, 9)
+    cache.insert(s, a, list(range(9)))
+    with pytest.raises(pkv.Busy):
+        cache.detach(s)  # a still holds cached blocks
+    assert s.prefix_cache is cache
+    s.free(a)
+    cache.detach(s)
+    assert s.prefix_cache is None
+    with pytest.raises(pkv.NotFound):
+        cache.detach(s)
+    with pytest.raises(pkv.InvalidArgument):
+        cache.create_seq(s, [1, 2])
+    other = pkv.PrefixCache(pool, 4)
+    other.attach(s)  # free to serve another cache now
+    assert s.prefix_cache is other
+    assert issubclass(pkv.LimitExceeded, pkv.PagedKVError)
