@@ -7,6 +7,8 @@
 set -euo pipefail
 
 pkgs=(meson ninja-build pkg-config gcc g++ libcriterion-dev libjemalloc-dev libopenblas-dev)
+# The Python package: headers for the extension, venv for python/run_tests.sh.
+pkgs+=(python3-dev python3-venv)
 if [[ "${1:-}" == "--plots" ]]; then pkgs+=(python3-matplotlib); fi
 
 missing=()
