@@ -45,7 +45,7 @@ int main(void) {
     CHECK(pkv_seq_fork(seqs, prompt, &sample));
     // Its first new token lands in the shared, partly filled block: copy-on-write.
     CHECK(pkv_seq_append(seqs, sample, 1, slots));
-    CHECK(pkv_cache_apply_copies(cache, seqs)); // one batched backend copy
+    CHECK(pkv_cache_apply_copies(cache, seqs, NULL)); // one batched backend copy
 
     // Block tables for the attention kernel, vLLM style (padded) ...
     pkv_seq_id batch[2] = {prompt, sample};

@@ -105,7 +105,7 @@ static pkv_status cuda_sync(pkv_model *m) { return check(cudaStreamSynchronize(s
 #define THREADS 256
 
 // Sum (or max) over a block of THREADS threads; every thread gets the result.
-__device__ float block_reduce(float v, int is_max) {
+static __device__ float block_reduce(float v, int is_max) {
     __shared__ float warp_part[THREADS / 32];
     for (int o = 16; o > 0; o >>= 1) {
         float other = __shfl_xor_sync(0xffffffffu, v, o);
@@ -121,7 +121,7 @@ __device__ float block_reduce(float v, int is_max) {
     return v;
 }
 
-__global__ void embed_kernel(uint32_t d, const int32_t *tok, const int32_t *pos,
+static __global__ void embed_kernel(uint32_t d, const int32_t *tok, const int32_t *pos,
                              const float *wte, const float *wpe, float *x) {
     // x: [T][d]; wte: [vocab][d]; wpe: [max_seq_len][d] or NULL
     uint32_t t = blockIdx.x;
@@ -131,7 +131,7 @@ __global__ void embed_kernel(uint32_t d, const int32_t *tok, const int32_t *pos,
         x[(size_t)t * d + i] = e[i] + (p ? p[i] : 0.0f);
 }
 
-__global__ void norm_kernel(uint32_t d, int rms, float eps, const float *x, const float *w,
+static __global__ void norm_kernel(uint32_t d, int rms, float eps, const float *x, const float *w,
                             const float *b, float *y) {
     // x, y: [rows][d]; w, b: [d]
     const float *xr = x + (size_t)blockIdx.x * d;
@@ -149,12 +149,12 @@ __global__ void norm_kernel(uint32_t d, int rms, float eps, const float *x, cons
         yr[i] = (xr[i] - mean) * inv * w[i] + (b ? b[i] : 0.0f);
 }
 
-__global__ void bias_kernel(uint32_t n, const float *b, float *y) {
+static __global__ void bias_kernel(uint32_t n, const float *b, float *y) {
     // y: [T][n]; b: [n]
     for (uint32_t j = threadIdx.x; j < n; j += blockDim.x) y[(size_t)blockIdx.x * n + j] += b[j];
 }
 
-__global__ void rope_kernel(uint32_t heads, uint32_t kv_heads, uint32_t hd, double theta,
+static __global__ void rope_kernel(uint32_t heads, uint32_t kv_heads, uint32_t hd, double theta,
                             const int32_t *pos, float *q, float *k) {
     // q: [T][heads][hd]; k: [T][kv_heads][hd]; interleaved pairs (2i, 2i+1)
     uint32_t t = blockIdx.x, half = hd / 2;
@@ -170,7 +170,7 @@ __global__ void rope_kernel(uint32_t heads, uint32_t kv_heads, uint32_t hd, doub
     }
 }
 
-__global__ void act_kernel(size_t n, float *a, const float *b) {
+static __global__ void act_kernel(size_t n, float *a, const float *b) {
     // a, b: [T][d_ff]; b NULL = GELU (tanh form), else SwiGLU silu(a) * b
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
@@ -180,7 +180,7 @@ __global__ void act_kernel(size_t n, float *a, const float *b) {
     }
 }
 
-__global__ void gather_kernel(uint32_t d, const int32_t *last, const float *x, float *xl) {
+static __global__ void gather_kernel(uint32_t d, const int32_t *last, const float *x, float *xl) {
     // x: [T][d]; xl: [S][d]
     for (uint32_t i = threadIdx.x; i < d; i += blockDim.x)
         xl[(size_t)blockIdx.x * d + i] = x[(size_t)last[blockIdx.x] * d + i];
@@ -194,21 +194,21 @@ __device__ __forceinline__ void narrow(float x, __half *d) { *d = __float2half_r
 __device__ __forceinline__ void narrow(float x, __nv_bfloat16 *d) { *d = __float2bfloat16_rn(x); }
 
 template <typename H>
-__global__ void to_half_kernel(size_t n, const float *src, H *dst) {
+static __global__ void to_half_kernel(size_t n, const float *src, H *dst) {
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x)
         narrow(src[i], &dst[i]);
 }
 
 template <typename H>
-__global__ void from_half_kernel(size_t n, const H *src, float *dst) {
+static __global__ void from_half_kernel(size_t n, const H *src, float *dst) {
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x)
         dst[i] = widen(src[i]);
 }
 
 template <typename T>
-__global__ void contig_write_kernel(uint32_t kvh, uint32_t hd, uint32_t max_len,
+static __global__ void contig_write_kernel(uint32_t kvh, uint32_t hd, uint32_t max_len,
                                     const int32_t *tseq, const int32_t *pos, const int32_t *rows,
                                     const T *k, const T *v, T *ck, T *cv) {
     // k, v: [T][kvh][hd] -> ck, cv: [rows][kvh][max_len][hd] (one layer)
@@ -222,7 +222,7 @@ __global__ void contig_write_kernel(uint32_t kvh, uint32_t hd, uint32_t max_len,
 }
 
 template <typename T>
-__global__ void causal_contig_kernel(uint32_t H, uint32_t kvh, uint32_t hd, uint32_t max_len,
+static __global__ void causal_contig_kernel(uint32_t H, uint32_t kvh, uint32_t hd, uint32_t max_len,
                                      float scale, const int32_t *tseq, const int32_t *pos,
                                      const int32_t *rows, const float *q, const T *ck,
                                      const T *cv, float *att) {

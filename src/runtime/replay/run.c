@@ -87,7 +87,7 @@ static pkv_status run_step(pkvi_executor *e, const pkvi_step_batch *b, double *s
     const double t0 = pkvi_now_seconds();
     const pkv_block_copy *copies;
     uint32_t nc = pkvi_policy_paged_take_copies(x->pol, &copies);
-    if (nc && (st = pkv_cache_copy_blocks(x->cache, copies, nc)) != PKV_OK) return st;
+    if (nc && (st = pkv_cache_copy_blocks(x->cache, copies, nc, NULL)) != PKV_OK) return st;
     if (np) {
         uint64_t k = 0;
         for (uint32_t i = 0; i < np; i++) {
