@@ -49,15 +49,16 @@ static int parse_device(const char *s, int *cuda, int *index) {
 
 static PyObject *KVCache_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     static char *kwlist[] = {"pool", "num_layers", "kv_heads", "head_dim", "block_size",
-                             "dtype", "layout", "device", NULL};
+                             "dtype", "layout", "device", "buffer", NULL};
+    PyObject *buffer = NULL;
     pkv_cache_params p = pkv_cache_params_default();
     PyObject *pool;
     const char *dtype = "fp16", *layout = "HND", *device = "cpu";
     int dims[4] = {(int)p.num_layers, (int)p.kv_heads, (int)p.head_dim, (int)p.block_size};
     static const char *dim_names[4] = {"num_layers", "kv_heads", "head_dim", "block_size"};
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O!|$iiiisss:KVCache", kwlist, &pkvpy_Pool_Type,
-                                     &pool, &dims[0], &dims[1], &dims[2], &dims[3], &dtype,
-                                     &layout, &device))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O!|$iiiisssO:KVCache", kwlist,
+                                     &pkvpy_Pool_Type, &pool, &dims[0], &dims[1], &dims[2],
+                                     &dims[3], &dtype, &layout, &device, &buffer))
         return NULL;
     for (int i = 0; i < 4; i++)
         if (dims[i] < 1)
@@ -77,6 +78,9 @@ static PyObject *KVCache_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     if (parse_device(device, &cuda, &index) < 0)
         return pkvpy_raise(PKV_ERR_INVALID_ARG, "KVCache", "device '%s' is not cpu, cuda or "
                            "cuda:N", device);
+    if (cuda && buffer && buffer != Py_None)
+        return pkvpy_raise(PKV_ERR_INVALID_ARG, "KVCache", "buffer= takes host memory "
+                           "(device='cpu')");
 
     KVCacheObject *self = (KVCacheObject *)type->tp_alloc(type, 0);
     if (!self)
@@ -89,7 +93,34 @@ static PyObject *KVCache_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
                            st == PKV_ERR_UNSUPPORTED ? ": this build has no CUDA (pip install . "
                            "-Csetup-args=-Dcuda=enabled)" : "");
     }
-    st = pkv_cache_create(&p, ((PoolObject *)pool)->pool, self->backend, &self->cache);
+    if (buffer && buffer != Py_None) {
+        // An external cache over the caller's memory (a numpy array, say), kept alive
+        // by the buffer view this object holds until it is destroyed.
+        if (PyObject_GetBuffer(buffer, &self->view,
+                               PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+            Py_DECREF(self);
+            return NULL;
+        }
+        self->has_view = 1;
+        if (self->view.itemsize != (Py_ssize_t)pkv_dtype_size(p.dtype)) {
+            Py_ssize_t got = self->view.itemsize;
+            Py_DECREF(self);
+            return pkvpy_raise(PKV_ERR_INVALID_ARG, "KVCache", "buffer items are %zd bytes, "
+                               "dtype %s needs %zu", got, dtype, pkv_dtype_size(p.dtype));
+        }
+        st = pkv_cache_create_external(&p, ((PoolObject *)pool)->pool, self->backend,
+                                       self->view.buf, (uint64_t)self->view.len, &self->cache);
+        if (st != PKV_OK) {
+            uint64_t need = pkv_cache_bytes_per_block(&p) *
+                            pkv_pool_capacity(((PoolObject *)pool)->pool);
+            Py_ssize_t got = self->view.len;
+            Py_DECREF(self);
+            return pkvpy_raise(st, "KVCache", "buffer of %zd bytes; this shape needs %llu, "
+                               "aligned to the dtype", got, (unsigned long long)need);
+        }
+    } else {
+        st = pkv_cache_create(&p, ((PoolObject *)pool)->pool, self->backend, &self->cache);
+    }
     if (st != PKV_OK) {
         Py_DECREF(self);
         return pkvpy_raise(st, "KVCache", "%u layers x %u kv heads x %u dims x %u tokens a "
@@ -120,6 +151,8 @@ static PyObject *KVCache_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
 
 static void KVCache_dealloc(KVCacheObject *self) {
     pkv_cache_destroy(self->cache);
+    if (self->has_view)
+        PyBuffer_Release(&self->view);
     pkv_backend_destroy(self->backend);
     Py_XDECREF(self->pool);
     Py_TYPE(self)->tp_free((PyObject *)self);
@@ -267,12 +300,33 @@ static PyObject *KVCache_write_block(KVCacheObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-static PyObject *KVCache_copy_blocks(KVCacheObject *self, PyObject *arg) {
+// A stream argument: None/0 (the legacy default stream) or a cudaStream_t as an int
+// (torch.cuda.current_stream().cuda_stream). Ignored by the host backend.
+static int stream_arg(PyObject *obj, void **stream) {
+    *stream = NULL;
+    if (!obj || obj == Py_None)
+        return 0;
+    if (!PyLong_Check(obj)) {
+        pkvpy_raise(PKV_ERR_INVALID_ARG, "stream", "a cudaStream_t as an int, or None");
+        return -1;
+    }
+    *stream = PyLong_AsVoidPtr(obj);
+    return *stream == NULL && PyErr_Occurred() ? -1 : 0;
+}
+
+static PyObject *KVCache_copy_blocks(KVCacheObject *self, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"pairs", "stream", NULL};
+    PyObject *po, *so = NULL;
+    void *stream;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O:copy_blocks", kwlist, &po, &so) ||
+        stream_arg(so, &stream) < 0)
+        return NULL;
     uint32_t n;
-    PyArrayObject *pairs = pkvpy_pairs_array(arg, &n);
+    PyArrayObject *pairs = pkvpy_pairs_array(po, &n);
     if (!pairs)
         return NULL;
-    pkv_status st = n ? pkv_cache_copy_blocks(self->cache, PyArray_DATA(pairs), n) : PKV_OK;
+    pkv_status st = n ? pkv_cache_copy_blocks(self->cache, PyArray_DATA(pairs), n, stream)
+                      : PKV_OK;
     Py_DECREF(pairs);
     if (st != PKV_OK)
         return pkvpy_raise(st, "KVCache.copy_blocks", "%u pairs (a block out of range, or "
@@ -280,29 +334,52 @@ static PyObject *KVCache_copy_blocks(KVCacheObject *self, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
-static PyObject *KVCache_apply_copies(KVCacheObject *self, PyObject *set) {
+static PyObject *KVCache_apply_copies(KVCacheObject *self, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"seqset", "stream", NULL};
+    PyObject *set, *so = NULL;
+    void *stream;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O:apply_copies", kwlist, &set, &so) ||
+        stream_arg(so, &stream) < 0)
+        return NULL;
     if (!PyObject_TypeCheck(set, &pkvpy_SeqSet_Type))
         return pkvpy_raise(PKV_ERR_INVALID_ARG, "KVCache.apply_copies", "expected a SeqSet");
-    pkv_status st = pkv_cache_apply_copies(self->cache, ((SeqSetObject *)set)->set);
+    pkv_status st = pkv_cache_apply_copies(self->cache, ((SeqSetObject *)set)->set, stream);
     if (st != PKV_OK)
         return pkvpy_raise(st, "KVCache.apply_copies", "the set must use this cache's pool "
                            "and block size");
     Py_RETURN_NONE;
 }
 
-static PyObject *KVCache_transfer(KVCacheObject *self, PyObject *args) {
-    PyObject *src, *po;
-    if (!PyArg_ParseTuple(args, "O!O:transfer", &pkvpy_KVCache_Type, &src, &po))
+static PyObject *KVCache_transfer(KVCacheObject *self, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"src", "pairs", "stream", NULL};
+    PyObject *src, *po, *so = NULL;
+    void *stream;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O!O|O:transfer", kwlist, &pkvpy_KVCache_Type,
+                                     &src, &po, &so) ||
+        stream_arg(so, &stream) < 0)
         return NULL;
     uint32_t n;
     PyArrayObject *pairs = pkvpy_pairs_array(po, &n);
     if (!pairs)
         return NULL;
     pkv_status st = pkv_cache_transfer(self->cache, ((KVCacheObject *)src)->cache,
-                                       PyArray_DATA(pairs), n);
+                                       PyArray_DATA(pairs), n, stream);
     Py_DECREF(pairs);
     if (st != PKV_OK)
         return pkvpy_raise(st, "KVCache.transfer", "%u pairs from a cache of the same shape", n);
+    Py_RETURN_NONE;
+}
+
+static PyObject *KVCache_sync(KVCacheObject *self, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"stream", NULL};
+    PyObject *so = NULL;
+    void *stream;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|O:sync", kwlist, &so) ||
+        stream_arg(so, &stream) < 0)
+        return NULL;
+    pkv_status st = pkv_backend_sync(self->backend, stream);
+    if (st != PKV_OK)
+        return pkvpy_raise(st, "KVCache.sync", NULL);
     Py_RETURN_NONE;
 }
 
@@ -362,12 +439,17 @@ static PyMethodDef KVCache_methods[] = {
      "read_block(layer, block, kv) -> a copy of one half block, through the backend."},
     {"write_block", (PyCFunction)KVCache_write_block, METH_VARARGS,
      "write_block(layer, block, kv, values): upload one half block through the backend."},
-    {"copy_blocks", (PyCFunction)KVCache_copy_blocks, METH_O,
-     "copy_blocks(pairs int32 [n, 2]): copy src -> dst, every layer, K and V, one batch."},
-    {"apply_copies", (PyCFunction)KVCache_apply_copies, METH_O,
-     "apply_copies(seqset): take the set's queued copies and run them."},
-    {"transfer", (PyCFunction)KVCache_transfer, METH_VARARGS,
-     "transfer(src_cache, pairs): move blocks between two caches of one shape (swap)."},
+    {"copy_blocks", (PyCFunction)(void (*)(void))KVCache_copy_blocks,
+     METH_VARARGS | METH_KEYWORDS,
+     "copy_blocks(pairs int32 [n, 2], stream=None): copy src -> dst, every layer, K and V,\n"
+     "one batch (CUDA: enqueued on `stream`, not synchronized; see sync)."},
+    {"apply_copies", (PyCFunction)(void (*)(void))KVCache_apply_copies,
+     METH_VARARGS | METH_KEYWORDS,
+     "apply_copies(seqset, stream=None): take the set's queued copies and run them."},
+    {"transfer", (PyCFunction)(void (*)(void))KVCache_transfer, METH_VARARGS | METH_KEYWORDS,
+     "transfer(src_cache, pairs, stream=None): move blocks between two caches of one shape."},
+    {"sync", (PyCFunction)(void (*)(void))KVCache_sync, METH_VARARGS | METH_KEYWORDS,
+     "sync(stream=None): wait for the copies enqueued on `stream` (host: returns at once)."},
     {"backend_stats", (PyCFunction)KVCache_backend_stats, METH_NOARGS,
      "backend_stats() -> dict of backend allocation/copy counters."},
     {NULL, NULL, 0, NULL},
@@ -391,8 +473,9 @@ PyTypeObject pkvpy_KVCache_Type = {
     .tp_basicsize = sizeof(KVCacheObject),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "KVCache(pool, *, num_layers=1, kv_heads=1, head_dim=128, block_size=16,\n"
-              "        dtype='fp16', layout='HND', device='cpu'): K/V memory for every block\n"
-              "of `pool`, one backend allocation. A host cache is a buffer (np.asarray(cache),\n"
+              "        dtype='fp16', layout='HND', device='cpu', buffer=None): K/V memory for\n"
+              "every block of `pool`, one backend allocation, or the caller's C-contiguous\n"
+              "writable `buffer` of that shape (an external cache: nothing allocated). A host cache is a buffer (np.asarray(cache),\n"
               "cache.numpy()) of shape [layers, blocks, 2, kv_heads, block_size, head_dim]\n"
               "(HND) or [layers, blocks, 2, block_size, kv_heads, head_dim] (NHD), no copy.",
     .tp_new = KVCache_new,

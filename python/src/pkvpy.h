@@ -48,6 +48,8 @@ typedef struct {
     pkv_cache *cache;
     pkv_backend *backend; // owned: one backend per cache
     PyObject *pool;       // strong
+    Py_buffer view;       // the caller's memory of an external cache (buffer=...)
+    int has_view;
     pkv_cache_params params;
     int ndim;
     Py_ssize_t shape[6];   // [layers][blocks][2][heads][block][dim] (HND) or NHD order

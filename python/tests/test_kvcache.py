@@ -135,3 +135,44 @@ def test_errors():
         cache.copy_blocks(np.array([0, 1, 2], dtype=np.int32))
     with pytest.raises(pkv.InvalidArgument):
         cache.apply_copies(pkv.SeqSet(pool, 4))  # block size 4 != 16
+
+
+def test_external_buffer_is_the_cache():
+    pool = pkv.BlockPool(N)
+    mine = np.zeros((L, N, 2, H, B, D), dtype=np.float16)  # an engine's own tensor
+    cache = pkv.KVCache(pool, num_layers=L, kv_heads=H, head_dim=D, block_size=B,
+                        dtype="fp16", buffer=mine)
+    assert cache.data_ptr == mine.ctypes.data and cache.numpy().ctypes.data == mine.ctypes.data
+    assert cache.backend_stats()["alloc_calls"] == 0  # nothing allocated
+    values = np.full((H, B, D), 2.5, dtype=np.float16)
+    cache.write_block(2, 3, 0, values)
+    assert (mine[2, 3, 0] == 2.5).all()
+    mine[1, 1, 1] = 4.0
+    assert (cache.read_block(1, 1, 1) == 4.0).all()
+    cache.copy_blocks(np.array([[1, 5]], dtype=np.int32), stream=None)
+    assert (mine[1, 5, 1] == 4.0).all()
+    cache.sync()
+    del mine
+    gc.collect()
+    assert (cache.numpy()[1, 5, 1] == 4.0).all()  # the cache keeps the buffer alive
+
+
+def test_external_buffer_errors():
+    pool = pkv.BlockPool(N)
+    kw = dict(num_layers=L, kv_heads=H, head_dim=D, block_size=B, dtype="fp16")
+    with pytest.raises(pkv.BufferTooSmall) as e:
+        pkv.KVCache(pool, buffer=np.zeros((L, N - 1, 2, H, B, D), np.float16), **kw)
+    assert "needs" in str(e.value)
+    with pytest.raises(pkv.InvalidArgument):  # 4-byte items for an fp16 cache
+        pkv.KVCache(pool, buffer=np.zeros((L, N, 2, H, B, D), np.float32), **kw)
+    with pytest.raises((BufferError, ValueError)):  # numpy: "not C-contiguous"
+        pkv.KVCache(pool, buffer=np.zeros((L, N, 2, H, B, D), np.float16).T, **kw)
+    ro = np.zeros((L, N, 2, H, B, D), np.float16)
+    ro.flags.writeable = False
+    with pytest.raises((BufferError, ValueError)):  # numpy: "read-only"
+        pkv.KVCache(pool, buffer=ro, **kw)
+    with pytest.raises(pkv.InvalidArgument):
+        pkv.KVCache(pool, buffer=np.zeros(10, np.float16), device="cuda", **kw)
+    cache = pkv.KVCache(pool, **kw)
+    with pytest.raises(pkv.InvalidArgument):
+        cache.copy_blocks(np.zeros((0, 2), np.int32), stream="default")
