@@ -185,7 +185,7 @@ class PyBlockManager:
 
 # ---------------------------------------------------------------------------------
 
-RUNS = 5
+RUNS = 11
 
 
 def loop(fn, times, *args):
@@ -320,7 +320,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seqs", type=int, default=256)
     ap.add_argument("--block-size", type=int, default=16)
-    ap.add_argument("--steps", type=int, default=200, help="steps per timed run")
+    ap.add_argument("--steps", type=int, default=100, help="steps per timed run")
     ap.add_argument("--system-tokens", type=int, default=512)
     ap.add_argument("--hit-blocks", type=int, nargs="+", default=[16, 64, 256])
     ap.add_argument("--seed", type=int, default=1)
