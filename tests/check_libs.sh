@@ -5,7 +5,8 @@
 #     BLAS, OpenMP or C++ runtime, so an engine on any CUDA version can load it;
 #  2. both shared libraries export pkv_* only;
 #  3. the static libraries define no global symbol outside pkv_* / pkvi_* (kernels
-#     and helpers are static or prefixed; C++'s EH personality reference aside).
+#     and helpers are static or prefixed; C++'s EH personality reference and
+#     AddressSanitizer's __odr_asan markers aside).
 # Usage: check_libs.sh CORE_SO CORE_A FULL_SO FULL_A
 set -euo pipefail
 core_so=$1 core_a=$2 full_so=$3 full_a=$4
@@ -16,6 +17,7 @@ echo "libpagedkv-core.so NEEDED: $(echo $needed)"
 for lib in $needed; do
     case $lib in
         libc.so.*|libm.so.*|libpthread.so.*|ld-linux*) ;;
+        libasan.so.*|libubsan.so.*|liblsan.so.*|libtsan.so.*) ;; # a sanitizer build
         *) echo "FAIL: libpagedkv-core.so needs $lib"; fail=1 ;;
     esac
 done
@@ -32,7 +34,8 @@ done
 
 for a in "$core_a" "$full_a"; do
     bad=$(nm -g --defined-only "$a" 2>/dev/null |
-          awk 'NF == 3 && $3 !~ /^pkvi?_/ && $3 != "DW.ref.__gxx_personality_v0" {print $3}' |
+          awk 'NF == 3 && $3 !~ /^pkvi?_/ && $3 != "DW.ref.__gxx_personality_v0" &&
+               $3 !~ /^__odr_asan/ {print $3}' |
           sort -u || true)
     echo "$(basename "$a"): $(nm -g --defined-only "$a" 2>/dev/null | awk 'NF == 3' | wc -l) global definitions"
     [ -z "$bad" ] || { echo "FAIL: $a defines unprefixed globals:"; echo "$bad"; fail=1; }

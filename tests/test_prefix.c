@@ -396,3 +396,137 @@ Test(prefix, eviction_keeps_lru_order_for_parents) {
     cr_assert_eq(pkv_prefix_cache_reclaim(pc, f + 3), PKV_OK);
     cr_assert_eq(cached_mask(blocks, 3), 0u);
 }
+
+// Rollback, positional forks and batch steps over cached prompts: truncating into
+// a cached block and appending other tokens must copy it first, so every live
+// sequence and every later cache hit reads back the right tokens.
+typedef struct rb_world {
+    pkv_seqset *s;
+    pkv_prefix_cache *c;
+    int32_t *mem; // [pool * B] the simulated K/V: one token id per slot
+} rb_world;
+
+// Take the queued copies and run them on mem, then write tokens at slots.
+static void rb_write(rb_world *w, const int64_t *slots, const int32_t *toks, uint32_t n) {
+    pkv_block_copy cp[64];
+    uint32_t nc;
+    cr_assert_eq(pkv_seqset_take_copies(w->s, cp, 64, &nc), PKV_OK);
+    for (uint32_t i = 0; i < nc; i++)
+        memcpy(w->mem + (size_t)cp[i].dst * B, w->mem + (size_t)cp[i].src * B, B * sizeof(int32_t));
+    for (uint32_t i = 0; i < n; i++) w->mem[slots[i]] = toks[i];
+}
+
+// Append toks[0..n-1] to id, reclaiming cache entries if needed; 0 if refused.
+static int rb_append(rb_world *w, pkv_seq_id id, const int32_t *toks, uint32_t n) {
+    uint32_t need;
+    int64_t slots[64];
+    cr_assert_eq(pkv_seq_blocks_needed(w->s, id, n, &need), PKV_OK);
+    if (pkv_prefix_cache_reclaim(w->c, need) != PKV_OK) return 0;
+    cr_assert_eq(pkv_seq_append(w->s, id, n, slots), PKV_OK);
+    rb_write(w, slots, toks, n);
+    return 1;
+}
+
+Test(prefix, randomized_rollback_forks_and_batches, .timeout = 120) {
+    enum { POOL = 96, SEQS = 8, MAXLEN = 48, OPS = 20000 };
+    pkv_pool *p;
+    rb_world w;
+    cr_assert_eq(pkv_pool_create(POOL, &p), PKV_OK);
+    cr_assert_eq(pkv_seqset_create(p, B, &w.s), PKV_OK);
+    cr_assert_eq(pkv_prefix_cache_create(p, B, 32, &w.c), PKV_OK);
+    cr_assert_eq(pkv_prefix_cache_attach(w.c, w.s), PKV_OK);
+    w.mem = calloc(POOL * B, sizeof(int32_t));
+    cr_assert_not_null(w.mem);
+    int32_t toks[SEQS][MAXLEN + 8];
+    uint32_t lens[SEQS] = {0};
+    pkv_seq_id ids[SEQS];
+    int live[SEQS] = {0};
+    uint64_t rng = 7, truncs = 0, forks = 0, batches = 0, hits = 0;
+#define RND(n) ((uint32_t)((rng = rng * 6364136223846793005ull + 1442695040888963407ull) >> 33) % (n))
+    for (int op = 0; op < OPS; op++) {
+        int k = (int)RND(SEQS);
+        uint32_t r = RND(100);
+        if (!live[k]) { // admit a prompt of one of three families through the cache
+            uint32_t f = RND(3), n = 1 + RND(MAXLEN / 2);
+            for (uint32_t i = 0; i < n; i++)
+                toks[k][i] = i < 12 ? (int32_t)(f * 100 + i) : (int32_t)(1000 + RND(5));
+            uint32_t cached;
+            cr_assert_eq(pkv_seq_create_cached(w.s, w.c, toks[k], n, &ids[k], &cached), PKV_OK);
+            hits += cached / B;
+            if (!rb_append(&w, ids[k], toks[k] + cached, n - cached)) {
+                cr_assert_eq(pkv_seq_free(w.s, ids[k]), PKV_OK);
+                continue;
+            }
+            lens[k] = n;
+            live[k] = 1;
+        } else if (r < 25) { // offer to the cache, maybe finish
+            cr_assert_eq(pkv_prefix_cache_insert(w.c, w.s, ids[k], toks[k], lens[k], NULL), PKV_OK);
+            if (RND(2)) {
+                cr_assert_eq(pkv_seq_free(w.s, ids[k]), PKV_OK);
+                live[k] = 0;
+            }
+        } else if (r < 55) { // speculative decoding: drafts rejected, others appended
+            uint32_t len = RND(lens[k] + 1), extra = RND(6);
+            if (len + extra > MAXLEN) extra = MAXLEN - len;
+            cr_assert_eq(pkv_seq_truncate(w.s, ids[k], len), PKV_OK);
+            lens[k] = len;
+            int32_t fresh[8];
+            for (uint32_t i = 0; i < extra; i++) fresh[i] = (int32_t)(5000 + RND(1000));
+            if (rb_append(&w, ids[k], fresh, extra)) {
+                memcpy(toks[k] + len, fresh, extra * sizeof(int32_t));
+                lens[k] += extra;
+            }
+            truncs++;
+        } else if (r < 75) { // fork a prefix into a free slot
+            int e = -1;
+            for (int j = 0; j < SEQS && e < 0; j++)
+                if (!live[j]) e = j;
+            if (e < 0) continue;
+            uint32_t len = RND(lens[k] + 1);
+            cr_assert_eq(pkv_seq_fork_at(w.s, ids[k], len, &ids[e]), PKV_OK);
+            memcpy(toks[e], toks[k], len * sizeof(int32_t));
+            lens[e] = len;
+            live[e] = 1;
+            forks++;
+        } else { // one engine step: every live sequence below MAXLEN decodes a token
+            pkv_seq_id b[SEQS];
+            uint32_t cnt[SEQS], nb = 0, need;
+            int who[SEQS];
+            int32_t val[SEQS];
+            for (int j = 0; j < SEQS; j++)
+                if (live[j] && lens[j] < MAXLEN) {
+                    b[nb] = ids[j], cnt[nb] = 1, who[nb] = j, val[nb] = (int32_t)(9000 + RND(99));
+                    nb++;
+                }
+            cr_assert_eq(pkv_seqset_blocks_needed_batch(w.s, b, cnt, nb, &need), PKV_OK);
+            if (pkv_prefix_cache_reclaim(w.c, need) != PKV_OK) continue;
+            int64_t slots[SEQS];
+            uint32_t before = pkv_pool_free_count(p);
+            cr_assert_eq(pkv_seqset_append_batch(w.s, b, cnt, nb, slots), PKV_OK);
+            cr_assert_eq(before - pkv_pool_free_count(p), need);
+            rb_write(&w, slots, val, nb);
+            for (uint32_t i = 0; i < nb; i++) toks[who[i]][lens[who[i]]++] = val[i];
+            batches++;
+        }
+        for (int j = 0; j < SEQS; j++) {
+            if (!live[j]) continue;
+            const pkv_block_id *t;
+            uint32_t nbk;
+            cr_assert_eq(pkv_seq_block_table(w.s, ids[j], &t, &nbk), PKV_OK);
+            for (uint32_t i = 0; i < lens[j]; i++)
+                cr_assert_eq(w.mem[t[i / B] * B + i % B], toks[j][i], "op %d seq %d token %u", op, j, i);
+        }
+        cr_assert_eq(pkv_prefix_cache_validate(w.c), PKV_OK);
+        cr_assert_eq(pkv_seqset_validate(w.s, 0), PKV_OK);
+    }
+    cr_assert_gt(hits, 100);
+    cr_assert_gt(truncs, 100);
+    cr_assert_gt(forks, 100);
+    cr_assert_gt(batches, 100);
+    pkv_seqset_destroy(w.s);
+    pkv_prefix_cache_destroy(w.c);
+    cr_assert_eq(pkv_pool_free_count(p), POOL);
+    pkv_pool_destroy(p);
+    free(w.mem);
+#undef RND
+}

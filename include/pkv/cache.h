@@ -128,7 +128,9 @@ pkv_status pkv_cache_block_ptr(const pkv_cache *cache, uint32_t layer, pkv_block
 // kernel launch for all copies and layers (one per 448 copies beyond that) on
 // `stream` (a cudaStream_t; NULL = legacy default stream), no synchronization
 // (see backend.h); host: done on return. The copy list is passed by value: it may
-// be reused as soon as this returns.
+// be reused as soon as this returns. The copies may run in parallel, so no dst may
+// appear twice or be another copy's src (a copy-on-write queue never does; see
+// pkv_seqset_copies).
 pkv_status pkv_cache_copy_blocks(pkv_cache *cache, const pkv_block_copy *copies, uint32_t n,
                                  void *stream);
 

@@ -95,8 +95,9 @@ pkv_status pkv_seq_fork(pkv_seqset *set, pkv_seq_id parent, pkv_seq_id *child);
 // last sharer writes in place, so n sharers cost n-1 copies). Equals the pool's
 // free-count drop that pkv_seqset_append_batch would cause. seqs/counts: borrowed,
 // num_seqs entries. A seq id may appear at most once (else PKV_ERR_INVALID_ARG);
-// an id that is not live gives PKV_ERR_NOT_FOUND. O(num_seqs), no allocation
-// except scratch for sequences whose partly filled last block is shared.
+// an id that is not live gives PKV_ERR_NOT_FOUND. O(num_seqs); the set keeps a
+// scratch array of num_seqs entries, grown on first use (PKV_ERR_OUT_OF_MEMORY if
+// that fails).
 pkv_status pkv_seqset_blocks_needed_batch(const pkv_seqset *set, const pkv_seq_id *seqs,
                                           const uint32_t *counts, uint32_t num_seqs,
                                           uint32_t *blocks);
@@ -183,8 +184,9 @@ pkv_status pkv_seqset_take_copies(pkv_seqset *set, pkv_block_copy *copies, uint3
 // pool (all or nothing: PKV_ERR_OUT_OF_BLOCKS, also below `to`'s watermark,
 // changes nothing), frees the sequence in `from` (its blocks return to the pool
 // unless shared), and writes one pair {src = block in `from`, dst = block in
-// `to`} per table entry into pairs[0..*n-1] (caller-owned, `cap` entries;
-// PKV_ERR_BUFFER_TOO_SMALL changes nothing and sets *n to the number needed).
+// `to`} per table entry, in increasing src order, into pairs[0..*n-1]
+// (caller-owned, `cap` entries; PKV_ERR_BUFFER_TOO_SMALL changes nothing and sets
+// *n to the number needed).
 // Forked sequences lose their sharing this way: move them together with
 // pkv_seq_move_group.
 // The caller moves the data with pkv_cache_transfer before anything is written

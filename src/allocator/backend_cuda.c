@@ -34,9 +34,9 @@ static pkv_status cuda_copy(pkv_backend *b, void *arena, const pkv_copy_region *
     if (st != PKV_OK) return st;
     char *base = arena;
     for (uint32_t i = 0; i < n; i++) {
-        cudaError_t err = cudaMemcpyAsync(base + regions[i].dst_offset, base + regions[i].src_offset,
-                                          regions[i].bytes, cudaMemcpyDeviceToDevice,
-                                          (cudaStream_t)stream);
+        cudaError_t err =
+            cudaMemcpyAsync(base + regions[i].dst_offset, base + regions[i].src_offset,
+                            regions[i].bytes, cudaMemcpyDeviceToDevice, (cudaStream_t)stream);
         if (err != cudaSuccess) return cuda_status(err);
     }
     return PKV_OK;

@@ -24,7 +24,8 @@ static_assert(sizeof(CopyArgs) <= 4096, "kernel parameters must fit the 4 KiB li
 // a 16-byte multiple block does), else byte by byte (an odd external pointer).
 // __grid_constant__ keeps the pair array in parameter space, indexed by blockIdx.
 // static: neither the kernel nor its host stub is a symbol of the library.
-static __global__ void __launch_bounds__(kThreads) copy_blocks_kernel(const __grid_constant__ CopyArgs a) {
+static __global__ void __launch_bounds__(kThreads)
+    copy_blocks_kernel(const __grid_constant__ CopyArgs a) {
     const pkv_block_copy c = a.pairs[blockIdx.x];
     const char *src = a.arena + pkvi_copy_offset(&a.g, blockIdx.y, c.src);
     char *dst = a.arena + pkvi_copy_offset(&a.g, blockIdx.y, c.dst);

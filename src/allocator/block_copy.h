@@ -33,7 +33,8 @@ typedef struct pkvi_copy_geom {
 } pkvi_copy_geom;
 
 // Byte offset of block b in layer l. The int32 id is widened before multiplying.
-PKVI_HD static inline uint64_t pkvi_copy_offset(const pkvi_copy_geom *g, uint32_t l, pkv_block_id b) {
+PKVI_HD static inline uint64_t pkvi_copy_offset(const pkvi_copy_geom *g, uint32_t l,
+                                                pkv_block_id b) {
     return (uint64_t)l * g->layer_stride + (uint64_t)(uint32_t)b * g->block_stride;
 }
 

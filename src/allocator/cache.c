@@ -272,6 +272,8 @@ pkv_status pkv_cache_transfer(pkv_cache *dst, const pkv_cache *src, const pkv_bl
     // The device side's backend moves the bytes; host to host goes through the
     // destination's host backend.
     pkv_backend *mover = src_dev ? src->backend : dst->backend;
-    pkvi_dir dir = src_dev ? PKVI_DEVICE_TO_HOST : dst_dev ? PKVI_HOST_TO_DEVICE : PKVI_HOST_TO_HOST;
+    pkvi_dir dir = src_dev   ? PKVI_DEVICE_TO_HOST
+                   : dst_dev ? PKVI_HOST_TO_DEVICE
+                             : PKVI_HOST_TO_HOST;
     return pkvi_backend_transfer(mover, dst->arena, src->arena, dst->regions, r, dir, stream);
 }

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "pkv/seq.h"
+#include "pool_internal.h"
 #include "seqset_internal.h"
 
 #define ID_INDEX_BITS 20
@@ -28,6 +29,7 @@ typedef struct seq {
     uint32_t mark;         // == set->epoch while a batch call has seen this sequence
     uint32_t batch_new;    // batch scratch: blocks appended to the table
     uint32_t batch_cow;    // batch scratch: 1 if the last block is copied first
+    pkv_seq_id live_id;    // the id naming this slot's current life; negative when free
     int live;
     pkv_block_id *blocks;  // [cap]; the block table, entries 0..num_blocks-1 valid
 } seq;
@@ -50,6 +52,8 @@ struct pkv_seqset {
     pkv_block_id *cowed_block;
     uint32_t *cowed_count;
     uint32_t num_cowed, cap_cowed;
+    seq **batch;           // [cap_batch]; the sequences of the batch being applied
+    uint32_t cap_batch;
     pkvi_unused_hook hook; // optional: told when a release leaves a block at refcount 1
     void *hook_ctx;
 };
@@ -84,11 +88,11 @@ static pkv_status release_blocks(pkv_seqset *set, const pkv_block_id *blocks, ui
 }
 
 static seq *get_seq(const pkv_seqset *set, pkv_seq_id id) {
-    if (!set || id < 0) return NULL;
-    uint32_t idx = (uint32_t)id & ID_INDEX_MASK, gen = (uint32_t)id >> ID_INDEX_BITS;
+    if (!set) return NULL;
+    uint32_t idx = (uint32_t)id & ID_INDEX_MASK;
     if (idx >= set->num_slots) return NULL;
     seq *s = &set->seqs[idx];
-    return s->live && s->gen == gen ? s : NULL;
+    return s->live_id == id ? s : NULL; // live, and this generation
 }
 
 static pkv_seq_id id_of(const pkv_seqset *set, const seq *s) {
@@ -136,6 +140,7 @@ void pkv_seqset_destroy(pkv_seqset *set) {
     free(set->copies);
     free(set->cowed_block);
     free(set->cowed_count);
+    free(set->batch);
     free(set);
 }
 
@@ -190,6 +195,7 @@ static seq *take_slot(pkv_seqset *set) {
     s->len = 0;
     s->num_blocks = 0;
     s->live = 1;
+    s->live_id = (pkv_seq_id)((s->gen << ID_INDEX_BITS) | idx);
     set->live++;
     return s;
 }
@@ -199,6 +205,9 @@ static seq *take_slot(pkv_seqset *set) {
 static void return_slot(pkv_seqset *set, seq *s) {
     uint32_t idx = (uint32_t)(s - set->seqs);
     s->live = 0;
+    // A negative value whose low bits never name this slot, so no id (a negative
+    // one included) matches a free slot.
+    s->live_id = -1 - (int32_t)idx;
     s->len = 0;
     s->num_blocks = 0;
     s->gen = (s->gen + 1) & ID_GEN_MASK;
@@ -314,36 +323,57 @@ static uint32_t cowed(pkv_seqset *set, pkv_block_id b, int add) {
 // Work out a batch append without changing anything visible: per sequence the new
 // table entries and whether it copies its last block (in batch order, as the
 // appends will run: n sharers of one block in the batch make n - 1 copies when
-// nobody else holds it), and the totals.
+// nobody else holds it), and the totals. Fills set->batch[0..k-1]. This loop is
+// the per-sequence cost of an engine step, so it reads the seq and the refcount
+// array directly and divides only when an append crosses more than one block.
 static pkv_status plan_batch(pkv_seqset *set, const pkv_seq_id *seqs, const uint32_t *counts,
                              uint32_t k, uint64_t *blocks, uint32_t *cows) {
     if (!set || (k && (!seqs || !counts))) return PKV_ERR_INVALID_ARG;
-    pkv_status st = check_batch_ids(set, seqs, k);
-    if (st != PKV_OK) return st;
+    if (k > set->cap_batch) {
+        if (!grow((void **)&set->batch, &set->cap_batch, k, sizeof *set->batch))
+            return PKV_ERR_OUT_OF_MEMORY;
+    }
+    new_epoch(set);
     set->num_cowed = 0;
+    const uint32_t bs = set->block_size, epoch = set->epoch;
+    const int32_t *rc = set->pool->refcount;
     uint64_t total = 0;
     uint32_t ncow = 0;
     for (uint32_t i = 0; i < k; i++) {
-        seq *s = get_seq(set, seqs[i]);
-        uint32_t nb;
-        if ((st = new_blocks_for(set, s, counts[i], &nb)) != PKV_OK) return st;
-        s->batch_new = nb;
-        s->batch_cow = 0;
-        if (counts[i] && room_of(set, s) && pkv_pool_refcount(set->pool, s->blocks[s->num_blocks - 1]) > 1) {
-            if (set->cap_cowed < k) {
-                uint32_t cap_b = set->cap_cowed;
-                if (!grow((void **)&set->cowed_block, &cap_b, k, sizeof *set->cowed_block) ||
-                    !grow((void **)&set->cowed_count, &set->cap_cowed, k, sizeof *set->cowed_count))
-                    return PKV_ERR_OUT_OF_MEMORY;
-            }
-            pkv_block_id last = s->blocks[s->num_blocks - 1];
-            if (needs_cow(set, s, (int32_t)cowed(set, last, 0))) {
-                s->batch_cow = 1;
-                cowed(set, last, 1);
-            }
+        const pkv_seq_id id = seqs[i];
+        const uint32_t idx = (uint32_t)id & ID_INDEX_MASK;
+        if (idx >= set->num_slots) return PKV_ERR_NOT_FOUND;
+        seq *s = &set->seqs[idx];
+        if (s->live_id != id) return PKV_ERR_NOT_FOUND; // freed, or an older generation
+        if (s->mark == epoch) return PKV_ERR_INVALID_ARG; // listed twice
+        s->mark = epoch;
+        set->batch[i] = s;
+        const uint32_t n = counts[i], room = s->num_blocks * bs - s->len;
+        if ((uint64_t)s->len + n > (uint64_t)INT32_MAX) return PKV_ERR_INVALID_ARG;
+        if (n <= room) { // the common decode step: no new block
+            s->batch_new = 0;
+            s->batch_cow = 0;
+            if (n == 0 || rc[s->blocks[s->num_blocks - 1]] == 1) continue;
+        } else {
+            s->batch_new = n - room <= bs ? 1 : blocks_for(n - room, bs);
+            s->batch_cow = 0;
+            total += s->batch_new;
+            if (n == 0 || room == 0 || rc[s->blocks[s->num_blocks - 1]] == 1) continue;
         }
-        total += nb + s->batch_cow;
-        ncow += s->batch_cow;
+        // A shared, partly filled last block: the slow path.
+        if (set->cap_cowed < k) {
+            uint32_t cap_b = set->cap_cowed;
+            if (!grow((void **)&set->cowed_block, &cap_b, k, sizeof *set->cowed_block) ||
+                !grow((void **)&set->cowed_count, &set->cap_cowed, k, sizeof *set->cowed_count))
+                return PKV_ERR_OUT_OF_MEMORY;
+        }
+        pkv_block_id last = s->blocks[s->num_blocks - 1];
+        if (needs_cow(set, s, (int32_t)cowed(set, last, 0))) {
+            s->batch_cow = 1;
+            cowed(set, last, 1);
+            total++;
+            ncow++;
+        }
     }
     *blocks = total;
     *cows = ncow;
@@ -354,6 +384,15 @@ static pkv_status plan_batch(pkv_seqset *set, const pkv_seq_id *seqs, const uint
 // table and copy queue were grown and the pool space checked by the caller.
 static void apply_append(pkv_seqset *set, seq *s, uint32_t n, int64_t *slots) {
     const uint32_t nb = s->batch_new, cow = s->batch_cow, bs = set->block_size;
+    if (nb + cow == 0) { // the common decode step: room in an unshared last block
+        if (slots && n) {
+            const int64_t first = (int64_t)s->blocks[s->num_blocks - 1] * bs +
+                                  (bs - (s->num_blocks * bs - s->len));
+            for (uint32_t i = 0; i < n; i++) slots[i] = first + i;
+        }
+        s->len += n;
+        return;
+    }
     // With copy-on-write the first new block lands on the last table entry,
     // replacing the shared block (saved in src first).
     pkv_block_id src = cow ? s->blocks[s->num_blocks - 1] : -1;
@@ -380,12 +419,11 @@ static void apply_append(pkv_seqset *set, seq *s, uint32_t n, int64_t *slots) {
     s->num_blocks += nb;
 }
 
-// Grow every table of the batch and the copy queue (only spare capacity changes
-// on failure).
-static pkv_status reserve_batch(pkv_seqset *set, const pkv_seq_id *seqs, uint32_t k,
-                                uint32_t cows) {
+// Grow every table of the batch (seqs[0..k-1]) and the copy queue (only spare
+// capacity changes on failure).
+static pkv_status reserve_batch(pkv_seqset *set, seq *const *seqs, uint32_t k, uint32_t cows) {
     for (uint32_t i = 0; i < k; i++) {
-        seq *s = get_seq(set, seqs[i]);
+        seq *s = seqs[i];
         if (s->batch_new &&
             !grow((void **)&s->blocks, &s->cap, (uint64_t)s->num_blocks + s->batch_new,
                   sizeof(pkv_block_id)))
@@ -419,10 +457,24 @@ pkv_status pkv_seqset_append_batch(pkv_seqset *set, const pkv_seq_id *seqs,
     pkv_status st = plan_batch(set, seqs, counts, num_seqs, &total, &cows);
     if (st != PKV_OK) return st;
     if (!can_take(set, total)) return refuse(set, total);
-    if ((st = reserve_batch(set, seqs, num_seqs, cows)) != PKV_OK) return st;
+    if (total && (st = reserve_batch(set, set->batch, num_seqs, cows)) != PKV_OK) return st;
+    const uint32_t bs = set->block_size;
     for (uint32_t i = 0; i < num_seqs; i++) {
-        apply_append(set, get_seq(set, seqs[i]), counts[i], slots);
-        if (slots) slots += counts[i];
+        seq *s = set->batch[i];
+        const uint32_t n = counts[i];
+        if (s->batch_new + s->batch_cow == 0) {
+            // Inline fast path (apply_append's first case): room in the last block.
+            if (slots && n) {
+                const int64_t first = (int64_t)s->blocks[s->num_blocks - 1] * bs +
+                                      (bs - (s->num_blocks * bs - s->len));
+                slots[0] = first; // n == 1 (decode) without a vectorized loop's prologue
+                for (uint32_t j = 1; j < n; j++) slots[j] = first + j;
+            }
+            s->len += n;
+        } else {
+            apply_append(set, s, n, slots);
+        }
+        if (slots) slots += n;
     }
     return PKV_OK;
 }
@@ -447,7 +499,7 @@ pkv_status pkv_seq_append(pkv_seqset *set, pkv_seq_id id, uint32_t n, int64_t *s
     s->batch_cow = (uint32_t)needs_cow(set, s, 0);
     if (!can_take(set, (uint64_t)s->batch_new + s->batch_cow))
         return refuse(set, (uint64_t)s->batch_new + s->batch_cow);
-    if ((st = reserve_batch(set, &id, 1, s->batch_cow)) != PKV_OK) return st;
+    if ((st = reserve_batch(set, &s, 1, s->batch_cow)) != PKV_OK) return st;
     apply_append(set, s, n, slots);
     return PKV_OK;
 }
@@ -756,7 +808,7 @@ pkv_status pkv_seqset_validate(const pkv_seqset *set, int exclusive) {
         if (!s->live) continue;
         live++;
         if (s->num_blocks != blocks_for(s->len, set->block_size) || s->num_blocks > s->cap ||
-            s->gen > ID_GEN_MASK) {
+            s->gen > ID_GEN_MASK || s->live_id != (pkv_seq_id)((s->gen << ID_INDEX_BITS) | i)) {
             st = PKV_ERR_CORRUPT;
             break;
         }
