@@ -9,7 +9,10 @@
 # installed here: with nvcc on PATH the CUDA parts build, without it they are skipped.
 set -euo pipefail
 
-pkgs=(meson ninja-build pkg-config gcc g++ libcriterion-dev libjemalloc-dev libopenblas-dev)
+pkgs=(meson ninja-build pkg-config gcc g++ libcriterion-dev libjemalloc-dev libopenblas-dev cmake)
+# cmake: the install test checks find_package(pagedkv) (tests/install/run.sh).
+# The Python package: headers for the extension, venv for python/run_tests.sh.
+pkgs+=(python3-dev python3-venv)
 for arg in "$@"; do
     case "$arg" in
     --plots) pkgs+=(python3-matplotlib) ;;
