@@ -175,6 +175,7 @@ pkv_status pkv_attn_cuda_num_splits(const pkv_attn_shape *shape, uint32_t num_se
 
 // Device bytes of workspace that a split-K decode with num_splits partitions needs
 // (fp32 partial outputs plus running max and sum per partition and head).
+// PKV_ERR_INVALID_ARG when that size does not fit in a size_t (never wraps).
 pkv_status pkv_attn_cuda_workspace_bytes(const pkv_attn_shape *shape, uint32_t num_seqs,
                                          uint32_t num_splits, size_t *bytes);
 

@@ -76,7 +76,17 @@ pkv_status pkv_attn_cuda_workspace_bytes(const pkv_attn_shape *shape, uint32_t n
         return PKV_OK;
     }
     // Per (sequence, head, partition): head_dim fp32 outputs, a max and a sum.
-    uint64_t per = (uint64_t)shape->head_dim + 2u;
-    *bytes = (size_t)((uint64_t)num_seqs * shape->num_heads * num_splits * per * sizeof(float));
+    // Each product is checked: 2^16 sequences x 2^16 heads x 2^16 splits x a
+    // large head_dim wraps 64 bits (and a 32-bit size_t much sooner).
+    uint64_t per = ((uint64_t)shape->head_dim + 2u) * sizeof(float);
+    uint64_t n = (uint64_t)num_seqs * shape->num_heads; // < 2^64: two 32-bit factors
+    if (n != 0 && (num_splits > UINT64_MAX / n || per > UINT64_MAX / (n * num_splits))) {
+        return PKV_ERR_INVALID_ARG;
+    }
+    uint64_t total = n * num_splits * per;
+    if (total > (uint64_t)SIZE_MAX) {
+        return PKV_ERR_INVALID_ARG;
+    }
+    *bytes = (size_t)total;
     return PKV_OK;
 }
