@@ -290,6 +290,21 @@ static void run_case(ctx *c, pkv_dtype dt, uint32_t heads, uint32_t kvh, uint32_
         fail(c, "CUDA call failed (status %g)", what, (double)st);
         goto done;
     }
+    if (prefill) {
+        // The same through the _ex call, which takes the row count from the host.
+        void *first = malloc(qn * es);
+        if (first == NULL || (memcpy(first, gpu, qn * es), 0) ||
+            cudaMemset(dout, 0, qn * es) != cudaSuccess ||
+            pkv_attn_prefill_paged_cuda_ex(&sh, nseq, dind, rows, dq, &dkv, dout, NULL) !=
+                PKV_OK ||
+            cudaMemcpy(gpu, dout, qn * es, cudaMemcpyDeviceToHost) != cudaSuccess ||
+            memcmp(first, gpu, qn * es) != 0) {
+            free(first);
+            fail(c, "prefill _ex (host row count) differs from the plain call%.0g", what, 0);
+            goto done;
+        }
+        free(first);
+    }
     err = compare(dt, cpu, gpu, qn, &where);
     if (!(err <= 1.0)) {
         char w[200];

@@ -73,8 +73,8 @@ report in_block_offset fail $?
 
 mutant missing_barrier attn_decode.cu \
     '        __syncthreads();
-        // Online softmax' \
-    '        // Online softmax'
+        if (paged && t1 < end) {' \
+    '        if (paged && t1 < end) {'
 report missing_barrier fail $?
 
 mutant off_by_one_end attn_decode.cu \
