@@ -46,7 +46,7 @@ static void usage(FILE *f) {
             "same inputs and prints one line per group and a verdict.\n"
             "  --quick      shorter contexts (a smaller grid, for sanitizers)\n"
             "  --only G     run group G only: decode, splitk, prefill, write, copy, bad,\n"
-            "               decoder (may be repeated)\n"
+            "               errors, decoder (may be repeated)\n"
             "  --json       one JSON object on stdout\n"
             "  --verbose    one line per case\n"
             "  --help       this text\n"
@@ -550,6 +550,53 @@ static void group_bad(ctx *c) {
     free(kc);
 }
 
+// A CUDA error pending before a call (here a failed cudaMalloc, someone else's)
+// must still be pending after a successful attention call: the library may not
+// clear what it did not cause.
+static void group_errors(ctx *c) {
+    const char *what = "a caller's pending CUDA error survives a decode call";
+    const uint32_t dim = 64, bs = 16;
+    float kc[16 * 64];
+    for (int i = 0; i < 16 * 64; i++) {
+        kc[i] = (float)rng_unit(c);
+    }
+    int32_t table[1] = {0};
+    int32_t lens[1] = {9};
+    float q[64];
+    for (int i = 0; i < 64; i++) {
+        q[i] = (float)rng_unit(c);
+    }
+    pkv_attn_shape sh = {1, 1, dim, PKV_DTYPE_F32, 0.125f, 1};
+    pkv_attn_paged_kv kv = {kc, kc, (uint64_t)bs * dim, (uint64_t)bs * dim, dim, bs, 1, table, 1,
+                            lens};
+    float cpu[64];
+    float gpu[64];
+    dev_list dl = {{0}, 0, 0};
+    pkv_attn_paged_kv dkv = kv;
+    dkv.k_cache = dkv.v_cache = dev_copy(&dl, kc, sizeof kc);
+    dkv.block_tables = dev_copy(&dl, table, sizeof table);
+    dkv.seq_lens = dev_copy(&dl, lens, sizeof lens);
+    void *dq = dev_copy(&dl, q, sizeof q);
+    void *dout = dev_copy(&dl, NULL, sizeof q);
+    (void)cudaGetLastError();
+    void *huge = NULL;
+    cudaError_t pending = cudaMalloc(&huge, (size_t)1 << 62); // fails, and stays pending
+    int ok = !dl.bad && pending != cudaSuccess &&
+             pkv_attn_decode_paged_cpu(&sh, 1, q, &kv, cpu) == PKV_OK &&
+             pkv_attn_decode_paged_cuda(&sh, 1, dq, &dkv, dout, NULL) == PKV_OK;
+    cudaError_t after = cudaGetLastError();
+    ok = ok && after == pending &&
+         cudaMemcpy(gpu, dout, sizeof gpu, cudaMemcpyDeviceToHost) == cudaSuccess;
+    size_t where = 0;
+    double err = ok ? compare(PKV_DTYPE_F32, cpu, gpu, 64, &where) : INFINITY;
+    ok = ok && err <= 1.0;
+    if (!ok) {
+        fail(c, "pending error lost or result wrong (error/tolerance %g)", what, err);
+    }
+    case_done(c, ok, ok ? err : INFINITY, what);
+    dev_free(&dl);
+}
+
 #if !defined(PKV_CHECK_EMU)
 // The decoder, greedy, on both backends with the same weights: same tokens.
 static void group_decoder(ctx *c) {
@@ -627,7 +674,7 @@ int main(int argc, char **argv) {
         }
     }
     static const char *const names[] = {"decode", "splitk", "prefill", "write",
-                                        "copy",   "bad",    "decoder"};
+                                        "copy",   "bad",    "errors",  "decoder"};
     for (int i = 0; i < nonly; i++) {
         int known = 0;
         for (size_t j = 0; j < sizeof names / sizeof names[0]; j++) {
@@ -655,9 +702,9 @@ int main(int argc, char **argv) {
         snprintf(devname, sizeof devname, "%s (sm_%d%d, %d SMs)", prop.name, prop.major,
                  prop.minor, prop.multiProcessorCount);
     }
-    group groups[7];
-    void (*const fns[7])(ctx *) = {group_decode, group_splitk, group_prefill, group_write,
-                                   group_copy,   group_bad,
+    group groups[8];
+    void (*const fns[8])(ctx *) = {group_decode, group_splitk, group_prefill, group_write,
+                                   group_copy,   group_bad,    group_errors,
 #if defined(PKV_CHECK_EMU)
                                    NULL
 #else
@@ -665,7 +712,7 @@ int main(int argc, char **argv) {
 #endif
     };
     int ng = 0;
-    for (int i = 0; i < 7; i++) {
+    for (int i = 0; i < 8; i++) {
         int run = fns[i] != NULL && nonly == 0;
         for (int j = 0; j < nonly; j++) {
             run |= fns[i] != NULL && strcmp(only[j], names[i]) == 0;

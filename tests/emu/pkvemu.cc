@@ -594,6 +594,7 @@ cudaError_t cudaMalloc(void **ptr, size_t bytes) {
     char *m = static_cast<char *>(
         mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
     if (m == MAP_FAILED) {
+        s.last_error = cudaErrorMemoryAllocation; // pending, as the runtime leaves it
         return cudaErrorMemoryAllocation;
     }
     mprotect(m, s.page, PROT_NONE);
