@@ -21,7 +21,9 @@
 #define TILE 128 // tokens scored between two softmax rescales
 #define GMAX PKVI_ATTN_CUDA_MAX_GROUP
 
-// Kernels and helpers have internal linkage: no generic symbol leaves the library.
+// Kernels and helpers have internal linkage: no generic symbol leaves the library
+// (plain functions are static too: nvcc's host object gives functions of an
+// anonymous namespace external linkage).
 namespace {
 
 // Everything a launch needs; passed by value (kernel parameter space).
@@ -547,8 +549,8 @@ pkv_status launch_d(const pkv_attn_shape *sh, const dec_args &a, uint32_t rows,
 
 // Shape fields, the grid limits, then the dtype dispatch (which plans split-K
 // with the chosen kernel's occupancy and launches).
-pkv_status launch(const pkv_attn_shape *sh, dec_args a, uint32_t num_seqs, uint32_t rows,
-                  const split_req &req, cudaStream_t st) {
+static pkv_status launch(const pkv_attn_shape *sh, dec_args a, uint32_t num_seqs,
+                         uint32_t rows, const split_req &req, cudaStream_t st) {
     pkvi_attn_cuda_groups(sh, &a.hpc, &a.gpk);
     a.num_seqs = num_seqs;
     a.num_heads = sh->num_heads;
@@ -568,8 +570,8 @@ pkv_status launch(const pkv_attn_shape *sh, dec_args a, uint32_t num_seqs, uint3
     }
 }
 
-pkv_status check_paged(const pkv_attn_shape *sh, const void *q, const pkv_attn_paged_kv *kv,
-                       const void *out) {
+static pkv_status check_paged(const pkv_attn_shape *sh, const void *q,
+                              const pkv_attn_paged_kv *kv, const void *out) {
     pkv_status st = pkvi_attn_check_shape(sh, 1);
     if (st == PKV_OK) {
         st = pkvi_attn_check_paged_desc(kv);
@@ -596,7 +598,7 @@ pkv_status check_paged(const pkv_attn_shape *sh, const void *q, const pkv_attn_p
     return PKV_OK;
 }
 
-dec_args paged_args(const void *q, const pkv_attn_paged_kv *kv, void *out) {
+static dec_args paged_args(const void *q, const pkv_attn_paged_kv *kv, void *out) {
     dec_args a = {};
     a.q = q;
     a.out = out;
