@@ -180,8 +180,10 @@ section "pkv-check: CUDA against the CPU" "pkv-check" pkv_check.log
 
 # ---- 2. static: registers, spills, loads in flight (runs here too) ----
 if command -v cuobjdump >/dev/null 2>&1; then
-    objs=$(ls "$build"/libpagedkv.a.p/src_attention_attn_*.cu.o \
-        "$build"/libpagedkv.a.p/src_runtime_model_ops_cuda.cu.o 2>/dev/null)
+    # The library's CUDA objects (meson keeps them under libpagedkv.so*.p or
+    # libpagedkv.a.p), each file once.
+    objs=$(find "$build" -maxdepth 2 -path '*libpagedkv*' \( -name 'src_attention_attn_*.cu.o' \
+        -o -name 'src_runtime_model_ops_cuda.cu.o' \) | awk -F/ '!seen[$NF]++')
     step sass 60 python3 bench/sass_loads.py --arch sm_90 $objs
     section "Registers, spills and global loads in flight per thread (sm_90 SASS)" \
         "bench/sass_loads.py --arch sm_90 <objects>" sass.log
