@@ -208,11 +208,11 @@ fi
 # ---- 4. decode attention bandwidth, GQA 32/8 then MHA ----
 grid="--gpu --dtype fp16 --batch 1,16,64,256 --context 1024,4096,16384,32768 --max-mib 2048 --min-time 0.1"
 # shellcheck disable=SC2086
-gpu bench_gqa 60 "$battn" $grid --heads 32 --kv-heads 8 --json-out "$out/bench_gqa.json"
+gpu bench_gqa 75 "$battn" $grid --heads 32 --kv-heads 8 --json-out "$out/bench_gqa.json"
 section "Decode attention, GQA 32/8 (Llama-3-8B heads), fp16" \
     "bench_attention $grid --heads 32 --kv-heads 8" bench_gqa.log
 # shellcheck disable=SC2086
-gpu bench_mha 60 "$battn" $grid --heads 32 --kv-heads 32 --json-out "$out/bench_mha.json"
+gpu bench_mha 75 "$battn" $grid --heads 32 --kv-heads 32 --json-out "$out/bench_mha.json"
 section "Decode attention, MHA 32/32, fp16" "bench_attention $grid --heads 32 --kv-heads 32" \
     bench_mha.log
 
