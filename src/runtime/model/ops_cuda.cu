@@ -383,7 +383,19 @@ static pkv_status contig_prefill(pkv_model *m, const pkvi_call *call, const pkvi
     pkv_status st = launched();
     if (st != PKV_OK || call->all_single) return st;
     size_t shmem = ((size_t)hd + kv->max_len) * sizeof(float);
-    if (shmem > 48 * 1024) return PKV_ERR_UNSUPPORTED; // scores must fit shared memory
+    // Past the default 48 KiB of dynamic shared memory the kernel's limit must be
+    // raised, up to the device's opt-in maximum (227 KiB on Hopper: ~58k tokens).
+    if (shmem > 48 * 1024) {
+        int dev = 0, optin = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess ||
+            cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) !=
+                cudaSuccess)
+            return PKV_ERR_BACKEND;
+        if (shmem > (size_t)optin) return PKV_ERR_UNSUPPORTED; // scores must fit shared memory
+        if (cudaFuncSetAttribute(causal_contig_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)shmem) != cudaSuccess)
+            return PKV_ERR_BACKEND;
+    }
     // Grid: (token, query head), THREADS threads over keys, then over head_dim.
     causal_contig_kernel<T><<<dim3(call->num_tokens, c->num_heads), THREADS, shmem, stream>>>(
         c->num_heads, kvh, hd, kv->max_len, 1.0f / sqrtf((float)hd), s->tseq, s->pos, s->rows,
