@@ -172,13 +172,129 @@ static double bench_fork(pkv_seqset *set, long iters) {
     return best;
 }
 
+// The engine-step row (issue 10): 256 running sequences decode one token each,
+// block 16, the set attached to a prefix cache (every sequence starts with a
+// shared 64-token system prompt taken from the cache). One step = decide
+// (blocks needed) + append with the slot mapping + take the copy list; a
+// sequence that reaches 1024 tokens retires and a new request takes its place
+// through the cache, as in a server's steady state. mode 0: 256 single calls
+// (blocks_needed + append each); mode 1: blocks_needed_batch + append_batch;
+// mode 2: append_batch alone (it is all or nothing: an engine may ask
+// blocks_needed_batch only when the append is refused). Same work in all three.
+#define STEP_SEQS 256
+#define STEP_MAX_LEN 1024
+#define STEP_PROMPT 65 // 64 cached tokens + the one that is always computed
+
+typedef struct step_world {
+    pkv_pool *pool;
+    pkv_seqset *set;
+    pkv_prefix_cache *cache;
+    pkv_seq_id ids[STEP_SEQS];
+    uint32_t counts[STEP_SEQS], lens[STEP_SEQS];
+    int64_t slots[STEP_SEQS];
+    int32_t prompt[STEP_PROMPT];
+} step_world;
+
+static void step_admit(step_world *w, int i, uint32_t len) {
+    uint32_t cached;
+    pkv_status st =
+        pkv_seq_create_cached(w->set, w->cache, w->prompt, STEP_PROMPT, &w->ids[i], &cached);
+    if (st == PKV_OK) st = pkv_seq_append(w->set, w->ids[i], len - cached, NULL);
+    if (st != PKV_OK) die("engine step admit", st);
+    w->lens[i] = len;
+}
+
+static void step_world_init(step_world *w) {
+    pkv_status st = pkv_pool_create(STEP_SEQS * (STEP_MAX_LEN / 16 + 2) + 64, &w->pool);
+    if (st == PKV_OK) st = pkv_seqset_create(w->pool, 16, &w->set);
+    if (st == PKV_OK) st = pkv_prefix_cache_create(w->pool, 16, 1024, &w->cache);
+    if (st == PKV_OK) st = pkv_prefix_cache_attach(w->cache, w->set);
+    if (st != PKV_OK) die("engine step setup", st);
+    for (int i = 0; i < STEP_PROMPT; i++) w->prompt[i] = 1000 + i;
+    pkv_seq_id first;
+    uint32_t cached;
+    st = pkv_seq_create_cached(w->set, w->cache, w->prompt, STEP_PROMPT, &first, &cached);
+    if (st == PKV_OK) st = pkv_seq_append(w->set, first, STEP_PROMPT, NULL);
+    if (st == PKV_OK)
+        st = pkv_prefix_cache_insert(w->cache, w->set, first, w->prompt, STEP_PROMPT, NULL);
+    if (st == PKV_OK) st = pkv_seq_free(w->set, first);
+    if (st != PKV_OK) die("engine step prompt", st);
+    // Staggered lengths so that block boundaries and retirements spread over steps.
+    for (int i = 0; i < STEP_SEQS; i++) {
+        step_admit(w, i, STEP_PROMPT + (uint32_t)(i * 37) % (STEP_MAX_LEN - STEP_PROMPT));
+        w->counts[i] = 1;
+    }
+}
+
+static void step_world_free(step_world *w) {
+    pkv_seqset_destroy(w->set);
+    pkv_prefix_cache_destroy(w->cache);
+    pkv_pool_destroy(w->pool);
+}
+
+static void engine_step(step_world *w, int mode) {
+    pkv_block_copy copies[STEP_SEQS];
+    uint32_t need = 0, ncopies;
+    pkv_status st;
+    if (mode) {
+        st = mode == 1 ? pkv_seqset_blocks_needed_batch(w->set, w->ids, w->counts, STEP_SEQS, &need)
+                       : PKV_OK;
+        if (st == PKV_OK)
+            st = pkv_seqset_append_batch(w->set, w->ids, w->counts, STEP_SEQS, w->slots);
+        if (st != PKV_OK) die("engine step (batch)", st);
+    } else {
+        for (int i = 0; i < STEP_SEQS; i++) {
+            uint32_t one;
+            st = pkv_seq_blocks_needed(w->set, w->ids[i], 1, &one);
+            need += one;
+            if (st == PKV_OK) st = pkv_seq_append(w->set, w->ids[i], 1, &w->slots[i]);
+            if (st != PKV_OK) die("engine step (single)", st);
+        }
+    }
+    st = pkv_seqset_take_copies(w->set, copies, STEP_SEQS, &ncopies);
+    if (st != PKV_OK) die("copies", st);
+    sink += (uintptr_t)w->slots[STEP_SEQS - 1] + need + ncopies;
+    for (int i = 0; i < STEP_SEQS; i++)
+        if (++w->lens[i] == STEP_MAX_LEN) {
+            if ((st = pkv_seq_free(w->set, w->ids[i])) != PKV_OK) die("retire", st);
+            step_admit(w, i, STEP_PROMPT);
+        }
+}
+
+// ns per step for each mode: the best of short reps of 200 steps (short, so that
+// most reps run without being preempted on a shared machine); the modes run
+// interleaved on identical worlds.
+static void bench_engine_step(long steps, double ns[3]) {
+    const long per_rep = 200, reps = steps / per_rep > REPS ? steps / per_rep : REPS;
+    step_world *w[3];
+    for (int v = 0; v < 3; v++) {
+        w[v] = calloc(1, sizeof *w[v]);
+        if (!w[v]) die("engine step", PKV_ERR_OUT_OF_MEMORY);
+        step_world_init(w[v]);
+    }
+    ns[0] = ns[1] = ns[2] = 1e300;
+    for (long r = 0; r < reps; r++)
+        for (int v = 0; v < 3; v++) {
+            double t0 = now_ns();
+            for (long i = 0; i < per_rep; i++) engine_step(w[v], v);
+            double t = (now_ns() - t0) / (double)per_rep;
+            if (t < ns[v]) ns[v] = t;
+        }
+    for (int v = 0; v < 3; v++) {
+        step_world_free(w[v]);
+        free(w[v]);
+    }
+}
+
 static void usage(FILE *out) {
     fprintf(out,
             "usage: bench_alloc [--quick] [--json] [--block-bytes N] [--callgrind N]\n"
             "\n"
             "Times pool alloc+free (1, 16, 128 blocks), append of one token and fork of a\n"
             "2k-token sequence, against glibc malloc/free, jemalloc mallocx/dallocx and (with\n"
-            "a GPU) cudaMalloc/cudaFree of block-sized buffers, side by side in one run.\n"
+            "a GPU) cudaMalloc/cudaFree of block-sized buffers, side by side in one run; and\n"
+            "one engine step (256 sequences decode one token, block 16, prefix cache on) as\n"
+            "batch calls vs 256 single calls (ns per step; x column: single / batch).\n"
             "bench_alloc --calibrate FILE.json [--backend host|cuda]: fit the per-call cost\n"
             "model of backend alloc/free that pkv-replay --alloc-model FILE.json reads.\n"
             "\n"
@@ -286,6 +402,11 @@ int main(int argc, char **argv) {
     }
     rows[n++] = (row){"seq append 1 token (block 16)", bench_append(set, it1), 0};
     rows[n++] = (row){"seq fork+free of 2048 tokens", bench_fork(set, itb / 4), 0};
+    double step[3];
+    bench_engine_step(itb / 4, step);
+    rows[n++] = (row){"engine step 256 seqs: 256 single calls", step[0], 0};
+    rows[n++] = (row){"engine step: blocks_needed+append batch", step[1], step[0] / step[1]};
+    rows[n++] = (row){"engine step: append_batch alone", step[2], step[0] / step[2]};
 
     if (o.json) {
         printf("{\"block_bytes\": %zu, \"jemalloc\": %s, \"cuda\": %s, \"rows\": [", o.block_bytes,

@@ -4,7 +4,8 @@
 paper's figure 2 over time (token states, reserved for later tokens, internal
 fragmentation, external fragmentation, free; one x axis shared by every
 policy) and the distribution of step latency. Input: the CSV of
-`pkv-replay --timeline FILE`; output: a PNG.
+`pkv-replay --timeline FILE` (one panel per run: per point of a sweep);
+output: a PNG. For sweeps, CDFs and SLO curves, tools/pkv_plot.py (pkv-plot).
 
 usage: plot_replay.py TIMELINE.csv OUT.png [--title TEXT]
 Needs python3-matplotlib (Debian package).
@@ -16,22 +17,34 @@ from collections import OrderedDict
 
 
 def load(path):
+    # One panel per run: a sweep's timeline (point, block_size, load_scale
+    # columns) holds several runs of one policy; an older one, one per policy.
     runs = OrderedDict()
     with open(path, newline="") as f:
-        for row in csv.DictReader(f):
-            r = runs.setdefault(row["policy"], {k: [] for k in
-                                                ("t", "used", "resv", "internal", "ext", "free", "ms")})
-            used = int(row["used_bytes"])
-            reserved = int(row["reserved_bytes"])
-            reservation = int(row["reservation_bytes"])
-            ext = int(row["ext_frag_bytes"])
-            r["t"].append(float(row["time_s"]))
-            r["used"].append(used / 2**30)
-            r["resv"].append(reservation / 2**30)
-            r["internal"].append((reserved - used - reservation) / 2**30)
-            r["ext"].append(ext / 2**30)
-            r["free"].append((int(row["free_bytes"]) - ext) / 2**30)
-            r["ms"].append(float(row["step_ms"]))
+        rows = list(csv.DictReader(f))
+    vary = {k for k in ("block_size", "load_scale") if len({r.get(k) for r in rows}) > 1}
+    for row in rows:
+        key = row.get("point") or row["policy"]
+        if key not in runs:
+            label = row["policy"]
+            if "block_size" in vary and row["policy"] == "paged":
+                label += " (block %s)" % row["block_size"]
+            if "load_scale" in vary:
+                label += " load x%s" % row["load_scale"]
+            runs[key] = {"label": label, **{k: [] for k in
+                                            ("t", "used", "resv", "internal", "ext", "free", "ms")}}
+        r = runs[key]
+        used = int(row["used_bytes"])
+        reserved = int(row["reserved_bytes"])
+        reservation = int(row["reservation_bytes"])
+        ext = int(row["ext_frag_bytes"])
+        r["t"].append(float(row["time_s"]))
+        r["used"].append(used / 2**30)
+        r["resv"].append(reservation / 2**30)
+        r["internal"].append((reserved - used - reservation) / 2**30)
+        r["ext"].append(ext / 2**30)
+        r["free"].append((int(row["free_bytes"]) - ext) / 2**30)
+        r["ms"].append(float(row["step_ms"]))
     return runs
 
 
@@ -62,14 +75,14 @@ def main():
     labels = ["token states", "reserved (filled later)", "internal fragmentation",
               "external fragmentation", "free"]
     t_end = max(r["t"][-1] for r in runs.values() if r["t"])
-    for i, (policy, r) in enumerate(runs.items()):
+    for i, r in enumerate(runs.values()):
         ax = axes[i][0]
         t = thin(r["t"])
         ax.stackplot(t, thin(r["used"]), thin(r["resv"]), thin(r["internal"]), thin(r["ext"]),
                      thin(r["free"]), colors=colors, labels=labels, linewidth=0)
         ax.set_ylabel("GiB")
         ax.set_xlim(0, t_end)  # one time axis for every policy
-        ax.set_title(policy, loc="left", fontsize=10)
+        ax.set_title(r["label"], loc="left", fontsize=10)
         if i == n - 1:
             ax.set_xlabel("simulated time (s)")
         h = axes[i][1]

@@ -31,16 +31,28 @@ def pct(x):
 def caption(d, name):
     c, first = d["config"], d["runs"][0]
     am = c.get("alloc_model") or {}
+    # Stamped reports (pkv-replay's sweep driver) keep the budget and the load
+    # scale per run (memory.capacity_bytes, point.load_scale), not in config.
+    budget = c.get("kv_budget_bytes", first["memory"]["capacity_bytes"])
+    load = first["point"]["load_scale"] if "point" in first else c.get("load_scale", 1)
     parts = [f"model {c['model']}", f"GPU {c['gpu']} (sim, roofline)",
-             f"KV budget {c['kv_budget_bytes'] / GiB:.2f} GiB",
+             f"KV budget {budget / GiB:.2f} GiB",
              f"{first['kv_bytes_per_token'] // 1024} KiB of KV per token",
-             f"load x{c.get('load_scale', 1):g}", f"batching {c.get('batching', 'continuous')}",
+             f"load x{load:g}", f"batching {c.get('batching', 'continuous')}",
              "chunked prefill " + (f"{c['chunked_prefill']} tokens" if c.get("chunked_prefill") else "off"),
              f"preempt {c['preempt']}" + (f" (host pool {c['swap_space_bytes'] / GiB:.0f} GiB)"
                                          if c["preempt"] == "swap" else ""),
              f"alloc cost model: {am.get('name', 'n/a')}"]
     trace = Path(d["trace"]["path"]).stem
     return f"#### {name}: {trace}\n\n" + "; ".join(parts) + "."
+
+
+def seconds(d, r):
+    # Older reports hold replay_seconds in the run; stamped ones (pkv-replay's
+    # research workflow) keep run-specific wall times in stamp.run_seconds.
+    if "replay_seconds" in r:
+        return r["replay_seconds"]
+    return d["stamp"]["run_seconds"][str(r["point"]["index"])]
 
 
 def table(path):
@@ -73,7 +85,7 @@ def table(path):
         if r.get("prefix_cached_tokens"):
             total = d["trace"]["prompt_tokens_mean"] * d["trace"]["requests"]
             out.append(f"\n{r['policy']}: {r['prefix_cached_tokens']:,} prompt tokens served by the "
-                       f"prefix cache (of {total:,.0f}).")
+                       f"prefix cache (of {total:,.0f}); replay took {seconds(d, r):.1f} s.")
         if r.get("padding_tokens"):
             out.append(f"\n{r['policy']}: {r['padding_tokens']:,} padding tokens computed; padding held "
                        f"{pct(r['memory'].get('padding_frac'))} of the budget (inside token states).")

@@ -45,7 +45,7 @@ int main(void) {
     CHECK(pkv_seq_fork(seqs, prompt, &sample));
     // Its first new token lands in the shared, partly filled block: copy-on-write.
     CHECK(pkv_seq_append(seqs, sample, 1, slots));
-    CHECK(pkv_cache_apply_copies(cache, seqs)); // one batched backend copy
+    CHECK(pkv_cache_apply_copies(cache, seqs, NULL)); // one batched backend copy
 
     // Block tables for the attention kernel, vLLM style (padded) ...
     pkv_seq_id batch[2] = {prompt, sample};
@@ -54,6 +54,17 @@ int main(void) {
     printf("prompt: %d tokens, blocks %d %d\n", lens[0], table[0], table[1]);
     printf("sample: %d tokens, blocks %d %d (block 0 shared, block 1 copied)\n", lens[1],
            table[4], table[5]);
+
+    // An engine step: both sequences decode one token in one call (all or nothing),
+    // with the slot mapping of the whole batch; then speculative tokens rolled back.
+    const uint32_t counts[2] = {1, 1};
+    uint32_t need;
+    CHECK(pkv_seqset_blocks_needed_batch(seqs, batch, counts, 2, &need));
+    CHECK(pkv_seqset_append_batch(seqs, batch, counts, 2, slots));
+    CHECK(pkv_cache_apply_copies(cache, seqs, NULL));
+    printf("step: %u new blocks, slots %lld %lld\n", need, (long long)slots[0], (long long)slots[1]);
+    CHECK(pkv_seq_append(seqs, sample, 4, NULL)); // 4 draft tokens ...
+    CHECK(pkv_seq_truncate(seqs, sample, 23));    // ... of which 1 accepted
 
     pkv_backend_stats st;
     CHECK(pkv_backend_get_stats(host, &st));

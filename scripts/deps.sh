@@ -1,13 +1,25 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
 # Install the Debian packages the build and tests need, only those missing.
-# Usage: scripts/deps.sh [--plots]   (--plots adds python3-matplotlib for bench/ plots)
+# Usage: scripts/deps.sh [--plots] [--fuzz]
+#   --plots  adds python3-matplotlib for bench/ plots
+#   --fuzz   adds clang, its sanitizer/libFuzzer runtimes, llvm-symbolizer and libomp
+#            (scripts/fuzz.sh and the clang sanitizer build in .ci/run)
 # Needs root (or sudo) only when something is missing. The CUDA toolkit is never
 # installed here: with nvcc on PATH the CUDA parts build, without it they are skipped.
 set -euo pipefail
 
-pkgs=(meson ninja-build pkg-config gcc g++ libcriterion-dev libjemalloc-dev libopenblas-dev)
-if [[ "${1:-}" == "--plots" ]]; then pkgs+=(python3-matplotlib); fi
+pkgs=(meson ninja-build pkg-config gcc g++ libcriterion-dev libjemalloc-dev libopenblas-dev cmake)
+# cmake: the install test checks find_package(pagedkv) (tests/install/run.sh).
+# The Python package: headers for the extension, venv for python/run_tests.sh.
+pkgs+=(python3-dev python3-venv)
+for arg in "$@"; do
+    case "$arg" in
+    --plots) pkgs+=(python3-matplotlib) ;;
+    --fuzz) pkgs+=(clang libclang-rt-dev llvm libomp-dev) ;;
+    *) echo "deps: unknown option $arg" >&2; exit 2 ;;
+    esac
+done
 
 missing=()
 for p in "${pkgs[@]}"; do

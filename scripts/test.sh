@@ -12,3 +12,5 @@ if [[ -x /usr/local/cuda/bin/nvcc ]]; then export PATH="$PATH:/usr/local/cuda/bi
 if [[ ! -f "$build/build.ninja" ]]; then meson setup "$build" "$@"; fi
 ninja -C "$build"
 meson test -C "$build" --print-errorlogs --num-processes 2
+# The Python package and its pytest suite (python/run_tests.sh); PKV_SKIP_PYTHON=1 skips it.
+if [[ "${PKV_SKIP_PYTHON:-0}" != 1 ]]; then python/run_tests.sh build-py; fi

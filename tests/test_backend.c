@@ -51,7 +51,7 @@ Test(backend, host_bad_args) {
     cr_assert_eq(pkv_backend_alloc(b, SIZE_MAX, &p), PKV_ERR_OUT_OF_MEMORY);
     cr_assert_eq(pkv_backend_free(b, (void *)8, 16), PKV_ERR_INVALID_ARG,
                  "more bytes than were ever allocated here");
-    cr_assert_eq(pkv_backend_copy(b, NULL, NULL, 1), PKV_ERR_INVALID_ARG);
+    cr_assert_eq(pkv_backend_copy(b, NULL, NULL, 1, NULL), PKV_ERR_INVALID_ARG);
     cr_assert_eq(pkv_backend_memset(b, NULL, 0, 4), PKV_ERR_INVALID_ARG);
     cr_assert_eq(pkv_backend_upload(b, NULL, "x", 1), PKV_ERR_INVALID_ARG);
     cr_assert_eq(pkv_backend_download(b, NULL, "x", 1), PKV_ERR_INVALID_ARG);
@@ -73,7 +73,7 @@ Test(backend, host_copy_memset_upload_download) {
     for (int i = 0; i < 64; i++) src[i] = (unsigned char)(i + 1);
     cr_assert_eq(pkv_backend_upload(b, arena, src, 64), PKV_OK);
     pkv_copy_region regions[2] = {{0, 128, 32}, {32, 192, 32}};
-    cr_assert_eq(pkv_backend_copy(b, arena, regions, 2), PKV_OK);
+    cr_assert_eq(pkv_backend_copy(b, arena, regions, 2, NULL), PKV_OK);
     unsigned char out[256];
     cr_assert_eq(pkv_backend_download(b, out, arena, 256), PKV_OK);
     cr_assert_eq(memcmp(out + 128, src, 32), 0);

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 
 #include "pkv/pool.h"
+#include "src/allocator/pool_internal.h" // white-box: see retain_stops_at_int32_max
 
 static pkv_pool *make_pool(uint32_t n) {
     pkv_pool *pool = NULL;
@@ -107,6 +108,27 @@ Test(pool, bad_ids_and_double_release_are_refused) {
     cr_assert_eq(pkv_pool_refcount(pool, 2), -1);
     cr_assert_eq(pkv_pool_free_count(pool), 2, "no error may change the free list");
     cr_assert_eq(pkv_pool_validate(pool), PKV_OK);
+    pkv_pool_destroy(pool);
+}
+
+// Issue 15, defect 11: the refcount used to wrap to INT32_MIN. 2^31 retains
+// would take minutes under the sanitizers, so the test reaches into the pool's
+// layout (src/allocator/pool_internal.h) to start next to the limit.
+Test(pool, retain_stops_at_int32_max) {
+    pkv_pool *pool = make_pool(2);
+    pkv_block_id id;
+    cr_assert_eq(pkv_pool_alloc(pool, 1, &id), PKV_OK);
+    pool->refcount[id] = INT32_MAX - 1;
+    cr_assert_eq(pkv_pool_retain(pool, id), PKV_OK);
+    cr_assert_eq(pkv_pool_refcount(pool, id), INT32_MAX);
+    cr_assert_eq(pkv_pool_retain(pool, id), PKV_ERR_LIMIT);
+    cr_assert_eq(pkv_pool_refcount(pool, id), INT32_MAX, "a refused retain changes nothing");
+    cr_assert_eq(pkv_pool_validate(pool), PKV_OK);
+    cr_assert_eq(pkv_pool_release(pool, id), PKV_OK);
+    cr_assert_eq(pkv_pool_retain(pool, id), PKV_OK, "room again after one release");
+    pool->refcount[id] = 1;
+    cr_assert_eq(pkv_pool_release(pool, id), PKV_OK);
+    cr_assert_eq(pkv_pool_free_count(pool), 2);
     pkv_pool_destroy(pool);
 }
 

@@ -272,3 +272,261 @@ Test(prefix, randomized_reads_back_every_token, .timeout = 120) {
     pkv_pool_destroy(p);
 #undef RND
 }
+
+// ---- issue 10: the admission probe; issue 15: defects 5 and 10, BUSY ----
+
+// The probe reports what create_cached + append would find and take, and changes
+// nothing: stats, refcounts, free count and eviction order stay as they were.
+Test(prefix, match_probe_has_no_side_effects) {
+    int32_t a[14] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14};
+    uint32_t cached;
+    pkv_seq_id sa = prompt(a, 14, &cached);
+    cr_assert_eq(pkv_prefix_cache_insert(pc, set, sa, a, 12, NULL), PKV_OK);
+    pkv_block_id b0 = table_of(sa)[0], b1 = table_of(sa)[1], b2 = table_of(sa)[2];
+    cr_assert_eq(pkv_seq_truncate(set, sa, 8), PKV_OK); // b2 left to the cache alone
+    int32_t q[11] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11};
+    pkv_prefix_stats before, after;
+    cr_assert_eq(pkv_prefix_cache_get_stats(pc, &before), PKV_OK);
+    cr_assert_eq(before.evictable, 1);
+    const uint32_t free_before = pkv_pool_free_count(pool);
+    pkv_prefix_match m;
+    for (int probe = 0; probe < 5; probe++) {
+        cr_assert_eq(pkv_prefix_cache_match(pc, q, 11, &m), PKV_OK);
+        cr_assert_eq(m.cached_tokens, 2 * B, "the last token is never cached");
+        cr_assert_eq(m.cached_blocks, 2);
+        cr_assert_eq(m.new_blocks, 1);
+        cr_assert_eq(m.evictable_hit, 0, "b0 and b1 are in use by sa");
+        cr_assert_eq(pkv_prefix_cache_match(pc, a, 13, &m), PKV_OK);
+        cr_assert_eq(m.cached_blocks, 3);
+        cr_assert_eq(m.evictable_hit, 1, "b2 is held by the cache alone");
+        cr_assert_eq(m.new_blocks, 1);
+    }
+    cr_assert_eq(pkv_prefix_cache_get_stats(pc, &after), PKV_OK);
+    cr_assert_eq(memcmp(&before, &after, sizeof before), 0, "statistics unchanged");
+    cr_assert_eq(pkv_pool_free_count(pool), free_before);
+    cr_assert_eq(pkv_pool_refcount(pool, b0), 2);
+    cr_assert_eq(pkv_pool_refcount(pool, b1), 2);
+    cr_assert_eq(pkv_pool_refcount(pool, b2), 1);
+    cr_assert_eq(pkv_prefix_cache_validate(pc), PKV_OK);
+    // What the probe said is what admission does.
+    cr_assert_eq(pkv_prefix_cache_match(pc, q, 11, &m), PKV_OK);
+    uint32_t free_now = pkv_pool_free_count(pool);
+    pkv_seq_id sq = prompt(q, 11, &cached);
+    cr_assert_eq(cached, m.cached_tokens);
+    cr_assert_eq(free_now - pkv_pool_free_count(pool), m.new_blocks);
+    cr_assert_eq(pkv_prefix_cache_match(pc, NULL, 0, &m), PKV_OK);
+    cr_assert_eq(m.cached_blocks + m.new_blocks, 0);
+    cr_assert_eq(pkv_prefix_cache_match(pc, NULL, 3, &m), PKV_ERR_INVALID_ARG);
+    cr_assert_eq(pkv_prefix_cache_match(NULL, q, 3, &m), PKV_ERR_INVALID_ARG);
+    cr_assert_eq(pkv_seq_free(set, sq), PKV_OK);
+}
+
+// Defect 5: a set re-attached to a second cache used to leave the first one
+// unable to see its blocks go unused (evictable 0 while it alone held 2, validate
+// CORRUPT, reclaim stuck). Now the second attach is refused with BUSY.
+Test(prefix, attaching_to_a_second_cache_is_refused) {
+    pkv_prefix_cache *second;
+    cr_assert_eq(pkv_prefix_cache_create(pool, B, 8, &second), PKV_OK);
+    int32_t a[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+    uint32_t cached;
+    pkv_seq_id sa = prompt(a, 9, &cached);
+    cr_assert_eq(pkv_prefix_cache_insert(pc, set, sa, a, 8, NULL), PKV_OK);
+    cr_assert_eq(pkv_prefix_cache_attach(second, set), PKV_ERR_BUSY);
+    cr_assert_eq(pkv_prefix_cache_attach(pc, set), PKV_OK, "again to the same cache: no-op");
+    cr_assert_eq(pkv_seq_free(set, sa), PKV_OK);
+    pkv_prefix_stats st;
+    cr_assert_eq(pkv_prefix_cache_get_stats(pc, &st), PKV_OK);
+    cr_assert_eq(st.evictable, 2, "the first cache saw both blocks go unused");
+    cr_assert_eq(pkv_prefix_cache_validate(pc), PKV_OK);
+    cr_assert_eq(pkv_prefix_cache_reclaim(pc, 32), PKV_OK, "and can reclaim them");
+    pkv_prefix_cache_destroy(second);
+}
+
+Test(prefix, detach_waits_for_cached_blocks) {
+    pkv_prefix_cache *second;
+    cr_assert_eq(pkv_prefix_cache_create(pool, B, 8, &second), PKV_OK);
+    int32_t a[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+    uint32_t cached;
+    pkv_seq_id sa = prompt(a, 9, &cached);
+    cr_assert_eq(pkv_prefix_cache_insert(pc, set, sa, a, 8, NULL), PKV_OK);
+    cr_assert_eq(pkv_prefix_cache_detach(second, set), PKV_ERR_NOT_FOUND, "not attached there");
+    cr_assert_eq(pkv_prefix_cache_detach(pc, set), PKV_ERR_BUSY, "sa holds cached blocks");
+    cr_assert_eq(pkv_seq_truncate(set, sa, 0), PKV_OK);
+    cr_assert_eq(pkv_prefix_cache_detach(pc, set), PKV_OK);
+    uint32_t n;
+    cr_assert_eq(pkv_seq_create_cached(set, pc, a, 9, &sa, &n), PKV_ERR_INVALID_ARG, "detached");
+    cr_assert_eq(pkv_prefix_cache_attach(second, set), PKV_OK, "free to move on");
+    cr_assert_eq(pkv_prefix_cache_detach(second, set), PKV_OK);
+    cr_assert_eq(pkv_prefix_cache_attach(pc, set), PKV_OK); // for teardown's validate
+    cr_assert_eq(pkv_prefix_cache_detach(NULL, set), PKV_ERR_INVALID_ARG);
+    pkv_prefix_cache_destroy(second);
+}
+
+// Which of blocks[0..n-1] are still cached (pool refcount 1 = the cache's).
+static unsigned cached_mask(const pkv_block_id *blocks, int n) {
+    unsigned m = 0;
+    for (int i = 0; i < n; i++) m |= (unsigned)(pkv_pool_refcount(pool, blocks[i]) == 1) << i;
+    return m;
+}
+
+// Defect 10: cache [P, C1] at t1 and [Q] at t2, hit P alone at t3. Evicting C1
+// used to put P at the head, so P (used at t3) went before Q (used at t2).
+Test(prefix, eviction_keeps_lru_order_for_parents) {
+    int32_t pc1[9] = {1, 1, 1, 1, 2, 2, 2, 2, 0}, q[5] = {3, 3, 3, 3, 0};
+    int32_t p_alone[6] = {1, 1, 1, 1, 9, 0};
+    uint32_t cached;
+    pkv_seq_id s1 = prompt(pc1, 9, &cached); // t1
+    cr_assert_eq(pkv_prefix_cache_insert(pc, set, s1, pc1, 8, NULL), PKV_OK);
+    pkv_block_id blocks[3] = {table_of(s1)[0], table_of(s1)[1], -1}; // P, C1, Q
+    cr_assert_eq(pkv_seq_free(set, s1), PKV_OK);
+    pkv_seq_id s2 = prompt(q, 5, &cached); // t2
+    cr_assert_eq(pkv_prefix_cache_insert(pc, set, s2, q, 4, NULL), PKV_OK);
+    blocks[2] = table_of(s2)[0];
+    cr_assert_eq(pkv_seq_free(set, s2), PKV_OK);
+    pkv_seq_id s3 = prompt(p_alone, 6, &cached); // t3: P hits, C1 does not
+    cr_assert_eq(cached, B);
+    cr_assert_eq(pkv_seq_free(set, s3), PKV_OK);
+    cr_assert_eq(cached_mask(blocks, 3), 7u);
+    uint32_t f = pkv_pool_free_count(pool);
+    cr_assert_eq(pkv_prefix_cache_reclaim(pc, f + 1), PKV_OK);
+    cr_assert_eq(cached_mask(blocks, 3), 5u, "C1 first: the only evictable leaf of P's chain");
+    cr_assert_eq(pkv_prefix_cache_reclaim(pc, f + 2), PKV_OK);
+    cr_assert_eq(cached_mask(blocks, 3), 1u, "then Q (t2), not P (t3)");
+    cr_assert_eq(pkv_prefix_cache_validate(pc), PKV_OK);
+    cr_assert_eq(pkv_prefix_cache_reclaim(pc, f + 3), PKV_OK);
+    cr_assert_eq(cached_mask(blocks, 3), 0u);
+}
+
+// Rollback, positional forks and batch steps over cached prompts: truncating into
+// a cached block and appending other tokens must copy it first, so every live
+// sequence and every later cache hit reads back the right tokens.
+typedef struct rb_world {
+    pkv_seqset *s;
+    pkv_prefix_cache *c;
+    int32_t *mem; // [pool * B] the simulated K/V: one token id per slot
+} rb_world;
+
+// Take the queued copies and run them on mem, then write tokens at slots.
+static void rb_write(rb_world *w, const int64_t *slots, const int32_t *toks, uint32_t n) {
+    pkv_block_copy cp[64];
+    uint32_t nc;
+    cr_assert_eq(pkv_seqset_take_copies(w->s, cp, 64, &nc), PKV_OK);
+    for (uint32_t i = 0; i < nc; i++)
+        memcpy(w->mem + (size_t)cp[i].dst * B, w->mem + (size_t)cp[i].src * B, B * sizeof(int32_t));
+    for (uint32_t i = 0; i < n; i++) w->mem[slots[i]] = toks[i];
+}
+
+// Append toks[0..n-1] to id, reclaiming cache entries if needed; 0 if refused.
+static int rb_append(rb_world *w, pkv_seq_id id, const int32_t *toks, uint32_t n) {
+    uint32_t need;
+    int64_t slots[64];
+    cr_assert_eq(pkv_seq_blocks_needed(w->s, id, n, &need), PKV_OK);
+    if (pkv_prefix_cache_reclaim(w->c, need) != PKV_OK) return 0;
+    cr_assert_eq(pkv_seq_append(w->s, id, n, slots), PKV_OK);
+    rb_write(w, slots, toks, n);
+    return 1;
+}
+
+Test(prefix, randomized_rollback_forks_and_batches, .timeout = 120) {
+    enum { POOL = 96, SEQS = 8, MAXLEN = 48, OPS = 20000 };
+    pkv_pool *p;
+    rb_world w;
+    cr_assert_eq(pkv_pool_create(POOL, &p), PKV_OK);
+    cr_assert_eq(pkv_seqset_create(p, B, &w.s), PKV_OK);
+    cr_assert_eq(pkv_prefix_cache_create(p, B, 32, &w.c), PKV_OK);
+    cr_assert_eq(pkv_prefix_cache_attach(w.c, w.s), PKV_OK);
+    w.mem = calloc(POOL * B, sizeof(int32_t));
+    cr_assert_not_null(w.mem);
+    int32_t toks[SEQS][MAXLEN + 8];
+    uint32_t lens[SEQS] = {0};
+    pkv_seq_id ids[SEQS];
+    int live[SEQS] = {0};
+    uint64_t rng = 7, truncs = 0, forks = 0, batches = 0, hits = 0;
+#define RND(n) ((uint32_t)((rng = rng * 6364136223846793005ull + 1442695040888963407ull) >> 33) % (n))
+    for (int op = 0; op < OPS; op++) {
+        int k = (int)RND(SEQS);
+        uint32_t r = RND(100);
+        if (!live[k]) { // admit a prompt of one of three families through the cache
+            uint32_t f = RND(3), n = 1 + RND(MAXLEN / 2);
+            for (uint32_t i = 0; i < n; i++)
+                toks[k][i] = i < 12 ? (int32_t)(f * 100 + i) : (int32_t)(1000 + RND(5));
+            uint32_t cached;
+            cr_assert_eq(pkv_seq_create_cached(w.s, w.c, toks[k], n, &ids[k], &cached), PKV_OK);
+            hits += cached / B;
+            if (!rb_append(&w, ids[k], toks[k] + cached, n - cached)) {
+                cr_assert_eq(pkv_seq_free(w.s, ids[k]), PKV_OK);
+                continue;
+            }
+            lens[k] = n;
+            live[k] = 1;
+        } else if (r < 25) { // offer to the cache, maybe finish
+            cr_assert_eq(pkv_prefix_cache_insert(w.c, w.s, ids[k], toks[k], lens[k], NULL), PKV_OK);
+            if (RND(2)) {
+                cr_assert_eq(pkv_seq_free(w.s, ids[k]), PKV_OK);
+                live[k] = 0;
+            }
+        } else if (r < 55) { // speculative decoding: drafts rejected, others appended
+            uint32_t len = RND(lens[k] + 1), extra = RND(6);
+            if (len + extra > MAXLEN) extra = MAXLEN - len;
+            cr_assert_eq(pkv_seq_truncate(w.s, ids[k], len), PKV_OK);
+            lens[k] = len;
+            int32_t fresh[8];
+            for (uint32_t i = 0; i < extra; i++) fresh[i] = (int32_t)(5000 + RND(1000));
+            if (rb_append(&w, ids[k], fresh, extra)) {
+                memcpy(toks[k] + len, fresh, extra * sizeof(int32_t));
+                lens[k] += extra;
+            }
+            truncs++;
+        } else if (r < 75) { // fork a prefix into a free slot
+            int e = -1;
+            for (int j = 0; j < SEQS && e < 0; j++)
+                if (!live[j]) e = j;
+            if (e < 0) continue;
+            uint32_t len = RND(lens[k] + 1);
+            cr_assert_eq(pkv_seq_fork_at(w.s, ids[k], len, &ids[e]), PKV_OK);
+            memcpy(toks[e], toks[k], len * sizeof(int32_t));
+            lens[e] = len;
+            live[e] = 1;
+            forks++;
+        } else { // one engine step: every live sequence below MAXLEN decodes a token
+            pkv_seq_id b[SEQS];
+            uint32_t cnt[SEQS], nb = 0, need;
+            int who[SEQS];
+            int32_t val[SEQS];
+            for (int j = 0; j < SEQS; j++)
+                if (live[j] && lens[j] < MAXLEN) {
+                    b[nb] = ids[j], cnt[nb] = 1, who[nb] = j, val[nb] = (int32_t)(9000 + RND(99));
+                    nb++;
+                }
+            cr_assert_eq(pkv_seqset_blocks_needed_batch(w.s, b, cnt, nb, &need), PKV_OK);
+            if (pkv_prefix_cache_reclaim(w.c, need) != PKV_OK) continue;
+            int64_t slots[SEQS];
+            uint32_t before = pkv_pool_free_count(p);
+            cr_assert_eq(pkv_seqset_append_batch(w.s, b, cnt, nb, slots), PKV_OK);
+            cr_assert_eq(before - pkv_pool_free_count(p), need);
+            rb_write(&w, slots, val, nb);
+            for (uint32_t i = 0; i < nb; i++) toks[who[i]][lens[who[i]]++] = val[i];
+            batches++;
+        }
+        for (int j = 0; j < SEQS; j++) {
+            if (!live[j]) continue;
+            const pkv_block_id *t;
+            uint32_t nbk;
+            cr_assert_eq(pkv_seq_block_table(w.s, ids[j], &t, &nbk), PKV_OK);
+            for (uint32_t i = 0; i < lens[j]; i++)
+                cr_assert_eq(w.mem[t[i / B] * B + i % B], toks[j][i], "op %d seq %d token %u", op, j, i);
+        }
+        cr_assert_eq(pkv_prefix_cache_validate(w.c), PKV_OK);
+        cr_assert_eq(pkv_seqset_validate(w.s, 0), PKV_OK);
+    }
+    cr_assert_gt(hits, 100);
+    cr_assert_gt(truncs, 100);
+    cr_assert_gt(forks, 100);
+    cr_assert_gt(batches, 100);
+    pkv_seqset_destroy(w.s);
+    pkv_prefix_cache_destroy(w.c);
+    cr_assert_eq(pkv_pool_free_count(p), POOL);
+    pkv_pool_destroy(p);
+    free(w.mem);
+#undef RND
+}

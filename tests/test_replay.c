@@ -343,6 +343,21 @@ Test(replay_identities, rejects_requests_longer_than_max_seq_len) {
     pkv_trace_destroy(t);
 }
 
+// A load scale that pushes an arrival to infinity is refused up front: the step
+// loop would otherwise wait for that arrival forever (issue 15, defect 13).
+Test(replay_identities, load_scale_that_overflows_arrivals_is_refused, .timeout = 30) {
+    const pkv_trace_request r[2] = {{0, 4, 2, 1, -1, 0, 0}, {1.0, 4, 2, 1, -1, 0, 1}};
+    pkv_trace *t = make_trace(r, 2);
+    pkv_replay_params p = tiny_params(PKV_POLICY_PAGED, 1000);
+    pkv_replay_report rep;
+    p.load_scale = 1e-310;
+    cr_expect_eq(pkv_replay_run(t, &p, &rep), PKV_ERR_INVALID_ARG);
+    p.load_scale = 1e-300; // 1e300 s: finite, so it runs
+    cr_assert_eq(pkv_replay_run(t, &p, &rep), PKV_OK);
+    cr_expect_eq(rep.requests.completed, 2);
+    pkv_trace_destroy(t);
+}
+
 // Prefix sharing goes through the library's prefix cache. Requests of group 5
 // share their first 64 prompt tokens (4 blocks of 16); each has 100 prompt and 20
 // output tokens (119 at the end). r0 arrives at 0, r1..r7 just after step 1.

@@ -1,38 +1,47 @@
 // SPDX-License-Identifier: MIT
 // pkv-replay: replay a request trace through one or every KV-cache policy and
-// print the comparison (table on stdout, --json for machines, --timeline CSV
-// per step for plots). Exit codes: 0 ok, 1 runtime failure, 2 bad usage or input.
+// print the comparison (table on stdout, --json / --csv for machines, --timeline
+// CSV per step for plots). Lists of block sizes, load scales and budgets run as
+// a sweep (tools/replay_*.c hold the sweep, SLO search, stamp, progress and
+// merge; this file parses options and wires them). Exit codes: 0 ok, 1 runtime
+// failure, 2 bad usage or input, 130 interrupted (the report written is partial).
 #include <dlfcn.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "pkv/policy.h"
 #include "pkv/replay.h"
 #include "pkv/trace.h"
+#include "replay_tools.h"
 
 static void usage(FILE *f) {
     fputs(
         "usage: pkv-replay [options] TRACE\n"
+        "       pkv-replay merge [-o OUT] SHARD.json... | SHARD.csv...\n"
         "Replay TRACE (native CSV, Azure 2023 CSV, BurstGPT CSV or Mooncake .jsonl)\n"
         "through KV-cache policies and report memory, allocation calls and latency.\n"
         "\n"
         "Trace:\n"
         "  --format F          auto (default), native, azure, burstgpt, mooncake\n"
         "  --skip-bad          skip (and count) bad rows instead of failing\n"
-        "  --load-scale X      replay X times faster (arrival times divided by X; default 1)\n"
+        "  --load-scale X,...  replay X times faster (arrival times divided by X; default 1)\n"
         "Policy and scheduler:\n"
-        "  --policy P          paged (default), contiguous-max, contiguous-pow2 (Orca Pow2),\n"
+        "  --policy P,...      paged (default), contiguous-max, contiguous-pow2 (Orca Pow2),\n"
         "                      contiguous-oracle, malloc-per-request, malloc-per-token,\n"
         "                      realloc-copy, contiguous-pow2-grow, all\n"
         "  --policy-plugin F   also replay the policy in shared object F (exports\n"
-        "                      pkv_policy_plugin_entry, see docs/POLICIES.md); repeatable;\n"
+        "                      pkv_policy_plugin_entry, see docs/POLICIES.md); up to 8;\n"
         "                      without --policy only the plugins run\n"
         "  --schedule S        own (default: each policy schedules by arrival time) or\n"
         "                      'fixed-from P': every policy replays the admissions,\n"
-        "                      preemptions and steps that policy P took\n"
-        "  --block-size N      paged block size in tokens (default 16)\n"
+        "                      preemptions and steps that policy P took (one point only)\n"
+        , f);
+    fputs( // two literals: ISO C caps one at 4095 bytes
+        "  --block-size N,...  paged block size in tokens (default 16)\n"
         "  --max-seq-len N     longest sequence; contiguous-max reserves it (default: model's)\n"
         "  --preempt M         recompute (default) or swap\n"
         "  --swap-space SIZE   host pool for --preempt swap (default 4G); a full pool recomputes\n"
@@ -46,7 +55,7 @@ static void usage(FILE *f) {
         "  --mode M            sim (default: roofline model) or run (execute the decoder)\n"
         "  --model NAME        model preset (sim default llama2-7b, run default tiny)\n"
         "  --gpu NAME          a100-80g (default), h100-80g, h200-141g (sim)\n"
-        "  --kv-mem SIZE       KV budget, e.g. 40G (K/M/G/T = powers of 1024); default\n"
+        "  --kv-mem SIZE,...   KV budget, e.g. 40G (K/M/G/T = powers of 1024); default\n"
         "                      (GPU memory - weights) x --gpu-util in sim, 64M in run mode\n"
         "  --gpu-util F        utilization factor for the default budget (default 0.9)\n"
         "  --alloc-model M     sim: cost of backend alloc/free calls: cuda-boyer (default,\n"
@@ -60,77 +69,26 @@ static void usage(FILE *f) {
         "  --cuda              run mode on the CUDA backend (default: CPU)\n"
         "  --threads N         run mode CPU attention threads (default: all)\n"
         "  --seed N            run mode weights and token ids (default 1)\n"
+        "Sweeps (lists run as their cross product, output in point order):\n"
+        "  --jobs N            run N points at once on threads (default 1; results do not\n"
+        "                      depend on N; run mode always uses 1)\n"
+        "  --point K/N         run only shard K of N (points K-1, K-1+N, ...); join the\n"
+        "                      shards' files with 'pkv-replay merge'\n"
+        "  --slo SPEC          per policy point, the highest load scale in [min, max] of\n"
+        "                      --load-scale that meets SPEC, by bisection, e.g.\n"
+        "                      'ttft_p99<=2s,tpot_p50<=100ms' (metrics: ttft_p50/p99,\n"
+        "                      tpot_p50/p99, step_p50/p90/p99/max, norm_latency)\n"
+        "  --slo-tol F         stop the bisection when hi/lo <= 1 + F (default 0.01)\n"
         "Output:\n"
         "  --json FILE         write the JSON report ('-' = stdout; the table then goes to stderr)\n"
-        "  --timeline FILE     write one CSV row per step\n"
+        "  --csv FILE          one row per run, columns = the JSON keys ('-' = stdout)\n"
+        "  --timeline FILE     write CSV rows of the steps of every run\n"
+        "  --timeline-rows N   at most 2N rows per run, evenly thinned (default 2000; 0 = all)\n"
+        "  --requests FILE     one CSV row per completed request of every run (latency CDFs)\n"
         "  --validate          check every invariant after every step (slow)\n"
         "  --quiet             no progress bar\n"
         "  --help              this text\n",
         f);
-}
-
-typedef struct progress {
-    const char *policy;
-    int enabled;
-    int last;
-} progress;
-
-typedef struct timeline {
-    FILE *f;
-    const char *policy;
-} timeline;
-
-typedef struct collect {
-    int on;
-    pkv_replay_step *v;
-    size_t n, cap;
-    int oom;
-} collect;
-
-typedef struct ctx {
-    progress prog;
-    timeline tl;
-    collect cal;
-} ctx;
-
-static void on_progress(void *user, double frac) {
-    progress *p = &((ctx *)user)->prog;
-    if (!p->enabled) return;
-    int pct = (int)(frac * 100);
-    if (pct == p->last) return;
-    p->last = pct;
-    char bar[41];
-    int fill = pct * 40 / 100;
-    for (int i = 0; i < 40; i++) bar[i] = i < fill ? '#' : ' ';
-    bar[40] = '\0';
-    fprintf(stderr, "\r%-18s [%s] %3d%%", p->policy, bar, pct);
-    if (pct >= 100) fputc('\n', stderr);
-    fflush(stderr);
-}
-
-static void on_step(void *user, const pkv_replay_step *s) {
-    collect *k = &((ctx *)user)->cal;
-    if (k->on) {
-        if (k->n == k->cap) {
-            size_t c = k->cap ? k->cap * 2 : 4096;
-            pkv_replay_step *p = realloc(k->v, c * sizeof *p);
-            if (!p) {
-                k->oom = 1;
-                return;
-            }
-            k->v = p;
-            k->cap = c;
-        }
-        k->v[k->n++] = *s;
-    }
-    timeline *t = &((ctx *)user)->tl;
-    if (!t->f) return;
-    fprintf(t->f, "%s,%llu,%.6f,%u,%u,%llu,%llu,%llu,%llu,%llu,%llu,%.6f,%llu,%.6f\n", t->policy,
-            (unsigned long long)s->index, s->time_s, s->running, s->waiting,
-            (unsigned long long)s->used_bytes, (unsigned long long)s->reserved_bytes,
-            (unsigned long long)s->reservation_bytes, (unsigned long long)s->ext_frag_bytes,
-            (unsigned long long)s->free_bytes, (unsigned long long)s->capacity_bytes,
-            s->step_s * 1e3, (unsigned long long)s->internal_frag_bytes, s->alloc_s * 1e3);
 }
 
 static int parse_u32(const char *s, uint32_t *v, uint32_t min) {
@@ -177,6 +135,79 @@ static int load_plugin(const char *path, const pkv_policy_vtable **vt, char *why
     return -1;
 }
 
+// Run mode with --calibrate-out: fit sim to the steps of every point, write the
+// calibration, and print the calibrated sim's error against each run.
+static int calibrate(const char *path, const pkv_trace *trace, const pkv_replay_params *prm,
+                     const rt_result *results, size_t n, FILE *out) {
+    size_t steps = 0;
+    double as = 0, fs = 0;
+    uint64_t ac = 0, fc = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!results[i].ran) continue;
+        steps += results[i].timeline.n;
+        as += results[i].report.alloc.backend_alloc_seconds;
+        ac += results[i].report.alloc.backend_alloc_calls;
+        fs += results[i].report.alloc.backend_free_seconds;
+        fc += results[i].report.alloc.backend_free_calls;
+    }
+    pkv_replay_step *all = malloc((steps ? steps : 1) * sizeof *all);
+    if (!all) return 1;
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (results[i].ran)
+            for (size_t j = 0; j < results[i].timeline.n; j++) all[k++] = results[i].timeline.rows[j];
+    pkv_replay_calibration cal;
+    pkv_status st = pkv_replay_calibrate(all, k, as, ac, fs, fc, &cal);
+    free(all);
+    FILE *cf = st == PKV_OK ? fopen(path, "w") : NULL;
+    if (st == PKV_OK) {
+        snprintf(cal.model, sizeof cal.model, "%s", prm->model.name);
+        snprintf(cal.device, sizeof cal.device, "%s", prm->run_cuda ? "cuda" : "cpu");
+        cal.dtype_bytes = prm->dtype_bytes;
+    }
+    if (!cf || pkv_replay_calibration_write(cf, &cal) != PKV_OK || fclose(cf) != 0) {
+        fprintf(stderr, "pkv-replay: calibration to %s failed: %s\n", path,
+                st != PKV_OK ? pkv_status_str(st) : "cannot write");
+        return 1;
+    }
+    fprintf(out,
+            "\ncalibration %s: achieved %.3g GB/s, %.3g GFLOP/s, %.1f us/step overhead, %.3g us/alloc, "
+            "%.3g us/free (%llu steps, median fit error %.1f%%)\n",
+            path, cal.achieved_bw / 1e9, cal.achieved_flops / 1e9, cal.step_overhead_s * 1e6,
+            cal.alloc.alloc.base_s * 1e6, cal.alloc.free.base_s * 1e6, (unsigned long long)cal.steps,
+            cal.median_rel_err * 100);
+    fprintf(out, "%-22s %11s %11s %7s %11s %11s %7s %11s %11s %7s\n", "calibrated sim vs run", "run p50 ms",
+            "sim p50 ms", "err%", "run tok/s", "sim tok/s", "err%", "run TPOT", "sim TPOT", "err%");
+    for (size_t i = 0; i < n; i++) {
+        const rt_result *r = &results[i];
+        if (!r->ran) continue;
+        pkv_replay_params sp = *prm; // the same trace, budget and scheduler, in sim mode
+        sp.mode = PKV_REPLAY_SIM;
+        sp.policy = r->point.policy;
+        sp.custom_policy = r->point.custom;
+        if (r->point.block_size) sp.block_size = r->point.block_size;
+        if (r->point.kv_mem_bytes) sp.kv_mem_bytes = r->point.kv_mem_bytes;
+        sp.load_scale = r->point.load_scale;
+        sp.on_step = NULL;
+        sp.on_progress = NULL;
+        sp.on_request = NULL;
+        sp.validate = 0;
+        sp.prefix_sharing = 0;
+        pkv_replay_params_apply_calibration(&sp, &cal, path);
+        pkv_replay_report s;
+        if (pkv_replay_run(trace, &sp, &s) != PKV_OK) continue;
+        const pkv_replay_report *m = &r->report;
+#define ERR(a, b) (100.0 * ((b) - (a)) / (a))
+        fprintf(out, "%-22s %11.3f %11.3f %+7.1f %11.1f %11.1f %+7.1f %11.3f %11.3f %+7.1f\n", m->policy,
+                m->latency.step_p50_ms, s.latency.step_p50_ms, ERR(m->latency.step_p50_ms, s.latency.step_p50_ms),
+                m->throughput.output_tokens_per_s, s.throughput.output_tokens_per_s,
+                ERR(m->throughput.output_tokens_per_s, s.throughput.output_tokens_per_s), m->latency.tpot_p50_ms,
+                s.latency.tpot_p50_ms, ERR(m->latency.tpot_p50_ms, s.latency.tpot_p50_ms));
+#undef ERR
+    }
+    return 0;
+}
+
 #define BAD(...)                                                                                   \
     do {                                                                                           \
         fprintf(stderr, "pkv-replay: " __VA_ARGS__);                                               \
@@ -187,17 +218,27 @@ static int load_plugin(const char *path, const pkv_policy_vtable **vt, char *why
 int main(int argc, char **argv) {
     pkv_replay_params prm = pkv_replay_params_default();
     pkv_trace_load_options lo = pkv_trace_load_options_default();
-    const char *trace_path = NULL, *json_path = NULL, *timeline_path = NULL, *policy = "paged";
-    const char *model = NULL, *gpu = NULL;
-    int quiet = 0, have_kv = 0;
-    double load_scale = 1;
+    if (argc > 1 && !strcmp(argv[1], "merge")) return rt_merge_main(argc - 1, argv + 1);
+    const char *trace_path = NULL, *json_path = NULL, *timeline_path = NULL, *csv_path = NULL,
+               *requests_path = NULL;
+    const char *model = NULL, *gpu = NULL, *format = "auto";
+    int quiet = 0, have_kv = 0, have_policy = 0;
+    const char *fixed_from = NULL, *calibrate_out = NULL, *calibration = NULL;
+    char err[256];
+    rt_axes axes;
+    memset(&axes, 0, sizeof axes);
+    axes.policies[PKV_POLICY_PAGED] = 1;
+    axes.block_sizes[0] = 16;
+    axes.num_block_sizes = 1;
+    axes.load_scales[0] = 1;
+    axes.num_load_scales = 1;
+    axes.num_kv_mems = 1; // kv_mems[0] = 0: the default budget
+    uint32_t jobs = 1, shard_k = 1, shard_n = 1, timeline_rows = 2000;
+    int have_slo = 0;
+    rt_slo slo;
+    double slo_tol = 0.01;
     const char *alloc_model = NULL;
     double alloc_call_us = -1;
-    enum { MAX_PLUGINS = 8 };
-    const pkv_policy_vtable *plugins[MAX_PLUGINS];
-    int nplugins = 0, have_policy = 0;
-    const char *fixed_from = NULL;
-    const char *calibrate_out = NULL, *calibration = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -211,6 +252,7 @@ int main(int argc, char **argv) {
             return 0;
         } else if (!strcmp(a, "--format")) {
             NEED();
+            format = v;
             if (!strcmp(v, "auto")) lo.format = PKV_TRACE_AUTO;
             else if (!strcmp(v, "native")) lo.format = PKV_TRACE_NATIVE;
             else if (!strcmp(v, "azure")) lo.format = PKV_TRACE_AZURE;
@@ -219,34 +261,35 @@ int main(int argc, char **argv) {
             else BAD("unknown --format '%s'", v);
         } else if (!strcmp(a, "--load-scale")) {
             NEED();
-            if (parse_f(v, &load_scale) || !(load_scale > 0))
-                BAD("--load-scale must be > 0, got '%s'", v);
+            if (rt_parse_load_scales(v, &axes, err, sizeof err)) BAD("--load-scale %s", err);
         } else if (!strcmp(a, "--skip-bad")) {
             lo.skip_bad = 1;
         } else if (!strcmp(a, "--policy")) {
             NEED();
-            pkv_policy p;
-            if (strcmp(v, "all") && pkv_policy_from_name(v, &p) != PKV_OK)
-                BAD("unknown --policy '%s' (see --help)", v);
-            policy = v;
+            if (rt_parse_policies(v, &axes, err, sizeof err)) BAD("--policy: %s", err);
             have_policy = 1;
         } else if (!strcmp(a, "--policy-plugin")) {
             NEED();
-            if (nplugins == MAX_PLUGINS) BAD("at most %d --policy-plugin", MAX_PLUGINS);
+            if (axes.num_plugins == 8) BAD("at most 8 --policy-plugin");
             char why[512];
-            if (load_plugin(v, &plugins[nplugins], why, sizeof why) != 0)
+            if (load_plugin(v, &axes.plugins[axes.num_plugins], why, sizeof why) != 0)
                 BAD("--policy-plugin %s", why);
-            nplugins++;
+            axes.num_plugins++;
         } else if (!strcmp(a, "--schedule")) {
             NEED();
             if (!strcmp(v, "own")) fixed_from = NULL;
             else if (!strncmp(v, "fixed-from ", 11) && v[11]) fixed_from = v + 11;
             else if (!strcmp(v, "fixed-from") && i + 1 < argc) fixed_from = argv[++i];
             else BAD("--schedule must be 'own' or 'fixed-from POLICY', got '%s'", v);
+        } else if (!strcmp(a, "--calibrate-out")) {
+            NEED();
+            calibrate_out = v;
+        } else if (!strcmp(a, "--calibration")) {
+            NEED();
+            calibration = v;
         } else if (!strcmp(a, "--block-size")) {
             NEED();
-            if (parse_u32(v, &prm.block_size, 1) || prm.block_size > 65536)
-                BAD("--block-size must be 1..65536, got '%s'", v);
+            if (rt_parse_block_sizes(v, &axes, err, sizeof err)) BAD("--block-size: %s", err);
         } else if (!strcmp(a, "--max-seq-len")) {
             NEED();
             if (parse_u32(v, &prm.max_seq_len, 1)) BAD("--max-seq-len must be >= 1, got '%s'", v);
@@ -280,8 +323,7 @@ int main(int argc, char **argv) {
             gpu = v;
         } else if (!strcmp(a, "--kv-mem")) {
             NEED();
-            if (pkv_size_parse(v, &prm.kv_mem_bytes) != PKV_OK || prm.kv_mem_bytes == 0)
-                BAD("--kv-mem must be a size like 512M or 40G (K/M/G/T = powers of 1024), got '%s'", v);
+            if (rt_parse_kv_mems(v, &axes, err, sizeof err)) BAD("--kv-mem: %s", err);
             have_kv = 1;
         } else if (!strcmp(a, "--gpu-util")) {
             NEED();
@@ -307,12 +349,6 @@ int main(int argc, char **argv) {
             NEED();
             if (parse_u32(v, &prm.chunked_prefill, 1))
                 BAD("--chunked-prefill must be a token count >= 1, got '%s'", v);
-        } else if (!strcmp(a, "--calibrate-out")) {
-            NEED();
-            calibrate_out = v;
-        } else if (!strcmp(a, "--calibration")) {
-            NEED();
-            calibration = v;
         } else if (!strcmp(a, "--cuda")) {
             prm.run_cuda = 1;
         } else if (!strcmp(a, "--threads")) {
@@ -329,6 +365,30 @@ int main(int argc, char **argv) {
         } else if (!strcmp(a, "--timeline")) {
             NEED();
             timeline_path = v;
+        } else if (!strcmp(a, "--timeline-rows")) {
+            NEED();
+            if (parse_u32(v, &timeline_rows, 0)) BAD("--timeline-rows must be >= 0, got '%s'", v);
+        } else if (!strcmp(a, "--requests")) {
+            NEED();
+            requests_path = v;
+        } else if (!strcmp(a, "--csv")) {
+            NEED();
+            csv_path = v;
+        } else if (!strcmp(a, "--jobs") || !strcmp(a, "-j")) {
+            NEED();
+            if (parse_u32(v, &jobs, 1) || jobs > 1024) BAD("--jobs must be 1..1024, got '%s'", v);
+        } else if (!strcmp(a, "--point")) {
+            NEED();
+            if (rt_parse_shard(v, &shard_k, &shard_n))
+                BAD("--point must be K/N with 1 <= K <= N, got '%s'", v);
+        } else if (!strcmp(a, "--slo")) {
+            NEED();
+            if (rt_slo_parse(v, &slo, err, sizeof err)) BAD("%s", err);
+            have_slo = 1;
+        } else if (!strcmp(a, "--slo-tol")) {
+            NEED();
+            if (parse_f(v, &slo_tol) || !(slo_tol > 0 && slo_tol < 1))
+                BAD("--slo-tol must be in (0, 1), got '%s'", v);
         } else if (!strcmp(a, "--validate")) {
             prm.validate = 1;
         } else if (!strcmp(a, "--quiet") || !strcmp(a, "-q")) {
@@ -350,14 +410,14 @@ int main(int argc, char **argv) {
         BAD("give --alloc-model or --alloc-call-us, not both");
     if (alloc_call_us >= 0) prm.alloc_model = pkv_alloc_model_constant(alloc_call_us * 1e-6);
     if (alloc_model && pkv_alloc_model_builtin(alloc_model, &prm.alloc_model) != PKV_OK) {
-        char err[256];
-        pkv_status ms = pkv_alloc_model_load(alloc_model, &prm.alloc_model, err, sizeof err);
+        char merr[256] = "";
+        pkv_status ms = pkv_alloc_model_load(alloc_model, &prm.alloc_model, merr, sizeof merr);
         if (ms != PKV_OK)
-            BAD("--alloc-model: %s", err[0] ? err : pkv_status_str(ms));
+            BAD("--alloc-model: %s", merr[0] ? merr : pkv_status_str(ms));
     }
     if (prm.batching == PKV_BATCHING_STATIC && prm.chunked_prefill)
         BAD("--chunked-prefill needs --batching continuous");
-    prm.load_scale = load_scale;
+    if (axes.num_plugins && !have_policy) axes.policies[PKV_POLICY_PAGED] = 0; // plugins only
     if (calibrate_out && prm.mode != PKV_REPLAY_RUN) BAD("--calibrate-out needs --mode run");
     if (calibration && prm.mode != PKV_REPLAY_SIM) BAD("--calibration is for sim mode");
     if (calibration && (gpu || alloc_model || alloc_call_us >= 0))
@@ -369,222 +429,284 @@ int main(int argc, char **argv) {
         BAD("unknown --gpu '%s' (a100-80g, h100-80g, h200-141g)", gpu);
     if (calibration) {
         pkv_replay_calibration cal;
-        char err[300];
-        pkv_status cs = pkv_replay_calibration_load(calibration, &cal, err, sizeof err);
-        if (cs != PKV_OK) BAD("--calibration: %s", err[0] ? err : pkv_status_str(cs));
-        pkv_model_config want = prm.model;
+        char cerr[300];
+        pkv_status cs = pkv_replay_calibration_load(calibration, &cal, cerr, sizeof cerr);
+        if (cs != PKV_OK) BAD("--calibration: %s", cerr[0] ? cerr : pkv_status_str(cs));
+        const pkv_model_config want = prm.model;
         if (pkv_replay_params_apply_calibration(&prm, &cal, calibration) != PKV_OK)
             BAD("--calibration %s: unknown model '%s'", calibration, cal.model);
         if (model_given && strcmp(want.name, prm.model.name) != 0)
             BAD("--calibration %s was measured with model %s, not %s", calibration, cal.model, want.name);
         prm.prefix_sharing = 0; // as the run it was measured with
-        if (!have_kv) prm.kv_mem_bytes = 64ull << 20;
+        if (!have_kv) axes.kv_mems[0] = 64ull << 20;
     }
     if (prm.mode == PKV_REPLAY_RUN) {
         prm.dtype_bytes = 4; // the decoder keeps weights and KV in fp32
-        if (!have_kv) prm.kv_mem_bytes = 64ull << 20;
+        if (!have_kv) axes.kv_mems[0] = 64ull << 20;
         if (prm.chunked_prefill || prm.batching != PKV_BATCHING_CONTINUOUS)
             BAD("--mode run supports continuous batching without --chunked-prefill only");
         // Learned positions cap the sequence length at the model's context.
         if (prm.max_seq_len == 0 || prm.max_seq_len > prm.model.max_seq_len)
             prm.max_seq_len = prm.model.max_seq_len;
+        jobs = 1; // measured step times: one replay at a time
     }
-    // The schedule's reference: a built-in policy or a plugin, by name.
-    const pkv_policy_vtable *ref = NULL;
-    if (fixed_from) {
-        pkv_policy k;
-        if (pkv_policy_from_name(fixed_from, &k) == PKV_OK) ref = pkv_policy_builtin(k);
-        for (int i = 0; i < nplugins && !ref; i++)
-            if (!strcmp(plugins[i]->name, fixed_from)) ref = plugins[i];
-        if (!ref) BAD("--schedule fixed-from: unknown policy '%s'", fixed_from);
+    prm.block_size = axes.block_sizes[0];
+    for (size_t k = 0; k < axes.num_kv_mems; k++) {
+        uint64_t budget;
+        pkv_replay_params q = prm;
+        q.kv_mem_bytes = axes.kv_mems[k];
+        if (pkv_replay_kv_budget(&q, &budget) != PKV_OK)
+            BAD("model %s does not fit %s (use --kv-mem)", prm.model.name, prm.gpu.name);
     }
-    uint64_t budget;
-    if (pkv_replay_kv_budget(&prm, &budget) != PKV_OK)
-        BAD("model %s does not fit %s (use --kv-mem)", prm.model.name, prm.gpu.name);
+    double slo_lo = axes.load_scales[0], slo_hi = axes.load_scales[0];
+    for (size_t i = 1; i < axes.num_load_scales; i++) {
+        slo_lo = fmin(slo_lo, axes.load_scales[i]);
+        slo_hi = fmax(slo_hi, axes.load_scales[i]);
+    }
+    if (json_path && csv_path && !strcmp(json_path, "-") && !strcmp(csv_path, "-"))
+        BAD("--json - and --csv - would both write to stdout: give one a file");
+    if (have_slo && (timeline_path || requests_path))
+        BAD("--timeline and --requests record single runs; an --slo search makes many "
+            "(sweep --load-scale instead)");
+    if (have_slo && !(slo_hi > slo_lo))
+        BAD("--slo searches between the smallest and the largest --load-scale: give two, "
+            "e.g. --load-scale 0.25,16");
 
+    rt_stamp stamp;
+    if (rt_stamp_init(&stamp, argc, argv) != 0) {
+        fprintf(stderr, "pkv-replay: out of memory\n");
+        return 1;
+    }
+    if (shard_n > 1) snprintf(stamp.shard, sizeof stamp.shard, "%u/%u", shard_k, shard_n);
+    uint64_t trace_hash = 0;
     pkv_trace *trace = NULL;
-    pkv_trace_error err;
-    pkv_status st = pkv_trace_load(trace_path, &lo, &trace, &err);
+    pkv_trace_error terr;
+    memset(&terr, 0, sizeof terr);
+    pkv_status st = pkv_trace_load(trace_path, &lo, &trace, &terr);
+    if (st == PKV_OK && rt_fnv1a64_file(trace_path, &trace_hash) != 0) st = PKV_ERR_IO;
     if (st != PKV_OK) {
-        if (st == PKV_ERR_FORMAT || st == PKV_ERR_IO)
-        {
+        if ((st == PKV_ERR_FORMAT || st == PKV_ERR_IO) && terr.file[0]) {
             char where[32] = "";
-            if (err.line) snprintf(where, sizeof where, ":%llu", (unsigned long long)err.line);
-            fprintf(stderr, "pkv-replay: %s%s%s%s: %s\n", err.file, where,
-                    err.field[0] ? ": field " : "", err.field, err.message);
-        }
-        else
+            if (terr.line) snprintf(where, sizeof where, ":%llu", (unsigned long long)terr.line);
+            fprintf(stderr, "pkv-replay: %s%s%s%s: %s\n", terr.file, where,
+                    terr.field[0] ? ": field " : "", terr.field, terr.message);
+        } else {
             fprintf(stderr, "pkv-replay: %s: %s\n", trace_path, pkv_status_str(st));
+        }
+        pkv_trace_destroy(trace);
+        rt_stamp_free(&stamp);
         return st == PKV_ERR_OUT_OF_MEMORY ? 1 : 2;
     }
-    const pkv_trace_format loaded_format = pkv_trace_get_format(trace);
-    // --load-scale divides arrival times inside the replay (prm.load_scale), so
-    // the trace keeps everything it was loaded with (Mooncake hash ids included).
-    const int tty = isatty(fileno(stderr)) && !quiet;
-    FILE *table_out = json_path && !strcmp(json_path, "-") ? stderr : stdout;
-    ctx c = {{NULL, tty, -1}, {NULL, NULL}, {0, NULL, 0, 0, 0}};
-    c.cal.on = calibrate_out != NULL;
-    if (calibrate_out) prm.on_step = on_step;
-    if (timeline_path) {
-        c.tl.f = fopen(timeline_path, "w");
-        if (!c.tl.f) {
+    // Arrivals are divided by the load scale: a tiny scale pushes the last one
+    // to infinity, which the replay refuses. Say which option is at fault.
+    const double last_arrival = pkv_trace_requests(trace)[pkv_trace_count(trace) - 1].arrival_s;
+    for (size_t i = 0; i < axes.num_load_scales; i++) {
+        if (!isfinite(last_arrival / axes.load_scales[i])) {
             pkv_trace_destroy(trace);
-            BAD("cannot write --timeline %s", timeline_path);
+            rt_stamp_free(&stamp);
+            BAD("--load-scale %g does not give valid arrivals: the last arrival, %g s, becomes "
+                "infinite",
+                axes.load_scales[i], last_arrival);
         }
-        fputs("policy,step,time_s,running,waiting,used_bytes,reserved_bytes,reservation_bytes,"
-              "ext_frag_bytes,free_bytes,capacity_bytes,step_ms,internal_frag_bytes,alloc_ms\n",
-              c.tl.f);
-        prm.on_step = on_step;
     }
-    prm.on_progress = on_progress;
-    prm.user = &c;
-    pkv_replay_report reports[PKV_POLICY_COUNT + MAX_PLUGINS];
-    size_t nrep = 0;
-    int rc = 0;
-    char chunk[32] = "off";
-    if (prm.chunked_prefill) snprintf(chunk, sizeof chunk, "%u tokens", prm.chunked_prefill);
-    fprintf(table_out,
-            "trace %s: %zu requests (%s, %llu skipped, load x%g)\n"
-            "mode %s, model %s, GPU %s, KV budget %.2f GiB; batching %s, chunked prefill %s; "
-            "preempt %s (host pool %.1f GiB); alloc cost model: %s; step time: %s\n",
-            trace_path, pkv_trace_count(trace), pkv_trace_format_name(loaded_format),
-            (unsigned long long)pkv_trace_skipped(trace), load_scale,
-            prm.mode == PKV_REPLAY_SIM ? "sim" : "run", prm.model.name,
-            prm.mode == PKV_REPLAY_SIM ? prm.gpu.name : (prm.run_cuda ? "cuda (measured)" : "cpu (measured)"),
-            (double)budget / (1024.0 * 1024 * 1024), pkv_batching_name(prm.batching), chunk,
-            pkv_preempt_mode_name(prm.preempt), (double)prm.swap_space_bytes / (1024.0 * 1024 * 1024),
-            prm.mode == PKV_REPLAY_SIM ? prm.alloc_model.name : "measured",
-            prm.mode == PKV_REPLAY_SIM ? "roofline model" : "measured wall time");
+    // --schedule fixed-from P: record P's schedule at the one point of the run.
     pkv_replay_schedule *sched = NULL;
-    if (ref) {
+    if (fixed_from) {
+        const pkv_policy_vtable *ref = NULL;
+        pkv_policy k;
+        if (pkv_policy_from_name(fixed_from, &k) == PKV_OK) ref = pkv_policy_builtin(k);
+        for (size_t i = 0; i < axes.num_plugins && !ref; i++)
+            if (!strcmp(axes.plugins[i]->name, fixed_from)) ref = axes.plugins[i];
+        const char *why = !ref ? "unknown policy"
+                          : (axes.num_kv_mems > 1 || axes.num_load_scales > 1 || axes.num_block_sizes > 1 || have_slo)
+                              ? "a schedule belongs to one budget, load scale and block size (no sweep, no --slo)"
+                              : NULL;
+        if (why) {
+            pkv_trace_destroy(trace);
+            rt_stamp_free(&stamp);
+            BAD("--schedule fixed-from %s: %s", fixed_from, why);
+        }
         pkv_replay_params rp = prm;
         rp.custom_policy = ref;
-        rp.on_step = NULL;
-        rp.on_progress = NULL;
+        rp.kv_mem_bytes = axes.kv_mems[0];
+        rp.load_scale = axes.load_scales[0];
         st = pkv_replay_schedule_record(trace, &rp, &sched, NULL);
         if (st != PKV_OK) {
             fprintf(stderr, "pkv-replay: recording the schedule of %s failed: %s\n", ref->name,
                     pkv_status_str(st));
             pkv_trace_destroy(trace);
+            rt_stamp_free(&stamp);
             return st == PKV_ERR_INVALID_ARG ? 2 : 1;
         }
-        fprintf(table_out, "schedule: fixed from %s (%llu steps, %llu events)\n", ref->name,
-                (unsigned long long)pkv_replay_schedule_steps(sched),
-                (unsigned long long)pkv_replay_schedule_events(sched));
         prm.schedule = sched;
     }
-    // Built-in policies first (unless only plugins were asked for), then plugins.
-    const int nbuiltin = nplugins && !have_policy ? 0 : PKV_POLICY_COUNT;
-    for (int p = 0; p < nbuiltin + nplugins; p++) {
-        if (p < nbuiltin) {
-            if (strcmp(policy, "all") != 0 && strcmp(policy, pkv_policy_name((pkv_policy)p)) != 0)
-                continue;
-            prm.policy = (pkv_policy)p;
-            prm.custom_policy = NULL;
-        } else {
-            prm.custom_policy = plugins[p - nbuiltin];
-        }
-        const char *name = prm.custom_policy ? prm.custom_policy->name : pkv_policy_name(prm.policy);
-        c.prog.policy = name;
-        c.prog.last = -1;
-        c.tl.policy = c.prog.policy;
-        st = pkv_replay_run(trace, &prm, &reports[nrep]);
-        if (st != PKV_OK) {
-            // Every policy runs even when one fails; the others are still reported.
-            fprintf(stderr, "pkv-replay: policy %s failed: %s\n", name, pkv_status_str(st));
-            if (!rc) rc = st == PKV_ERR_INVALID_ARG ? 2 : 1;
-            continue;
-        }
-        if (reports[nrep].failure[0]) {
-            fprintf(stderr, "pkv-replay: policy %s completed no request: %s\n",
-                    reports[nrep].policy, reports[nrep].failure);
+    // The points: the sweep's cross product, or one SLO search per point
+    // without its load scale; then this shard's share of them.
+    rt_axes run_axes = axes;
+    if (have_slo) run_axes.num_load_scales = 1;
+    rt_point *points = NULL;
+    const size_t num_points = rt_points(&run_axes, &points);
+    size_t mine = 0;
+    rt_result *results = calloc(num_points ? num_points : 1, sizeof *results);
+    if (!points || !results) {
+        fprintf(stderr, "pkv-replay: out of memory\n");
+        free(points);
+        free(results);
+        pkv_trace_destroy(trace);
+        rt_stamp_free(&stamp);
+        return 1;
+    }
+    for (size_t i = 0; i < num_points; i++)
+        if (i % shard_n == shard_k - 1) results[mine++].point = points[i];
+    free(points);
+
+    const int tty = isatty(fileno(stderr)) && !quiet;
+    FILE *table_out = (json_path && !strcmp(json_path, "-")) || (csv_path && !strcmp(csv_path, "-"))
+                          ? stderr
+                          : stdout;
+    char chunk[32] = "off";
+    if (prm.chunked_prefill) snprintf(chunk, sizeof chunk, "%u tokens", prm.chunked_prefill);
+    fprintf(table_out,
+            "trace %s: %zu requests (%s, %llu skipped); %zu point%s%s\n"
+            "mode %s, model %s, GPU %s; batching %s, chunked prefill %s; preempt %s (host pool "
+            "%.1f GiB); alloc cost model: %s; step time: %s\n",
+            trace_path, pkv_trace_count(trace), pkv_trace_format_name(pkv_trace_get_format(trace)),
+            (unsigned long long)pkv_trace_skipped(trace), mine, mine == 1 ? "" : "s",
+            shard_n > 1 ? " (this shard)" : "", prm.mode == PKV_REPLAY_SIM ? "sim" : "run",
+            prm.model.name,
+            prm.mode == PKV_REPLAY_SIM ? prm.gpu.name : (prm.run_cuda ? "cuda (measured)" : "cpu (measured)"),
+            pkv_batching_name(prm.batching), chunk, pkv_preempt_mode_name(prm.preempt),
+            (double)prm.swap_space_bytes / (1024.0 * 1024 * 1024),
+            prm.mode == PKV_REPLAY_SIM ? prm.alloc_model.name : "measured",
+            prm.mode == PKV_REPLAY_SIM ? "roofline model" : "measured wall time");
+    fflush(table_out);
+    rt_install_sigint();
+    struct timespec w0, w1;
+    clock_gettime(CLOCK_MONOTONIC, &w0);
+    const rt_job job = {
+        .trace = trace,
+        .base = &prm,
+        .results = results,
+        .num = mine,
+        .jobs = jobs,
+        // Calibration fits every step: no downsampling then.
+        .timeline_limit = calibrate_out ? 0 : timeline_path ? timeline_rows : SIZE_MAX,
+        .keep_requests = requests_path != NULL && !have_slo,
+        .slo = have_slo ? &slo : NULL,
+        .slo_lo = slo_lo,
+        .slo_hi = slo_hi,
+        .slo_tol = slo_tol,
+        .progress = tty,
+    };
+    st = rt_run(&job);
+    clock_gettime(CLOCK_MONOTONIC, &w1);
+    int rc = 0;
+    // Every point runs even when one fails (rt_run goes on); each failure is
+    // named, and the points that ran are still reported.
+    for (size_t i = 0; i < mine; i++) {
+        const rt_result *r = &results[i];
+        if (r->status != PKV_OK) {
+            fprintf(stderr, "pkv-replay: point %u (policy %s) failed: %s\n", r->point.index,
+                    pkv_policy_name(r->point.policy), pkv_status_str(r->status));
+            if (!rc) rc = r->status == PKV_ERR_INVALID_ARG ? 2 : 1;
+        } else if (r->ran && r->report.failure[0] && !r->report.partial) {
+            // (An interrupted run may not have completed a request yet: that is
+            // the interruption, exit 130, not a failure of the policy.)
+            fprintf(stderr, "pkv-replay: point %u (policy %s) completed no request: %s\n",
+                    r->point.index, r->report.policy, r->report.failure);
             if (!rc) rc = 1;
         }
-        if (reports[nrep].schedule_deviations)
-            fprintf(stderr, "pkv-replay: policy %s deviated %llu times from the fixed schedule\n",
-                    reports[nrep].policy, (unsigned long long)reports[nrep].schedule_deviations);
-        nrep++;
     }
-    pkv_replay_schedule_destroy(sched);
-    prm.schedule = NULL;
-    if (nrep) pkv_replay_write_table(table_out, reports, nrep);
-    if (calibrate_out && nrep && !rc) {
-        double as = 0, fs = 0;
-        uint64_t ac = 0, fc = 0;
-        for (size_t i = 0; i < nrep; i++) {
-            as += reports[i].alloc.backend_alloc_seconds;
-            ac += reports[i].alloc.backend_alloc_calls;
-            fs += reports[i].alloc.backend_free_seconds;
-            fc += reports[i].alloc.backend_free_calls;
-        }
-        pkv_replay_calibration cal;
-        st = c.cal.oom ? PKV_ERR_OUT_OF_MEMORY
-                       : pkv_replay_calibrate(c.cal.v, c.cal.n, as, ac, fs, fc, &cal);
-        FILE *cf = st == PKV_OK ? fopen(calibrate_out, "w") : NULL;
-        if (st == PKV_OK) {
-            snprintf(cal.model, sizeof cal.model, "%s", prm.model.name);
-            snprintf(cal.device, sizeof cal.device, "%s", prm.run_cuda ? "cuda" : "cpu");
-            cal.dtype_bytes = prm.dtype_bytes;
-        }
-        if (!cf || pkv_replay_calibration_write(cf, &cal) != PKV_OK || fclose(cf) != 0) {
-            fprintf(stderr, "pkv-replay: calibration to %s failed: %s\n", calibrate_out,
-                    st != PKV_OK ? pkv_status_str(st) : "cannot write");
-            rc = 1;
-        } else {
-            fprintf(table_out,
-                    "\ncalibration %s: achieved %.3g GB/s, %.3g GFLOP/s, %.1f us/step overhead, "
-                    "%.3g us/alloc, %.3g us/free (%llu steps, median fit error %.1f%%)\n",
-                    calibrate_out, cal.achieved_bw / 1e9, cal.achieved_flops / 1e9,
-                    cal.step_overhead_s * 1e6, cal.alloc.alloc.base_s * 1e6, cal.alloc.free.base_s * 1e6,
-                    (unsigned long long)cal.steps, cal.median_rel_err * 100);
-            // The calibrated sim next to each run: same trace, model, budget, schedule rules.
-            pkv_replay_params sp = prm;
-            sp.mode = PKV_REPLAY_SIM;
-            sp.on_step = NULL;
-            sp.on_progress = NULL;
-            sp.prefix_sharing = 0;
-            sp.validate = 0;
-            pkv_replay_params_apply_calibration(&sp, &cal, calibrate_out);
-            fprintf(table_out, "%-22s %12s %12s %7s %12s %12s %7s %12s %12s %7s\n", "calibrated sim vs run",
-                    "run p50 ms", "sim p50 ms", "err%", "run tok/s", "sim tok/s", "err%", "run TPOT ms",
-                    "sim TPOT ms", "err%");
-            for (size_t i = 0; i < nrep; i++) {
-                pkv_policy k;
-                sp.custom_policy = NULL;
-                if (pkv_policy_from_name(reports[i].policy, &k) == PKV_OK) {
-                    sp.policy = k;
-                } else {
-                    for (int j = 0; j < nplugins; j++)
-                        if (!strcmp(plugins[j]->name, reports[i].policy)) sp.custom_policy = plugins[j];
-                    if (!sp.custom_policy) continue;
-                }
-                pkv_replay_report sr;
-                if (pkv_replay_run(trace, &sp, &sr) != PKV_OK) continue;
-                const pkv_replay_report *r = &reports[i];
-#define ERR(a, b) (100.0 * ((b) - (a)) / (a))
-                fprintf(table_out, "%-22s %12.3f %12.3f %+7.1f %12.1f %12.1f %+7.1f %12.3f %12.3f %+7.1f\n",
-                        r->policy, r->latency.step_p50_ms, sr.latency.step_p50_ms,
-                        ERR(r->latency.step_p50_ms, sr.latency.step_p50_ms), r->throughput.output_tokens_per_s,
-                        sr.throughput.output_tokens_per_s,
-                        ERR(r->throughput.output_tokens_per_s, sr.throughput.output_tokens_per_s),
-                        r->latency.tpot_p50_ms, sr.latency.tpot_p50_ms,
-                        ERR(r->latency.tpot_p50_ms, sr.latency.tpot_p50_ms));
-#undef ERR
-            }
-        }
+    if (st != PKV_OK && !rc) {
+        fprintf(stderr, "pkv-replay: replay failed: %s\n", pkv_status_str(st));
+        rc = st == PKV_ERR_INVALID_ARG ? 2 : 1;
     }
-    free(c.cal.v);
-    if (json_path && nrep) {
+    int wrc = 0; // output files: written whenever a point ran (failed runs hold nulls)
+    const rt_doc doc = {
+        .stamp = &stamp,
+        .wall_s = (double)(w1.tv_sec - w0.tv_sec) + 1e-9 * (double)(w1.tv_nsec - w0.tv_nsec),
+        .trace_path = trace_path,
+        .trace = trace,
+        .trace_hash = trace_hash,
+        .format_option = format,
+        .skip_bad = lo.skip_bad,
+        .base = &prm,
+        .axes = &axes,
+        .num_points = num_points,
+        .slo = have_slo ? &slo : NULL,
+        .slo_lo = slo_lo,
+        .slo_hi = slo_hi,
+        .slo_tol = slo_tol,
+        .results = results,
+        .num_results = mine,
+    };
+    rt_print_table(table_out, &doc);
+    if (sched) {
+        fprintf(table_out, "schedule: fixed from %s (%llu steps, %llu events)\n", fixed_from,
+                (unsigned long long)pkv_replay_schedule_steps(sched),
+                (unsigned long long)pkv_replay_schedule_events(sched));
+        for (size_t i = 0; i < mine; i++)
+            if (results[i].ran && results[i].report.schedule_deviations)
+                fprintf(table_out, "  %s deviated from it %llu times (docs/POLICIES.md)\n",
+                        results[i].report.policy,
+                        (unsigned long long)results[i].report.schedule_deviations);
+    }
+    if (calibrate_out && !rc && calibrate(calibrate_out, trace, &prm, results, mine, table_out) != 0) rc = 1;
+    if (rt_stop_requested)
+        fprintf(stderr, "pkv-replay: interrupted; the report covers what was replayed (partial)\n");
+    if (json_path) {
         FILE *jf = strcmp(json_path, "-") ? fopen(json_path, "w") : stdout;
         if (!jf) {
             fprintf(stderr, "pkv-replay: cannot write --json %s\n", json_path);
-            rc = rc ? rc : 1;
+            wrc = 1;
         } else {
-            if (pkv_replay_write_json(jf, trace_path, trace, &prm, reports, nrep) != PKV_OK) rc = 1;
-            if (jf != stdout && fclose(jf) != 0) rc = 1;
+            rt_doc_write_json(jf, &doc);
+            if (ferror(jf) || (jf != stdout && fclose(jf) != 0)) wrc = 1;
         }
     }
-    if (c.tl.f && fclose(c.tl.f) != 0) rc = rc ? rc : 1;
+    if (csv_path) {
+        FILE *cf = strcmp(csv_path, "-") ? fopen(csv_path, "w") : stdout;
+        if (!cf) {
+            fprintf(stderr, "pkv-replay: cannot write --csv %s\n", csv_path);
+            wrc = 1;
+        } else {
+            rt_doc_write_csv(cf, &doc);
+            if (ferror(cf) || (cf != stdout && fclose(cf) != 0)) wrc = 1;
+        }
+    }
+    if (timeline_path) {
+        FILE *tf = fopen(timeline_path, "w");
+        if (!tf) {
+            fprintf(stderr, "pkv-replay: cannot write --timeline %s\n", timeline_path);
+            wrc = 1;
+        } else {
+            rt_timeline_header(tf);
+            for (size_t i = 0; i < mine; i++)
+                if (results[i].ran) rt_timeline_write(tf, &results[i].timeline, &results[i].point);
+            if (ferror(tf) || fclose(tf) != 0) wrc = 1;
+        }
+    }
+    if (requests_path) {
+        FILE *qf = fopen(requests_path, "w");
+        if (!qf) {
+            fprintf(stderr, "pkv-replay: cannot write --requests %s\n", requests_path);
+            wrc = 1;
+        } else {
+            rt_requests_header(qf);
+            for (size_t i = 0; i < mine; i++)
+                if (results[i].ran) rt_requests_write(qf, &results[i]);
+            if (ferror(qf) || fclose(qf) != 0) wrc = 1;
+        }
+    }
+    for (size_t i = 0; i < mine; i++) {
+        rt_timeline_free(&results[i].timeline);
+        free(results[i].requests);
+    }
+    free(results);
+    pkv_replay_schedule_destroy(sched);
     pkv_trace_destroy(trace);
+    rt_stamp_free(&stamp);
+    if (wrc && !rc) rc = 1;
+    if (rc == 0 && rt_stop_requested) rc = 130;
     return rc;
 }

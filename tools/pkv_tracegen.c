@@ -2,11 +2,14 @@
 // pkv-tracegen: write a synthetic request trace in the native CSV format from
 // documented distributions (traces/README.md). Exit codes: 0 ok, 1 I/O failure,
 // 2 bad usage.
+#include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "pkv/trace.h"
+#include "cli.h"
 
 static void usage(FILE *f) {
     fputs("usage: pkv-tracegen [options]\n"
@@ -38,10 +41,11 @@ static void usage(FILE *f) {
         return 2;                                                                                  \
     } while (0)
 
+// A finite decimal number filling the whole argument.
 static int num(const char *s, double *v) {
     char *end;
     *v = strtod(s, &end);
-    return (!*s || *end) ? -1 : 0;
+    return (!*s || *end || !isfinite(*v)) ? -1 : 0;
 }
 
 int main(int argc, char **argv) {
@@ -84,23 +88,53 @@ int main(int argc, char **argv) {
             }
             continue;
         }
-        if (num(v, &x) != 0) BAD("%s needs a number, got '%s'", a, v);
-        if (!strcmp(a, "--requests")) p.num_requests = (uint64_t)(x >= 1 ? x : 0);
-        else if (!strcmp(a, "--seed")) p.seed = (uint64_t)x;
-        else if (!strcmp(a, "--rate")) p.rate_rps = x;
+        // Integer options: whole unsigned numbers in range (a cast of 1e30 to an
+        // integer type is undefined behaviour, not a clamp).
+        static const struct {
+            const char *name;
+            uint64_t min, max;
+        } ints[] = {
+            {"--requests", 1, (uint64_t)1 << 32}, {"--seed", 0, UINT64_MAX},
+            {"--prompt-max", 1, UINT32_MAX},      {"--output-max", 1, UINT32_MAX},
+            {"--n-min", 1, UINT32_MAX},           {"--n-max", 1, UINT32_MAX},
+            {"--prefix-groups", 1, UINT32_MAX},   {"--prefix-tokens", 0, UINT32_MAX},
+        };
+        int is_int = 0;
+        uint64_t u = 0;
+        for (size_t k = 0; k < sizeof ints / sizeof ints[0]; k++) {
+            if (strcmp(a, ints[k].name)) continue;
+            is_int = 1;
+            if (!cli_parse_u64(v, &u) || u < ints[k].min || u > ints[k].max)
+                BAD("%s needs an integer in %llu .. %llu, got '%s'", a,
+                    (unsigned long long)ints[k].min, (unsigned long long)ints[k].max, v);
+        }
+        if (is_int) {
+            if (!strcmp(a, "--requests")) p.num_requests = u;
+            else if (!strcmp(a, "--seed")) p.seed = u;
+            else if (!strcmp(a, "--prompt-max")) p.prompt_max = (uint32_t)u;
+            else if (!strcmp(a, "--output-max")) p.output_max = (uint32_t)u;
+            else if (!strcmp(a, "--n-min")) p.n_min = (uint32_t)u;
+            else if (!strcmp(a, "--n-max")) p.n_max = (uint32_t)u;
+            else if (!strcmp(a, "--prefix-groups")) p.prefix_groups = (uint32_t)u;
+            else p.prefix_tokens = (uint32_t)u;
+            continue;
+        }
+        if (num(v, &x) != 0) {
+            if (!strcmp(a, "--rate") || !strcmp(a, "--burst-cv") || !strcmp(a, "--prompt-median") ||
+                !strcmp(a, "--prompt-sigma") || !strcmp(a, "--output-median") ||
+                !strcmp(a, "--output-sigma") || !strcmp(a, "--parallel-frac") ||
+                !strcmp(a, "--prefix-frac"))
+                BAD("%s needs a finite number, got '%s'", a, v);
+            BAD("unknown option '%s' (see --help)", a);
+        }
+        if (!strcmp(a, "--rate")) p.rate_rps = x;
         else if (!strcmp(a, "--burst-cv")) p.burst_cv = x;
         else if (!strcmp(a, "--prompt-median")) p.prompt_median = x;
         else if (!strcmp(a, "--prompt-sigma")) p.prompt_sigma = x;
-        else if (!strcmp(a, "--prompt-max")) p.prompt_max = (uint32_t)(x >= 1 ? x : 0);
         else if (!strcmp(a, "--output-median")) p.output_median = x;
         else if (!strcmp(a, "--output-sigma")) p.output_sigma = x;
-        else if (!strcmp(a, "--output-max")) p.output_max = (uint32_t)(x >= 1 ? x : 0);
         else if (!strcmp(a, "--parallel-frac")) p.parallel_frac = x;
-        else if (!strcmp(a, "--n-min")) p.n_min = (uint32_t)(x >= 1 ? x : 0);
-        else if (!strcmp(a, "--n-max")) p.n_max = (uint32_t)(x >= 1 ? x : 0);
         else if (!strcmp(a, "--prefix-frac")) p.prefix_frac = x;
-        else if (!strcmp(a, "--prefix-groups")) p.prefix_groups = (uint32_t)(x >= 1 ? x : 0);
-        else if (!strcmp(a, "--prefix-tokens")) p.prefix_tokens = (uint32_t)(x >= 0 ? x : 0);
         else BAD("unknown option '%s' (see --help)", a);
     }
     if (p.parallel_frac == 0) p.n_min = p.n_max = 1;
@@ -108,7 +142,8 @@ int main(int argc, char **argv) {
     pkv_status st = pkv_trace_generate(&p, &t);
     if (st == PKV_ERR_INVALID_ARG)
         BAD("invalid parameters: need requests >= 1, rate > 0, medians >= 1, sigmas >= 0, "
-            "fractions in [0, 1], 1 <= n-min <= n-max, burst-cv > 1 for bursty");
+            "fractions in [0, 1], 1 <= n-min <= n-max, burst-cv > 1 for bursty, and finite "
+            "arrivals (a rate or burst-cv this extreme overflows them)");
     if (st != PKV_OK) {
         fprintf(stderr, "pkv-tracegen: %s\n", pkv_status_str(st));
         return 1;

@@ -33,7 +33,7 @@ typedef struct pkv_backend_stats {
     uint64_t free_calls;       // calls to the underlying free (free/cudaFree)
     double alloc_seconds;      // wall time spent inside those allocation calls
     double free_seconds;       // wall time spent inside those free calls
-    uint64_t copy_calls;       // batched copy calls (pkv_backend_copy)
+    uint64_t copy_calls;       // batched copy and transfer calls (one per library call)
     uint64_t bytes_copied;     // bytes moved by those calls
     uint64_t bytes_live;       // bytes currently allocated through this backend
     uint64_t bytes_peak;       // largest bytes_live seen
@@ -53,6 +53,9 @@ pkv_status pkv_backend_create_host(pkv_backend **out);
 
 // A CUDA backend on device `device`. PKV_ERR_UNSUPPORTED when the library was built
 // without CUDA; PKV_ERR_NO_DEVICE when no such device is usable (no driver, no GPU).
+// Defined in libpagedkv only: libpagedkv-core has no CUDA code at all (an engine
+// that runs its own kernels uses the core's pool, sets and prefix cache, and an
+// external cache over its own tensor only for the address arithmetic).
 pkv_status pkv_backend_create_cuda(int device, pkv_backend **out);
 
 // Destroy a backend. NULL does nothing. Memory still allocated through it is not
@@ -70,10 +73,21 @@ pkv_status pkv_backend_alloc(pkv_backend *backend, size_t bytes, void **ptr);
 // Free memory from pkv_backend_alloc (counted, timed). NULL is accepted and not counted.
 pkv_status pkv_backend_free(pkv_backend *backend, void *ptr, size_t bytes);
 
-// Copy regions inside one arena in one batch (CUDA: async on the default stream,
-// then synchronized). regions: borrowed, n entries; regions must not overlap.
+// Streams: every copy and transfer entry point of the library (this one,
+// pkv_cache_copy_blocks, pkv_cache_apply_copies, pkv_cache_transfer) takes a
+// `void *stream`: a cudaStream_t for a CUDA backend (NULL = the legacy default
+// stream), ignored by the host backend. They enqueue the work and return without
+// synchronizing; work enqueued later on the same stream sees it done. Use
+// pkv_backend_sync, or your own events, before the host reads the result.
+
+// Copy regions inside one arena in one batch (CUDA: one cudaMemcpyAsync per region
+// on `stream`). regions: borrowed, n entries; regions must not overlap.
 pkv_status pkv_backend_copy(pkv_backend *backend, void *arena,
-                            const pkv_copy_region *regions, uint32_t n);
+                            const pkv_copy_region *regions, uint32_t n, void *stream);
+
+// Wait until the work enqueued on `stream` is done (CUDA: cudaStreamSynchronize;
+// host: returns at once).
+pkv_status pkv_backend_sync(pkv_backend *backend, void *stream);
 
 // Fill `bytes` at ptr with the byte value `value`.
 pkv_status pkv_backend_memset(pkv_backend *backend, void *ptr, int value, size_t bytes);

@@ -10,6 +10,13 @@
 // [block_size][kv_heads][head_dim]. pkv_cache_get_geometry gives the strides so that
 // kernels never hard-code either.
 //
+// As a tensor: the HND arena is exactly a C-contiguous array
+//   [num_layers][num_blocks][2][kv_heads][block_size][head_dim]
+// and NHD is [num_layers][num_blocks][2][block_size][kv_heads][head_dim], so an
+// engine's own torch tensor of that shape and dtype (num_blocks = the pool's
+// capacity) can be wrapped with pkv_cache_create_external (tensor.data_ptr(),
+// tensor.numel() * tensor.element_size(), a backend of the tensor's device).
+//
 // Thread-safety: as for the pool; one thread at a time per cache.
 #ifndef PKV_CACHE_H
 #define PKV_CACHE_H
@@ -86,7 +93,19 @@ typedef struct pkv_cache pkv_cache;
 pkv_status pkv_cache_create(const pkv_cache_params *params, pkv_pool *pool,
                             pkv_backend *backend, pkv_cache **out);
 
-// Free the arena (one backend free call). NULL does nothing.
+// Create a cache over memory the caller owns: `data` (borrowed; a device address
+// for a CUDA backend, host memory for a host backend), `bytes` long, laid out as
+// above with the strides pkv_cache_get_geometry reports. The cache allocates,
+// zeroes and frees nothing of it; `backend` (borrowed) says where it lives and
+// runs the copies. data must be aligned to the dtype size (PKV_ERR_INVALID_ARG);
+// PKV_ERR_BUFFER_TOO_SMALL if bytes < capacity x bytes_per_block
+// (pkv_cache_bytes_per_block gives the size needed).
+pkv_status pkv_cache_create_external(const pkv_cache_params *params, pkv_pool *pool,
+                                     pkv_backend *backend, void *data, uint64_t bytes,
+                                     pkv_cache **out);
+
+// Free the arena (one backend free call; none for an external arena). NULL does
+// nothing.
 void pkv_cache_destroy(pkv_cache *cache);
 
 pkv_status pkv_cache_get_params(const pkv_cache *cache, pkv_cache_params *params);
@@ -105,20 +124,35 @@ pkv_status pkv_cache_block_ptr(const pkv_cache *cache, uint32_t layer, pkv_block
                                pkv_kv kv, void **ptr);
 
 // Execute block copies (every layer, K and V) in one batched backend call.
-// copies: borrowed, n entries, as taken from pkv_seqset_take_copies.
-pkv_status pkv_cache_copy_blocks(pkv_cache *cache, const pkv_block_copy *copies, uint32_t n);
+// copies: borrowed, n entries, as taken from pkv_seqset_take_copies. CUDA: one
+// kernel launch for all copies and layers (one per 448 copies beyond that) on
+// `stream` (a cudaStream_t; NULL = legacy default stream), no synchronization
+// (see backend.h); host: done on return. The copy list is passed by value: it may
+// be reused as soon as this returns. The copies may run in parallel, so no dst may
+// appear twice or be another copy's src (a copy-on-write queue never does; see
+// pkv_seqset_copies).
+pkv_status pkv_cache_copy_blocks(pkv_cache *cache, const pkv_block_copy *copies, uint32_t n,
+                                 void *stream);
 
-// Take every queued copy of `set` and execute it in one batch. The set must use
-// this cache's pool and block size.
-pkv_status pkv_cache_apply_copies(pkv_cache *cache, pkv_seqset *set);
+// Take every queued copy of `set` and execute it in one batch on `stream`. The set
+// must use this cache's pool and block size. The queue is emptied once the copies
+// are enqueued: K/V writes for the new tokens must go on the same stream (or wait
+// for it).
+pkv_status pkv_cache_apply_copies(pkv_cache *cache, pkv_seqset *set, void *stream);
 
 // Move whole blocks (every layer, K and V) between two caches of the same shape,
 // e.g. a CUDA cache and its host swap space: pairs[i].src is a block of `src`,
 // pairs[i].dst a block of `dst` (pairs borrowed, n entries, as pkv_seq_move wrote
 // them). Host<->host, host<->CUDA and CUDA<->host are supported; two different
 // CUDA caches give PKV_ERR_UNSUPPORTED. PKV_ERR_INVALID_ARG if the shapes differ.
+// CUDA: one cudaMemcpy2DAsync per pair (its layers are the rows) on `stream`, no
+// synchronization (one cudaMemcpyAsync per layer when a layer is wider than the
+// device's pitch limit);
+// with a pinned host cache (an external cache over cudaHostAlloc memory) the
+// copy is fully asynchronous, so synchronize before reading or reusing the host
+// blocks.
 pkv_status pkv_cache_transfer(pkv_cache *dst, const pkv_cache *src, const pkv_block_copy *pairs,
-                              uint32_t n);
+                              uint32_t n, void *stream);
 
 #ifdef __cplusplus
 }

@@ -52,7 +52,8 @@ void pkv_pool_destroy(pkv_pool *pool);
 pkv_status pkv_pool_alloc(pkv_pool *pool, uint32_t n, pkv_block_id *ids);
 
 // Add one reference to a live block (refcount >= 1). PKV_ERR_NOT_FOUND for a
-// free block or an id out of range.
+// free block or an id out of range; PKV_ERR_LIMIT (nothing changed) when the
+// refcount is already INT32_MAX.
 pkv_status pkv_pool_retain(pkv_pool *pool, pkv_block_id id);
 
 // Drop one reference; at zero the block returns to the free list.

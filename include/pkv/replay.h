@@ -189,6 +189,24 @@ typedef struct pkv_replay_calibration {
     uint64_t steps;          // steps fitted
     double median_rel_err;   // of the fitted step times
 } pkv_replay_calibration;
+// Where a replay stands, passed to on_progress after every step. Plain data.
+typedef struct pkv_replay_progress {
+    uint64_t steps;          // steps done
+    uint64_t requests_done;  // completed + rejected
+    uint64_t requests_total; // requests in the trace
+    double time_s;           // simulated (sim) or replay (run) clock
+} pkv_replay_progress;
+
+// A completed request, passed to on_request. Plain data; times on the replay clock.
+typedef struct pkv_replay_request_done {
+    uint64_t index;          // 0-based position in the trace
+    double arrival_s;
+    double first_token_s;    // end of its prefill step
+    double finish_s;         // end of the step that emitted its last token
+    uint32_t prompt_tokens;
+    uint32_t output_tokens;  // per sample
+    uint32_t n;              // samples
+} pkv_replay_request_done;
 
 typedef struct pkv_replay_params {
     pkv_replay_mode mode;          // default PKV_REPLAY_SIM
@@ -218,7 +236,8 @@ typedef struct pkv_replay_params {
     pkv_batching batching;         // default continuous
     uint32_t chunked_prefill;      // 0 (default): off; else prefill + decode tokens per
                                    // step, long prompts split across steps
-    double load_scale;             // arrivals divided by this (> 0), default 1
+    double load_scale;             // arrivals divided by this (> 0, and every scaled arrival
+                                   // finite, else PKV_ERR_INVALID_ARG), default 1
     int prefix_sharing;            // paged, sim mode: prefix cache over the trace's shared
                                    // prefixes (prefix_group, Mooncake hash_ids); default 1
     // Run mode.
@@ -226,9 +245,13 @@ typedef struct pkv_replay_params {
     uint32_t run_threads;          // CPU threads, 0 = all
     uint64_t seed;                 // weights and token ids in run mode, default 1
     int validate;                  // 1: check every invariant after every step (slow)
-    // Optional callbacks (may be NULL); `user` is passed back.
+    // Optional callbacks (may be NULL); `user` is passed back. on_progress runs
+    // after every step (keep it cheap); a nonzero return stops the replay, which
+    // then reports what it replayed so far with report.partial = 1.
     void (*on_step)(void *user, const pkv_replay_step *step);
-    void (*on_progress)(void *user, double fraction_done);
+    int (*on_progress)(void *user, const pkv_replay_progress *progress);
+    // Called once per completed request, in completion order (latency CDFs).
+    void (*on_request)(void *user, const pkv_replay_request_done *request);
     void *user;
 } pkv_replay_params;
 
@@ -286,6 +309,9 @@ typedef struct pkv_replay_report {
         double step_p50_ms, step_p90_ms, step_p99_ms, step_max_ms;
         double ttft_p50_ms, ttft_p99_ms;
         double tpot_p50_ms, tpot_p99_ms;
+        // The vLLM paper's normalized latency: mean over completed requests of
+        // (completion - arrival) / output tokens, in ms per token.
+        double norm_ms_per_token;
     } latency;
     struct {
         double output_tokens_per_s;  // completed output tokens / makespan
@@ -331,6 +357,7 @@ typedef struct pkv_replay_report {
         uint64_t token_hash;
         uint64_t tokens;
     } run;
+    int partial;              // 1: on_progress stopped the replay before the trace ended
 } pkv_replay_report;
 
 // Replay `trace` (borrowed) with `params` into *report (caller-owned).

@@ -20,10 +20,14 @@ typedef enum pkv_status {
     PKV_ERR_NO_DEVICE = -6,        // a CUDA backend was asked for but no device is usable
     PKV_ERR_BACKEND = -7,          // the memory backend (e.g. the CUDA runtime) failed
     PKV_ERR_CORRUPT = -8,          // an invariant check found inconsistent state
-    PKV_ERR_BUFFER_TOO_SMALL = -9, // a caller-owned output buffer cannot hold the result
+    PKV_ERR_BUFFER_TOO_SMALL = -9, // a caller-owned output buffer cannot hold the result;
+                                   // the call reports the size needed (see each function)
     PKV_ERR_IO = -10,              // a file could not be opened, read or written
     PKV_ERR_FORMAT = -11,          // a file or text did not follow its documented format
-    PKV_ERR_BUSY = -12,            // the object is in use (e.g. a pool still bound to a cache)
+    PKV_ERR_BUSY = -12,            // the object is bound elsewhere: a set attached to another
+                                   // prefix cache, or detached while it holds cached blocks
+    PKV_ERR_LIMIT = -13,           // a count would pass its limit: a block refcount at
+                                   // INT32_MAX, more than 2^20 live sequences in one set
 } pkv_status;
 
 // A static, human-readable name for a status, e.g. "out of blocks".

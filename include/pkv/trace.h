@@ -72,7 +72,10 @@ typedef struct pkv_trace pkv_trace;
 // says where and why, and *out is untouched. *out is owned by the caller.
 // opts may be NULL (defaults). Errors: empty file, unknown header, missing
 // column, non-number, zero or negative length, unsorted arrivals, truncated line
-// (a row with too few fields, or unterminated JSON). With skip_bad, bad rows are
+// (a row with too few fields, or unterminated JSON), a row with more fields than
+// the header, a NUL byte in a field, invalid JSON, a Mooncake hash id that is not
+// an integer in 0 .. 2^64-1, an Azure date that does not exist (traces/README.md
+// lists them all). A leading UTF-8 byte order mark is skipped. With skip_bad, bad rows are
 // skipped (pkv_trace_skipped counts them); a file without any good row still fails.
 pkv_status pkv_trace_load(const char *path, const pkv_trace_load_options *opts,
                           pkv_trace **out, pkv_trace_error *err);
@@ -97,7 +100,8 @@ pkv_trace_format pkv_trace_get_format(const pkv_trace *trace);
 uint64_t pkv_trace_skipped(const pkv_trace *trace); // rows skipped with skip_bad
 
 // Write the trace in the native CSV format (all columns) to a new file at `path`,
-// or to `out` (borrowed, left open). PKV_ERR_IO on failure.
+// or to `out` (borrowed, left open). PKV_ERR_IO on failure. Arrivals are written
+// with %.6f below 1e15 s and %.17g above; what is written loads back.
 pkv_status pkv_trace_save(const pkv_trace *trace, const char *path);
 pkv_status pkv_trace_write_csv(const pkv_trace *trace, FILE *out);
 
@@ -136,7 +140,10 @@ typedef struct pkv_tracegen_params {
 pkv_tracegen_params pkv_tracegen_params_default(void);
 
 // Generate a trace (deterministic for a given params, seed included).
-// PKV_ERR_INVALID_ARG names nothing: check the ranges documented above.
+// PKV_ERR_INVALID_ARG names nothing: check the ranges documented above. Every
+// double parameter must be finite; parameters whose arrivals overflow to inf
+// (a rate near 0, a burst_cv so large that the gaps are not finite) are
+// refused too, so a generated trace always passes the loader's checks.
 pkv_status pkv_trace_generate(const pkv_tracegen_params *params, pkv_trace **out);
 
 #ifdef __cplusplus

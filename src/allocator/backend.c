@@ -63,18 +63,42 @@ pkv_status pkv_backend_free(pkv_backend *backend, void *ptr, size_t bytes) {
     return PKV_OK;
 }
 
+static void count_copy(pkv_backend *backend, uint64_t bytes) {
+    backend->stats.copy_calls++;
+    backend->stats.bytes_copied += bytes;
+}
+
 pkv_status pkv_backend_copy(pkv_backend *backend, void *arena, const pkv_copy_region *regions,
-                            uint32_t n) {
+                            uint32_t n, void *stream) {
     if (!backend || (n && (!arena || !regions))) return PKV_ERR_INVALID_ARG;
     if (n == 0) return PKV_OK;
     uint64_t bytes = 0;
     for (uint32_t i = 0; i < n; i++) bytes += regions[i].bytes;
-    pkv_status st = backend->ops->copy(backend, arena, regions, n);
-    if (st == PKV_OK) {
-        backend->stats.copy_calls++;
-        backend->stats.bytes_copied += bytes;
-    }
+    pkv_status st = backend->ops->copy(backend, arena, regions, n, stream);
+    if (st == PKV_OK) count_copy(backend, bytes);
     return st;
+}
+
+pkv_status pkvi_backend_copy_blocks(pkv_backend *b, void *arena, const pkv_block_copy *pairs,
+                                    uint32_t n, const pkvi_copy_geom *geom, void *stream) {
+    if (n == 0) return PKV_OK;
+    pkv_status st = b->ops->copy_blocks(b, arena, pairs, n, geom, stream);
+    if (st == PKV_OK) count_copy(b, (uint64_t)n * geom->num_layers * geom->block_bytes);
+    return st;
+}
+
+pkv_status pkvi_backend_transfer(pkv_backend *b, void *dst_base, const void *src_base,
+                                 const pkv_block_copy *pairs, uint32_t n,
+                                 const pkvi_xfer_geom *g, pkvi_dir dir, void *stream) {
+    if (n == 0) return PKV_OK;
+    pkv_status st = b->ops->transfer(b, dst_base, src_base, pairs, n, g, dir, stream);
+    if (st == PKV_OK) count_copy(b, (uint64_t)n * g->num_layers * g->block_bytes);
+    return st;
+}
+
+pkv_status pkv_backend_sync(pkv_backend *backend, void *stream) {
+    if (!backend) return PKV_ERR_INVALID_ARG;
+    return backend->ops->sync(backend, stream);
 }
 
 pkv_status pkv_backend_memset(pkv_backend *backend, void *ptr, int value, size_t bytes) {

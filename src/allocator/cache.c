@@ -1,10 +1,12 @@
 // SPDX-License-Identifier: MIT
-// KV-cache storage: one backend arena for every layer and block of a pool, the
-// address arithmetic of the layout (see cache.h), and batched block copies.
-// Invariant: the arena holds capacity x bytes_per_block bytes and is allocated
-// exactly once, at creation.
+// KV-cache storage: one backend arena for every layer and block of a pool (or
+// memory the caller owns), the address arithmetic of the layout (see cache.h),
+// and batched block copies and transfers on the caller's stream.
+// Invariant: the arena holds at least capacity x bytes_per_block bytes; an owned
+// arena is allocated exactly once, at creation; an external one is never freed.
 #include <stdlib.h>
 
+#include "backend_impl.h"
 #include "pkv/cache.h"
 
 struct pkv_cache {
@@ -14,10 +16,8 @@ struct pkv_cache {
     pkv_backend *backend;  // borrowed
     uint32_t num_blocks;
     uint64_t arena_bytes;
-    void *arena;           // owned, from backend
-    // Scratch for batched copies, grown on demand (copies are not the hot path).
-    pkv_copy_region *regions;
-    uint32_t cap_regions;
+    void *arena;           // owned, from backend; borrowed when external
+    int external;          // 1: the caller owns the arena
 };
 
 size_t pkv_dtype_size(pkv_dtype dtype) {
@@ -119,10 +119,37 @@ pkv_status pkv_cache_create(const pkv_cache_params *params, pkv_pool *pool,
     return PKV_OK;
 }
 
+pkv_status pkv_cache_create_external(const pkv_cache_params *params, pkv_pool *pool,
+                                     pkv_backend *backend, void *data, uint64_t bytes,
+                                     pkv_cache **out) {
+    if (!out) return PKV_ERR_INVALID_ARG;
+    *out = NULL;
+    if (!params_valid(params) || !pool || !backend || !data) return PKV_ERR_INVALID_ARG;
+    uint32_t num_blocks = pkv_pool_capacity(pool);
+    uint64_t per_block = pkv_cache_bytes_per_block(params);
+    if (per_block == 0 || num_blocks > UINT64_MAX / per_block || num_blocks * per_block > SIZE_MAX)
+        return PKV_ERR_INVALID_ARG;
+    if (bytes < num_blocks * per_block) return PKV_ERR_BUFFER_TOO_SMALL;
+    // Elements must be aligned for the kernels that read them.
+    if ((uintptr_t)data % pkv_dtype_size(params->dtype) != 0) return PKV_ERR_INVALID_ARG;
+    pkv_cache *c = calloc(1, sizeof *c);
+    if (!c) return PKV_ERR_OUT_OF_MEMORY;
+    c->params = *params;
+    c->geom = geometry_of(params, num_blocks);
+    c->pool = pool;
+    c->backend = backend;
+    c->num_blocks = num_blocks;
+    c->arena_bytes = num_blocks * per_block;
+    c->arena = data;
+    c->external = 1;
+    *out = c;
+    return PKV_OK;
+}
+
 void pkv_cache_destroy(pkv_cache *cache) {
     if (!cache) return;
-    pkv_backend_free(cache->backend, cache->arena, (size_t)cache->arena_bytes);
-    free(cache->regions);
+    if (!cache->external)
+        pkv_backend_free(cache->backend, cache->arena, (size_t)cache->arena_bytes);
     free(cache);
 }
 
@@ -161,39 +188,32 @@ pkv_status pkv_cache_block_ptr(const pkv_cache *cache, uint32_t layer, pkv_block
     return PKV_OK;
 }
 
-static int grow(void **array, uint32_t *cap, uint64_t need, size_t elem) {
-    if (need <= *cap) return 1;
-    if (need > UINT32_MAX) return 0;
-    void *p = realloc(*array, (size_t)need * elem);
-    if (!p) return 0;
-    *array = p;
-    *cap = (uint32_t)need;
-    return 1;
+// The copy grid of this cache (block_copy.h): K and V of a block are adjacent
+// within a layer, so one (pair, layer) moves one contiguous 2 x half block.
+static pkvi_copy_geom copy_geom(const pkv_cache *c) {
+    const uint64_t es = pkv_dtype_size(c->params.dtype);
+    pkvi_copy_geom g = {
+        .layer_stride = c->geom.layer_stride * es,
+        .block_stride = c->geom.block_stride * es,
+        .block_bytes = 2 * c->geom.half_block_bytes,
+        .num_layers = c->params.num_layers,
+    };
+    return g;
 }
 
-pkv_status pkv_cache_copy_blocks(pkv_cache *cache, const pkv_block_copy *copies, uint32_t n) {
+pkv_status pkv_cache_copy_blocks(pkv_cache *cache, const pkv_block_copy *copies, uint32_t n,
+                                 void *stream) {
     if (!cache || (n && !copies)) return PKV_ERR_INVALID_ARG;
     for (uint32_t i = 0; i < n; i++)
         if ((uint32_t)copies[i].src >= cache->num_blocks ||
             (uint32_t)copies[i].dst >= cache->num_blocks || copies[i].src == copies[i].dst)
             return PKV_ERR_INVALID_ARG;
-    const uint32_t layers = cache->params.num_layers;
-    if (!grow((void **)&cache->regions, &cache->cap_regions, (uint64_t)n * layers,
-              sizeof *cache->regions))
-        return PKV_ERR_OUT_OF_MEMORY;
-    // K and V of a block are adjacent within a layer: one region per (copy, layer).
-    uint32_t r = 0;
-    for (uint32_t i = 0; i < n; i++) {
-        for (uint32_t l = 0; l < layers; l++, r++) {
-            cache->regions[r].src_offset = block_offset(cache, l, copies[i].src, 0);
-            cache->regions[r].dst_offset = block_offset(cache, l, copies[i].dst, 0);
-            cache->regions[r].bytes = 2 * cache->geom.half_block_bytes;
-        }
-    }
-    return pkv_backend_copy(cache->backend, cache->arena, cache->regions, r);
+    if (cache->params.num_layers > 65535) return PKV_ERR_UNSUPPORTED; // the grid's y
+    pkvi_copy_geom g = copy_geom(cache);
+    return pkvi_backend_copy_blocks(cache->backend, cache->arena, copies, n, &g, stream);
 }
 
-pkv_status pkv_cache_apply_copies(pkv_cache *cache, pkv_seqset *set) {
+pkv_status pkv_cache_apply_copies(pkv_cache *cache, pkv_seqset *set, void *stream) {
     if (!cache || !set || pkv_seqset_pool(set) != cache->pool ||
         pkv_seqset_block_size(set) != cache->params.block_size)
         return PKV_ERR_INVALID_ARG;
@@ -201,9 +221,9 @@ pkv_status pkv_cache_apply_copies(pkv_cache *cache, pkv_seqset *set) {
     uint32_t n;
     pkv_status st = pkv_seqset_copies(set, &copies, &n);
     if (st != PKV_OK || n == 0) return st;
-    // The queue is emptied only once the copies ran, so a failure here (no memory
-    // for the regions, a CUDA error) leaves them queued and pinned for a retry.
-    st = pkv_cache_copy_blocks(cache, copies, n);
+    // The queue is emptied only once the copies are enqueued, so a failure here (a
+    // CUDA error) leaves them queued and pinned for a retry.
+    st = pkv_cache_copy_blocks(cache, copies, n, stream);
     return st == PKV_OK ? pkv_seqset_copies_done(set) : st;
 }
 
@@ -214,7 +234,7 @@ static int same_shape(const pkv_cache_params *a, const pkv_cache_params *b) {
 }
 
 pkv_status pkv_cache_transfer(pkv_cache *dst, const pkv_cache *src, const pkv_block_copy *pairs,
-                              uint32_t n) {
+                              uint32_t n, void *stream) {
     if (!dst || !src || dst == src || (n && !pairs) || !same_shape(&dst->params, &src->params))
         return PKV_ERR_INVALID_ARG;
     for (uint32_t i = 0; i < n; i++)
@@ -223,17 +243,21 @@ pkv_status pkv_cache_transfer(pkv_cache *dst, const pkv_cache *src, const pkv_bl
     const int src_dev = pkv_backend_get_kind(src->backend) == PKV_BACKEND_CUDA;
     const int dst_dev = pkv_backend_get_kind(dst->backend) == PKV_BACKEND_CUDA;
     if (src_dev && dst_dev) return PKV_ERR_UNSUPPORTED;
-    // The device side's backend moves the bytes (upload or download); host to
-    // host is a plain copy through the destination's host backend.
-    const uint64_t bytes = 2 * src->geom.half_block_bytes;
-    for (uint32_t i = 0; i < n; i++) {
-        for (uint32_t l = 0; l < src->params.num_layers; l++) {
-            const char *from = (const char *)src->arena + block_offset(src, l, pairs[i].src, 0);
-            char *to = (char *)dst->arena + block_offset(dst, l, pairs[i].dst, 0);
-            pkv_status st = src_dev ? pkv_backend_download(src->backend, to, from, (size_t)bytes)
-                                    : pkv_backend_upload(dst->backend, to, from, (size_t)bytes);
-            if (st != PKV_OK) return st;
-        }
-    }
-    return PKV_OK;
+    // K and V of a block are adjacent in a layer: one block_bytes run per (pair, layer).
+    const uint64_t es = pkv_dtype_size(src->params.dtype);
+    const pkvi_xfer_geom g = {
+        .src_layer_stride = src->geom.layer_stride * es,
+        .src_block_stride = src->geom.block_stride * es,
+        .dst_layer_stride = dst->geom.layer_stride * es,
+        .dst_block_stride = dst->geom.block_stride * es,
+        .block_bytes = 2 * src->geom.half_block_bytes,
+        .num_layers = src->params.num_layers,
+    };
+    // The device side's backend moves the bytes; host to host goes through the
+    // destination's host backend.
+    pkv_backend *mover = src_dev ? src->backend : dst->backend;
+    pkvi_dir dir = src_dev   ? PKVI_DEVICE_TO_HOST
+                   : dst_dev ? PKVI_HOST_TO_DEVICE
+                             : PKVI_HOST_TO_HOST;
+    return pkvi_backend_transfer(mover, dst->arena, src->arena, pairs, n, &g, dir, stream);
 }

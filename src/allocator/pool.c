@@ -5,16 +5,7 @@
 // refcount is 0, and it is there once.
 #include <stdlib.h>
 
-#include "pkv/pool.h"
-
-struct pkv_pool {
-    uint32_t capacity;
-    uint32_t free_top;          // number of ids on free_stack
-    uint32_t low_water;         // smallest free_top seen: peak use = capacity - low_water
-    uint64_t alloc_failures;
-    int32_t *refcount;          // [capacity]; 0 = free
-    pkv_block_id *free_stack;   // [capacity]; entries 0..free_top-1 are free blocks
-};
+#include "pool_internal.h"
 
 pkv_status pkv_pool_create(uint32_t num_blocks, pkv_pool **out) {
     if (!out) return PKV_ERR_INVALID_ARG;
@@ -69,6 +60,7 @@ pkv_status pkv_pool_retain(pkv_pool *pool, pkv_block_id id) {
     if (!pool) return PKV_ERR_INVALID_ARG;
     // The unsigned compare also rejects negative ids.
     if ((uint32_t)id >= pool->capacity || pool->refcount[id] <= 0) return PKV_ERR_NOT_FOUND;
+    if (pool->refcount[id] == INT32_MAX) return PKV_ERR_LIMIT; // never wrap to negative
     pool->refcount[id]++;
     return PKV_OK;
 }

@@ -1,22 +1,35 @@
 // SPDX-License-Identifier: MIT
-// Sequences and block tables over one pool, with fork and copy-on-write.
+// Sequences and block tables over one pool, with fork and copy-on-write, batch
+// calls for one engine step, truncate, fork at a position and group moves.
 // Invariant: a live sequence of len tokens has exactly ceil(len / block_size)
 // blocks in its table, and holds one pool reference on each table entry.
-// Every mutating call checks everything that can fail (table growth, pool space)
-// before it changes anything, so a failed call leaves the set and pool as they were.
+// Every mutating call checks everything that can fail (ids, table growth, pool
+// space) before it changes anything, so a failed call leaves the set and pool as
+// they were (spare capacity of internal arrays aside).
 // A queued copy-on-write copy pins its src and dst (one reference each) until the
 // caller says the copies ran; pins are not sharers when deciding copy-on-write.
+// Ids: slot index in the low ID_INDEX_BITS, the slot's generation above, so an id
+// kept after its sequence was freed names nothing even once the slot is reused.
 #include <stdlib.h>
 #include <string.h>
 
 #include "pkv/seq.h"
-#include "prefix_internal.h"
+#include "pool_internal.h"
 #include "seqset_internal.h"
+
+#define ID_INDEX_BITS 20
+#define ID_INDEX_MASK ((1u << ID_INDEX_BITS) - 1)
+#define ID_GEN_MASK ((1u << (31 - ID_INDEX_BITS)) - 1) // 11 bits: ids stay int32 >= 0
 
 typedef struct seq {
     uint32_t len;          // tokens
     uint32_t num_blocks;   // == ceil(len / block_size)
     uint32_t cap;          // entries allocated in blocks
+    uint32_t gen;          // generation of this slot (bumped when freed)
+    uint32_t mark;         // == set->epoch while a batch call has seen this sequence
+    uint32_t batch_new;    // batch scratch: blocks appended to the table
+    uint32_t batch_cow;    // batch scratch: 1 if the last block is copied first
+    pkv_seq_id live_id;    // the id naming this slot's current life; negative when free
     int live;
     pkv_block_id *blocks;  // [cap]; the block table, entries 0..num_blocks-1 valid
 } seq;
@@ -25,13 +38,24 @@ struct pkv_seqset {
     pkv_pool *pool;        // borrowed
     uint32_t block_size;
     uint32_t live;         // live sequences
-    seq *seqs;             // [num_slots]; index = sequence id
+    uint32_t watermark;    // growth must leave this many free blocks (0: off)
+    seq *seqs;             // [num_slots]; index = low bits of the sequence id
     uint32_t num_slots, cap_slots;
-    pkv_seq_id *free_ids;  // [cap_ids >= num_slots]; retired ids, reused LIFO
-    uint32_t num_free_ids, cap_ids;
+    uint32_t *free_ids;    // [cap_ids >= num_slots]; ring of retired slots, reused FIFO
+    uint32_t free_head, num_free_ids, cap_ids;
     pkv_block_copy *copies; // [cap_copies]; queued copy-on-write copies
     uint32_t num_copies, cap_copies;
-    pkv_prefix_cache *prefix; // borrowed, optional: told when cached blocks go unused
+    uint32_t epoch;        // batch calls stamp seq.mark with it (duplicate ids)
+    // Batch scratch: blocks some earlier sequence of the batch copies away from,
+    // and how many did ([cap_cowed]). Only sequences with a shared partial last
+    // block land here, so a linear scan is short.
+    pkv_block_id *cowed_block;
+    uint32_t *cowed_count;
+    uint32_t num_cowed, cap_cowed;
+    seq **batch;           // [cap_batch]; the sequences of the batch being applied
+    uint32_t cap_batch;
+    pkvi_unused_hook hook; // optional: told when a release leaves a block at refcount 1
+    void *hook_ctx;
 };
 
 static uint32_t blocks_for(uint32_t len, uint32_t block_size) {
@@ -40,8 +64,9 @@ static uint32_t blocks_for(uint32_t len, uint32_t block_size) {
 
 // Grow an array to hold at least `need` elements (doubling); the old contents
 // stay valid on failure.
-static int grow(void **array, uint32_t *cap, uint32_t need, size_t elem) {
+static int grow(void **array, uint32_t *cap, uint64_t need, size_t elem) {
     if (need <= *cap) return 1;
+    if (need > UINT32_MAX) return 0;
     uint64_t new_cap = *cap ? (uint64_t)*cap * 2 : 4;
     while (new_cap < need) new_cap *= 2;
     if (new_cap > UINT32_MAX) new_cap = UINT32_MAX;
@@ -53,19 +78,41 @@ static int grow(void **array, uint32_t *cap, uint32_t need, size_t elem) {
 }
 
 // Release blocks[0..n-1] (all or nothing, as pkv_pool_release_n) and tell the
-// prefix cache about every block that only it may hold now.
+// hook about every block left at refcount 1.
 static pkv_status release_blocks(pkv_seqset *set, const pkv_block_id *blocks, uint32_t n) {
     pkv_status st = pkv_pool_release_n(set->pool, blocks, n);
-    if (st == PKV_OK && set->prefix)
+    if (st == PKV_OK && set->hook)
         for (uint32_t i = 0; i < n; i++)
-            if (pkv_pool_refcount(set->pool, blocks[i]) == 1)
-                pkvi_prefix_block_unused(set->prefix, blocks[i]);
+            if (pkv_pool_refcount(set->pool, blocks[i]) == 1) set->hook(set->hook_ctx, blocks[i]);
     return st;
 }
 
 static seq *get_seq(const pkv_seqset *set, pkv_seq_id id) {
-    if (!set || id < 0 || (uint32_t)id >= set->num_slots || !set->seqs[id].live) return NULL;
-    return &set->seqs[id];
+    if (!set) return NULL;
+    uint32_t idx = (uint32_t)id & ID_INDEX_MASK;
+    if (idx >= set->num_slots) return NULL;
+    seq *s = &set->seqs[idx];
+    return s->live_id == id ? s : NULL; // live, and this generation
+}
+
+static pkv_seq_id id_of(const pkv_seqset *set, const seq *s) {
+    uint32_t idx = (uint32_t)(s - set->seqs);
+    return (pkv_seq_id)((s->gen << ID_INDEX_BITS) | idx);
+}
+
+// Growth of `need` blocks is allowed: the pool has them and keeps the watermark.
+static int can_take(const pkv_seqset *set, uint64_t need) {
+    return need == 0 || (uint64_t)pkv_pool_free_count(set->pool) >= need + set->watermark;
+}
+
+// Refuse growth of `need` blocks. When the pool itself is short (not just the
+// watermark), let the pool count the refusal in its alloc_failures statistic: an
+// alloc of more than it has fails before writing anything.
+static pkv_status refuse(pkv_seqset *set, uint64_t need) {
+    pkv_block_id unused;
+    if (need > pkv_pool_free_count(set->pool))
+        pkv_pool_alloc(set->pool, need > UINT32_MAX ? UINT32_MAX : (uint32_t)need, &unused);
+    return PKV_ERR_OUT_OF_BLOCKS;
 }
 
 pkv_status pkv_seqset_create(pkv_pool *pool, uint32_t block_size, pkv_seqset **out) {
@@ -91,6 +138,9 @@ void pkv_seqset_destroy(pkv_seqset *set) {
     free(set->seqs);
     free(set->free_ids);
     free(set->copies);
+    free(set->cowed_block);
+    free(set->cowed_count);
+    free(set->batch);
     free(set);
 }
 
@@ -98,49 +148,126 @@ uint32_t pkv_seqset_block_size(const pkv_seqset *set) { return set ? set->block_
 pkv_pool *pkv_seqset_pool(const pkv_seqset *set) { return set ? set->pool : NULL; }
 uint32_t pkv_seqset_live_count(const pkv_seqset *set) { return set ? set->live : 0; }
 
-// Take a sequence slot: a retired id if any, else a new one. The slot comes back
-// zeroed except for a block table buffer it may keep from its previous life.
-static pkv_status take_slot(pkv_seqset *set, pkv_seq_id *id) {
-    if (set->num_free_ids > 0) {
-        *id = set->free_ids[--set->num_free_ids];
-    } else {
-        if (set->num_slots >= (uint32_t)INT32_MAX) return PKV_ERR_OUT_OF_MEMORY;
-        // free_ids can hold every id, so pkv_seq_free never has to allocate.
-        // A failure here leaves only spare capacity behind.
-        if (!grow((void **)&set->seqs, &set->cap_slots, set->num_slots + 1, sizeof(seq)) ||
-            !grow((void **)&set->free_ids, &set->cap_ids, set->num_slots + 1, sizeof(pkv_seq_id)))
-            return PKV_ERR_OUT_OF_MEMORY;
-        memset(&set->seqs[set->num_slots], 0, sizeof(seq));
-        *id = (pkv_seq_id)set->num_slots++;
-    }
-    seq *s = &set->seqs[*id];
-    s->len = 0;
-    s->num_blocks = 0;
-    s->live = 1;
-    set->live++;
+pkv_status pkv_seqset_set_watermark(pkv_seqset *set, uint32_t blocks) {
+    if (!set) return PKV_ERR_INVALID_ARG;
+    set->watermark = blocks;
     return PKV_OK;
 }
 
-static void return_slot(pkv_seqset *set, pkv_seq_id id) {
-    set->seqs[id].live = 0;
-    set->free_ids[set->num_free_ids++] = id;
+uint32_t pkv_seqset_watermark(const pkv_seqset *set) { return set ? set->watermark : 0; }
+
+// Make sure `n` take_slot calls cannot fail. PKV_ERR_LIMIT past 2^20 slots.
+static pkv_status reserve_slots(pkv_seqset *set, uint32_t n) {
+    if (n <= set->num_free_ids) return PKV_OK;
+    uint64_t slots = (uint64_t)set->num_slots + (n - set->num_free_ids);
+    if (slots > (uint64_t)ID_INDEX_MASK + 1) return PKV_ERR_LIMIT;
+    // free_ids can hold every id, so pkv_seq_free never has to allocate. The ring
+    // is only grown here, where it may be non-empty: unwrap it into the new array.
+    if (slots > set->cap_ids) {
+        uint32_t cap = set->cap_ids;
+        uint32_t *ring = NULL;
+        if (!grow((void **)&ring, &cap, slots, sizeof *ring)) return PKV_ERR_OUT_OF_MEMORY;
+        for (uint32_t i = 0; i < set->num_free_ids; i++)
+            ring[i] = set->free_ids[(set->free_head + i) % set->cap_ids];
+        free(set->free_ids);
+        set->free_ids = ring;
+        set->cap_ids = cap;
+        set->free_head = 0;
+    }
+    if (!grow((void **)&set->seqs, &set->cap_slots, slots, sizeof(seq)))
+        return PKV_ERR_OUT_OF_MEMORY;
+    return PKV_OK;
+}
+
+// Take a sequence slot: the oldest retired one if any (FIFO spreads generations
+// over slots), else a new one. Call reserve_slots first; this cannot fail then.
+static seq *take_slot(pkv_seqset *set) {
+    uint32_t idx;
+    if (set->num_free_ids > 0) {
+        idx = set->free_ids[set->free_head];
+        set->free_head = (set->free_head + 1) % set->cap_ids;
+        set->num_free_ids--;
+    } else {
+        idx = set->num_slots++;
+        memset(&set->seqs[idx], 0, sizeof(seq));
+    }
+    seq *s = &set->seqs[idx];
+    s->len = 0;
+    s->num_blocks = 0;
+    s->live = 1;
+    s->live_id = (pkv_seq_id)((s->gen << ID_INDEX_BITS) | idx);
+    set->live++;
+    return s;
+}
+
+// Retire a slot (its blocks already released): the generation moves on, so every
+// id naming this life of the slot is stale from now on.
+static void return_slot(pkv_seqset *set, seq *s) {
+    uint32_t idx = (uint32_t)(s - set->seqs);
+    s->live = 0;
+    // A negative value whose low bits never name this slot, so no id (a negative
+    // one included) matches a free slot.
+    s->live_id = -1 - (int32_t)idx;
+    s->len = 0;
+    s->num_blocks = 0;
+    s->gen = (s->gen + 1) & ID_GEN_MASK;
+    set->free_ids[(set->free_head + set->num_free_ids) % set->cap_ids] = idx;
+    set->num_free_ids++;
     set->live--;
 }
 
 pkv_status pkv_seq_create(pkv_seqset *set, pkv_seq_id *id) {
     if (!set || !id) return PKV_ERR_INVALID_ARG;
-    return take_slot(set, id);
+    pkv_status st = reserve_slots(set, 1);
+    if (st != PKV_OK) return st;
+    *id = id_of(set, take_slot(set));
+    return PKV_OK;
+}
+
+static pkv_status free_seq(pkv_seqset *set, seq *s) {
+    pkv_status st = release_blocks(set, s->blocks, s->num_blocks);
+    if (st != PKV_OK) return PKV_ERR_CORRUPT; // the set's references were not in the pool
+    return_slot(set, s);
+    return PKV_OK;
 }
 
 pkv_status pkv_seq_free(pkv_seqset *set, pkv_seq_id id) {
-    seq *s = get_seq(set, id);
     if (!set) return PKV_ERR_INVALID_ARG;
+    seq *s = get_seq(set, id);
     if (!s) return PKV_ERR_NOT_FOUND;
-    pkv_status st = release_blocks(set, s->blocks, s->num_blocks);
-    if (st != PKV_OK) return PKV_ERR_CORRUPT; // the set's references were not in the pool
-    s->num_blocks = 0;
-    s->len = 0;
-    return_slot(set, id);
+    return free_seq(set, s);
+}
+
+// Start a batch call: a fresh epoch, so that seq.mark == epoch means "seen in
+// this batch". On wrap-around every stale mark is cleared first.
+static void new_epoch(pkv_seqset *set) {
+    if (++set->epoch == 0) {
+        for (uint32_t i = 0; i < set->num_slots; i++) set->seqs[i].mark = 0;
+        set->epoch = 1;
+    }
+}
+
+// Check seqs[0..n-1]: every id live (else NOT_FOUND), none twice (INVALID_ARG).
+// Marks them with the current epoch. Nothing else changes.
+static pkv_status check_batch_ids(pkv_seqset *set, const pkv_seq_id *seqs, uint32_t n) {
+    new_epoch(set);
+    for (uint32_t i = 0; i < n; i++) {
+        seq *s = get_seq(set, seqs[i]);
+        if (!s) return PKV_ERR_NOT_FOUND;
+        if (s->mark == set->epoch) return PKV_ERR_INVALID_ARG;
+        s->mark = set->epoch;
+    }
+    return PKV_OK;
+}
+
+pkv_status pkv_seqset_free_batch(pkv_seqset *set, const pkv_seq_id *seqs, uint32_t num_seqs) {
+    if (!set || (!seqs && num_seqs)) return PKV_ERR_INVALID_ARG;
+    pkv_status st = check_batch_ids(set, seqs, num_seqs);
+    if (st != PKV_OK) return st;
+    for (uint32_t i = 0; i < num_seqs; i++) {
+        st = free_seq(set, get_seq(set, seqs[i]));
+        if (st != PKV_OK) return st;
+    }
     return PKV_OK;
 }
 
@@ -153,61 +280,123 @@ static int32_t pins_on(const pkv_seqset *set, pkv_block_id b) {
     return pins;
 }
 
-// Would appending to s write into a partly filled last block that another
-// sequence also holds?
-static int needs_cow(const pkv_seqset *set, const seq *s) {
-    if (s->len % set->block_size == 0) return 0;
-    pkv_block_id last = s->blocks[s->num_blocks - 1];
-    int32_t rc = pkv_pool_refcount(set->pool, last);
-    return rc > 1 && rc - pins_on(set, last) > 1;
+// Free token positions in the last block (0: full, or no block).
+static uint32_t room_of(const pkv_seqset *set, const seq *s) {
+    return s->num_blocks * set->block_size - s->len;
 }
 
-static pkv_status check_append(const pkv_seqset *set, const seq *s, uint32_t n,
-                               uint32_t *new_blocks, uint32_t *cow) {
-    uint64_t new_len = (uint64_t)s->len + n;
+// Blocks appended to the table when n tokens are appended (no division unless a
+// block boundary is crossed: this is the per-sequence cost of an engine step).
+static pkv_status new_blocks_for(const pkv_seqset *set, const seq *s, uint32_t n,
+                                 uint32_t *new_blocks) {
     // Slots are int64 block * block_size + offset; lengths stay in uint32 with room.
-    if (new_len > (uint64_t)INT32_MAX) return PKV_ERR_INVALID_ARG;
-    *new_blocks = blocks_for((uint32_t)new_len, set->block_size) - s->num_blocks;
-    *cow = n > 0 && needs_cow(set, s);
+    if ((uint64_t)s->len + n > (uint64_t)INT32_MAX) return PKV_ERR_INVALID_ARG;
+    uint32_t room = room_of(set, s);
+    if (n <= room) *new_blocks = 0;
+    else if (n - room <= set->block_size) *new_blocks = 1;
+    else *new_blocks = blocks_for(n - room, set->block_size);
     return PKV_OK;
 }
 
-pkv_status pkv_seq_blocks_needed(const pkv_seqset *set, pkv_seq_id id, uint32_t n,
-                                 uint32_t *blocks) {
-    if (!set || !blocks) return PKV_ERR_INVALID_ARG;
-    const seq *s = get_seq(set, id);
-    if (!s) return PKV_ERR_NOT_FOUND;
-    uint32_t new_blocks, cow;
-    pkv_status st = check_append(set, s, n, &new_blocks, &cow);
-    if (st == PKV_OK) *blocks = new_blocks + cow;
-    return st;
+// Sharers of the partly filled last block other than pins and other than
+// `already` sequences that copy away from it earlier in the same batch; > 1 means
+// appending must copy it first.
+static int needs_cow(const pkv_seqset *set, const seq *s, int32_t already) {
+    if (room_of(set, s) == 0) return 0;
+    pkv_block_id last = s->blocks[s->num_blocks - 1];
+    int32_t rc = pkv_pool_refcount(set->pool, last);
+    return rc > 1 && rc - pins_on(set, last) - already > 1;
 }
 
-pkv_status pkv_seq_append(pkv_seqset *set, pkv_seq_id id, uint32_t n, int64_t *slots) {
-    if (!set) return PKV_ERR_INVALID_ARG;
-    seq *s = get_seq(set, id);
-    if (!s) return PKV_ERR_NOT_FOUND;
-    uint32_t new_blocks, cow;
-    pkv_status st = check_append(set, s, n, &new_blocks, &cow);
-    if (st != PKV_OK || n == 0) return st;
-
-    // Grow the table and the copy queue first: they are the only things that
-    // can fail with nothing changed besides spare capacity.
-    uint32_t total = s->num_blocks + new_blocks;
-    if (!grow((void **)&s->blocks, &s->cap, total, sizeof(pkv_block_id)))
-        return PKV_ERR_OUT_OF_MEMORY;
-    if (cow && !grow((void **)&set->copies, &set->cap_copies, set->num_copies + 1,
-                     sizeof(pkv_block_copy)))
-        return PKV_ERR_OUT_OF_MEMORY;
-
-    // One all-or-nothing pool call. With copy-on-write the first new block lands
-    // on the last table entry, replacing the shared block (saved in src first).
-    pkv_block_id src = cow ? s->blocks[s->num_blocks - 1] : -1;
-    st = pkv_pool_alloc(set->pool, new_blocks + cow, &s->blocks[s->num_blocks - cow]);
-    if (st != PKV_OK) {
-        if (cow) s->blocks[s->num_blocks - 1] = src; // pool_alloc wrote nothing, but be explicit
-        return st;
+// How many sequences seen so far in this batch copy away from block b; with
+// `add`, count one more. 0 if b is not listed. The list is sized by plan_batch.
+static uint32_t cowed(pkv_seqset *set, pkv_block_id b, int add) {
+    for (uint32_t i = 0; i < set->num_cowed; i++)
+        if (set->cowed_block[i] == b) return add ? set->cowed_count[i]++ : set->cowed_count[i];
+    if (add) {
+        set->cowed_block[set->num_cowed] = b;
+        set->cowed_count[set->num_cowed++] = 1;
     }
+    return 0;
+}
+
+// Work out a batch append without changing anything visible: per sequence the new
+// table entries and whether it copies its last block (in batch order, as the
+// appends will run: n sharers of one block in the batch make n - 1 copies when
+// nobody else holds it), and the totals. Fills set->batch[0..k-1]. This loop is
+// the per-sequence cost of an engine step, so it reads the seq and the refcount
+// array directly and divides only when an append crosses more than one block.
+static pkv_status plan_batch(pkv_seqset *set, const pkv_seq_id *seqs, const uint32_t *counts,
+                             uint32_t k, uint64_t *blocks, uint32_t *cows) {
+    if (!set || (k && (!seqs || !counts))) return PKV_ERR_INVALID_ARG;
+    if (k > set->cap_batch) {
+        if (!grow((void **)&set->batch, &set->cap_batch, k, sizeof *set->batch))
+            return PKV_ERR_OUT_OF_MEMORY;
+    }
+    new_epoch(set);
+    set->num_cowed = 0;
+    const uint32_t bs = set->block_size, epoch = set->epoch;
+    const int32_t *rc = set->pool->refcount;
+    uint64_t total = 0;
+    uint32_t ncow = 0;
+    for (uint32_t i = 0; i < k; i++) {
+        const pkv_seq_id id = seqs[i];
+        const uint32_t idx = (uint32_t)id & ID_INDEX_MASK;
+        if (idx >= set->num_slots) return PKV_ERR_NOT_FOUND;
+        seq *s = &set->seqs[idx];
+        if (s->live_id != id) return PKV_ERR_NOT_FOUND; // freed, or an older generation
+        if (s->mark == epoch) return PKV_ERR_INVALID_ARG; // listed twice
+        s->mark = epoch;
+        set->batch[i] = s;
+        const uint32_t n = counts[i], room = s->num_blocks * bs - s->len;
+        if ((uint64_t)s->len + n > (uint64_t)INT32_MAX) return PKV_ERR_INVALID_ARG;
+        if (n <= room) { // the common decode step: no new block
+            s->batch_new = 0;
+            s->batch_cow = 0;
+            if (n == 0 || rc[s->blocks[s->num_blocks - 1]] == 1) continue;
+        } else {
+            s->batch_new = n - room <= bs ? 1 : blocks_for(n - room, bs);
+            s->batch_cow = 0;
+            total += s->batch_new;
+            if (n == 0 || room == 0 || rc[s->blocks[s->num_blocks - 1]] == 1) continue;
+        }
+        // A shared, partly filled last block: the slow path.
+        if (set->cap_cowed < k) {
+            uint32_t cap_b = set->cap_cowed;
+            if (!grow((void **)&set->cowed_block, &cap_b, k, sizeof *set->cowed_block) ||
+                !grow((void **)&set->cowed_count, &set->cap_cowed, k, sizeof *set->cowed_count))
+                return PKV_ERR_OUT_OF_MEMORY;
+        }
+        pkv_block_id last = s->blocks[s->num_blocks - 1];
+        if (needs_cow(set, s, (int32_t)cowed(set, last, 0))) {
+            s->batch_cow = 1;
+            cowed(set, last, 1);
+            total++;
+            ncow++;
+        }
+    }
+    *blocks = total;
+    *cows = ncow;
+    return PKV_OK;
+}
+
+// Append n tokens to s as planned (s->batch_new, s->batch_cow). Cannot fail: the
+// table and copy queue were grown and the pool space checked by the caller.
+static void apply_append(pkv_seqset *set, seq *s, uint32_t n, int64_t *slots) {
+    const uint32_t nb = s->batch_new, cow = s->batch_cow, bs = set->block_size;
+    if (nb + cow == 0) { // the common decode step: room in an unshared last block
+        if (slots && n) {
+            const int64_t first = (int64_t)s->blocks[s->num_blocks - 1] * bs +
+                                  (bs - (s->num_blocks * bs - s->len));
+            for (uint32_t i = 0; i < n; i++) slots[i] = first + i;
+        }
+        s->len += n;
+        return;
+    }
+    // With copy-on-write the first new block lands on the last table entry,
+    // replacing the shared block (saved in src first).
+    pkv_block_id src = cow ? s->blocks[s->num_blocks - 1] : -1;
+    if (nb + cow) pkv_pool_alloc(set->pool, nb + cow, &s->blocks[s->num_blocks - cow]);
     if (cow) {
         // The sequence's reference to src becomes the copy's pin on src; dst gets a
         // pin of its own. Both go when the caller says the copies ran.
@@ -218,45 +407,156 @@ pkv_status pkv_seq_append(pkv_seqset *set, pkv_seq_id id, uint32_t n, int64_t *s
         set->num_copies++;
     }
     if (slots) {
-        const uint32_t bs = set->block_size;
+        // Walk (block index, offset) instead of dividing per token.
+        uint32_t room = room_of(set, s);
+        uint32_t bi = room ? s->num_blocks - 1 : s->num_blocks, off = room ? bs - room : 0;
         for (uint32_t i = 0; i < n; i++) {
-            uint32_t pos = s->len + i;
-            slots[i] = (int64_t)s->blocks[pos / bs] * bs + pos % bs;
+            slots[i] = (int64_t)s->blocks[bi] * bs + off;
+            if (++off == bs) off = 0, bi++;
         }
     }
     s->len += n;
-    s->num_blocks = total;
+    s->num_blocks += nb;
+}
+
+// Grow every table of the batch (seqs[0..k-1]) and the copy queue (only spare
+// capacity changes on failure).
+static pkv_status reserve_batch(pkv_seqset *set, seq *const *seqs, uint32_t k, uint32_t cows) {
+    for (uint32_t i = 0; i < k; i++) {
+        seq *s = seqs[i];
+        if (s->batch_new &&
+            !grow((void **)&s->blocks, &s->cap, (uint64_t)s->num_blocks + s->batch_new,
+                  sizeof(pkv_block_id)))
+            return PKV_ERR_OUT_OF_MEMORY;
+    }
+    if (cows && !grow((void **)&set->copies, &set->cap_copies, (uint64_t)set->num_copies + cows,
+                      sizeof(pkv_block_copy)))
+        return PKV_ERR_OUT_OF_MEMORY;
+    return PKV_OK;
+}
+
+pkv_status pkv_seqset_blocks_needed_batch(const pkv_seqset *set, const pkv_seq_id *seqs,
+                                          const uint32_t *counts, uint32_t num_seqs,
+                                          uint32_t *blocks) {
+    if (!set || !blocks) return PKV_ERR_INVALID_ARG;
+    // Only the batch scratch (marks, planned counts) is written: no state a caller
+    // can observe. The set is not const-defined (it came from calloc).
+    uint64_t total;
+    uint32_t cows;
+    pkv_status st = plan_batch((pkv_seqset *)set, seqs, counts, num_seqs, &total, &cows);
+    if (st != PKV_OK) return st;
+    if (total > UINT32_MAX) return PKV_ERR_INVALID_ARG;
+    *blocks = (uint32_t)total;
+    return PKV_OK;
+}
+
+pkv_status pkv_seqset_append_batch(pkv_seqset *set, const pkv_seq_id *seqs,
+                                   const uint32_t *counts, uint32_t num_seqs, int64_t *slots) {
+    uint64_t total;
+    uint32_t cows;
+    pkv_status st = plan_batch(set, seqs, counts, num_seqs, &total, &cows);
+    if (st != PKV_OK) return st;
+    if (!can_take(set, total)) return refuse(set, total);
+    if (total && (st = reserve_batch(set, set->batch, num_seqs, cows)) != PKV_OK) return st;
+    const uint32_t bs = set->block_size;
+    for (uint32_t i = 0; i < num_seqs; i++) {
+        seq *s = set->batch[i];
+        const uint32_t n = counts[i];
+        if (s->batch_new + s->batch_cow == 0) {
+            // Inline fast path (apply_append's first case): room in the last block.
+            if (slots && n) {
+                const int64_t first = (int64_t)s->blocks[s->num_blocks - 1] * bs +
+                                      (bs - (s->num_blocks * bs - s->len));
+                slots[0] = first; // n == 1 (decode) without a vectorized loop's prologue
+                for (uint32_t j = 1; j < n; j++) slots[j] = first + j;
+            }
+            s->len += n;
+        } else {
+            apply_append(set, s, n, slots);
+        }
+        if (slots) slots += n;
+    }
+    return PKV_OK;
+}
+
+pkv_status pkv_seq_blocks_needed(const pkv_seqset *set, pkv_seq_id id, uint32_t n,
+                                 uint32_t *blocks) {
+    if (!set || !blocks) return PKV_ERR_INVALID_ARG;
+    const seq *s = get_seq(set, id);
+    if (!s) return PKV_ERR_NOT_FOUND;
+    uint32_t nb;
+    pkv_status st = new_blocks_for(set, s, n, &nb);
+    if (st == PKV_OK) *blocks = nb + (n > 0 && needs_cow(set, s, 0));
+    return st;
+}
+
+pkv_status pkv_seq_append(pkv_seqset *set, pkv_seq_id id, uint32_t n, int64_t *slots) {
+    if (!set) return PKV_ERR_INVALID_ARG;
+    seq *s = get_seq(set, id);
+    if (!s) return PKV_ERR_NOT_FOUND;
+    pkv_status st = new_blocks_for(set, s, n, &s->batch_new);
+    if (st != PKV_OK || n == 0) return st;
+    s->batch_cow = (uint32_t)needs_cow(set, s, 0);
+    if (!can_take(set, (uint64_t)s->batch_new + s->batch_cow))
+        return refuse(set, (uint64_t)s->batch_new + s->batch_cow);
+    if ((st = reserve_batch(set, &s, 1, s->batch_cow)) != PKV_OK) return st;
+    apply_append(set, s, n, slots);
+    return PKV_OK;
+}
+
+pkv_status pkv_seq_fork_at(pkv_seqset *set, pkv_seq_id parent, uint32_t len, pkv_seq_id *child) {
+    if (!set || !child) return PKV_ERR_INVALID_ARG;
+    const seq *p = get_seq(set, parent);
+    if (!p) return PKV_ERR_NOT_FOUND;
+    if (len > p->len) return PKV_ERR_INVALID_ARG;
+    const uint32_t nb = blocks_for(len, set->block_size);
+    for (uint32_t i = 0; i < nb; i++)
+        if (pkv_pool_refcount(set->pool, p->blocks[i]) == INT32_MAX) return PKV_ERR_LIMIT;
+    pkv_status st = reserve_slots(set, 1);
+    if (st != PKV_OK) return st;
+    seq *c = take_slot(set);
+    p = get_seq(set, parent); // take_slot may have moved set->seqs
+    if (!grow((void **)&c->blocks, &c->cap, nb, sizeof(pkv_block_id))) {
+        return_slot(set, c);
+        return PKV_ERR_OUT_OF_MEMORY;
+    }
+    for (uint32_t i = 0; i < nb; i++) {
+        c->blocks[i] = p->blocks[i];
+        pkv_pool_retain(set->pool, p->blocks[i]); // live: the parent holds it; checked above
+    }
+    c->len = len;
+    c->num_blocks = nb;
+    *child = id_of(set, c);
     return PKV_OK;
 }
 
 pkv_status pkv_seq_fork(pkv_seqset *set, pkv_seq_id parent, pkv_seq_id *child) {
-    if (!set || !child) return PKV_ERR_INVALID_ARG;
-    if (!get_seq(set, parent)) return PKV_ERR_NOT_FOUND;
-    pkv_seq_id id;
-    pkv_status st = take_slot(set, &id);
-    if (st != PKV_OK) return st;
-    // take_slot may have moved set->seqs: look the parent up again.
-    seq *p = &set->seqs[parent], *c = &set->seqs[id];
-    if (!grow((void **)&c->blocks, &c->cap, p->num_blocks, sizeof(pkv_block_id))) {
-        return_slot(set, id);
-        return PKV_ERR_OUT_OF_MEMORY;
-    }
-    for (uint32_t i = 0; i < p->num_blocks; i++) {
-        c->blocks[i] = p->blocks[i];
-        pkv_pool_retain(set->pool, p->blocks[i]); // live: the parent holds it
-    }
-    c->len = p->len;
-    c->num_blocks = p->num_blocks;
-    *child = id;
+    const seq *p = get_seq(set, parent);
+    if (set && child && !p) return PKV_ERR_NOT_FOUND;
+    return pkv_seq_fork_at(set, parent, p ? p->len : 0, child);
+}
+
+pkv_status pkv_seq_truncate(pkv_seqset *set, pkv_seq_id id, uint32_t len) {
+    if (!set) return PKV_ERR_INVALID_ARG;
+    seq *s = get_seq(set, id);
+    if (!s) return PKV_ERR_NOT_FOUND;
+    if (len > s->len) return PKV_ERR_INVALID_ARG;
+    const uint32_t keep = blocks_for(len, set->block_size);
+    // A kept, partly filled last block that is shared stays shared: the next append
+    // into it copies it first (its refcount says so), as after a fork.
+    if (release_blocks(set, s->blocks + keep, s->num_blocks - keep) != PKV_OK)
+        return PKV_ERR_CORRUPT;
+    s->num_blocks = keep;
+    s->len = len;
     return PKV_OK;
 }
 
 pkv_status pkvi_seq_adopt_block(pkv_seqset *set, pkv_seq_id id, pkv_block_id block) {
     seq *s = get_seq(set, id);
     if (!s) return PKV_ERR_NOT_FOUND;
-    if (s->len % set->block_size != 0 || s->len > (uint32_t)INT32_MAX - set->block_size)
+    if (room_of(set, s) != 0 || s->len > (uint32_t)INT32_MAX - set->block_size)
         return PKV_ERR_INVALID_ARG;
-    if (!grow((void **)&s->blocks, &s->cap, s->num_blocks + 1, sizeof(pkv_block_id)))
+    if (!grow((void **)&s->blocks, &s->cap, (uint64_t)s->num_blocks + 1, sizeof(pkv_block_id)))
         return PKV_ERR_OUT_OF_MEMORY;
     pkv_status st = pkv_pool_retain(set->pool, block);
     if (st != PKV_OK) return st;
@@ -265,9 +565,25 @@ pkv_status pkvi_seq_adopt_block(pkv_seqset *set, pkv_seq_id id, pkv_block_id blo
     return PKV_OK;
 }
 
-void pkvi_seqset_set_prefix(pkv_seqset *set, pkv_prefix_cache *cache) { set->prefix = cache; }
+void pkvi_seqset_set_hook(pkv_seqset *set, pkvi_unused_hook fn, void *ctx) {
+    set->hook = fn;
+    set->hook_ctx = fn ? ctx : NULL;
+}
 
-pkv_prefix_cache *pkvi_seqset_prefix(const pkv_seqset *set) { return set->prefix; }
+void *pkvi_seqset_hook_ctx(const pkv_seqset *set) { return set->hook_ctx; }
+
+int pkvi_seqset_holds_any(const pkv_seqset *set, int (*held)(const void *ctx, pkv_block_id b),
+                          const void *ctx) {
+    for (uint32_t i = 0; i < set->num_slots; i++) {
+        const seq *s = &set->seqs[i];
+        if (!s->live) continue;
+        for (uint32_t j = 0; j < s->num_blocks; j++)
+            if (held(ctx, s->blocks[j])) return 1;
+    }
+    for (uint32_t i = 0; i < set->num_copies; i++)
+        if (held(ctx, set->copies[i].src) || held(ctx, set->copies[i].dst)) return 1;
+    return 0;
+}
 
 pkv_status pkv_seq_length(const pkv_seqset *set, pkv_seq_id id, uint32_t *len) {
     if (!set || !len) return PKV_ERR_INVALID_ARG;
@@ -287,34 +603,101 @@ pkv_status pkv_seq_block_table(const pkv_seqset *set, pkv_seq_id id,
     return PKV_OK;
 }
 
-pkv_status pkv_seq_move(pkv_seqset *from, pkv_seq_id id, pkv_seqset *to, pkv_seq_id *new_id,
-                        pkv_block_copy *pairs, uint32_t cap, uint32_t *n) {
-    if (!from || !to || !new_id || !n || (!pairs && cap) || from->pool == to->pool ||
-        from->block_size != to->block_size)
+static int cmp_block(const void *a, const void *b) {
+    pkv_block_id x = *(const pkv_block_id *)a, y = *(const pkv_block_id *)b;
+    return (x > y) - (x < y);
+}
+
+// Index of b in the sorted, distinct uniq[0..n-1] (present by construction).
+static uint32_t find_block(const pkv_block_id *uniq, uint32_t n, pkv_block_id b) {
+    uint32_t lo = 0, hi = n;
+    while (hi - lo > 1) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (uniq[mid] <= b) lo = mid; else hi = mid;
+    }
+    return lo;
+}
+
+pkv_status pkv_seq_move_group(pkv_seqset *from, const pkv_seq_id *ids, uint32_t n,
+                              pkv_seqset *to, pkv_seq_id *new_ids,
+                              pkv_block_copy *pairs, uint32_t cap, uint32_t *npairs) {
+    if (!from || !to || !npairs || (n && (!ids || !new_ids)) || (!pairs && cap) ||
+        from->pool == to->pool || from->block_size != to->block_size)
         return PKV_ERR_INVALID_ARG;
-    seq *s = get_seq(from, id);
-    if (!s) return PKV_ERR_NOT_FOUND;
-    const uint32_t nb = s->num_blocks, len = s->len;
-    if (cap < nb) return PKV_ERR_BUFFER_TOO_SMALL;
-    if (pkv_pool_free_count(to->pool) < nb) return PKV_ERR_OUT_OF_BLOCKS;
-    pkv_seq_id dst_id;
-    pkv_status st = pkv_seq_create(to, &dst_id);
+    pkv_status st = check_batch_ids(from, ids, n);
     if (st != PKV_OK) return st;
-    // The destination has the pool space (checked above), so only the table can fail.
-    st = pkv_seq_append(to, dst_id, len, NULL);
+    uint64_t total = 0;
+    for (uint32_t i = 0; i < n; i++) total += get_seq(from, ids[i])->num_blocks;
+    if (total > UINT32_MAX / 2) return PKV_ERR_OUT_OF_MEMORY;
+    // uniq: every table entry, then sorted and deduplicated; dst: its new block;
+    // used: whether that new block has its first reference yet.
+    pkv_block_id *uniq = malloc(((size_t)total * 2 + 1) * sizeof *uniq);
+    unsigned char *used = calloc((size_t)total + 1, 1);
+    if (!uniq || !used) {
+        free(uniq);
+        free(used);
+        return PKV_ERR_OUT_OF_MEMORY;
+    }
+    uint32_t t = 0, d = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        const seq *s = get_seq(from, ids[i]);
+        memcpy(uniq + t, s->blocks, s->num_blocks * sizeof *uniq);
+        t += s->num_blocks;
+    }
+    qsort(uniq, t, sizeof *uniq, cmp_block);
+    for (uint32_t i = 0; i < t; i++)
+        if (d == 0 || uniq[i] != uniq[d - 1]) uniq[d++] = uniq[i];
+    pkv_block_id *dst = uniq + total;
+    *npairs = d;
+    if (cap < d) st = PKV_ERR_BUFFER_TOO_SMALL;
+    else if (!can_take(to, d)) st = PKV_ERR_OUT_OF_BLOCKS;
+    else st = reserve_slots(to, n);
+    // Take the slots in `to` and size their tables; undo on a failed table.
+    uint32_t taken = 0;
+    for (; st == PKV_OK && taken < n; taken++) {
+        seq *c = take_slot(to);
+        const seq *s = get_seq(from, ids[taken]);
+        new_ids[taken] = id_of(to, c);
+        if (!grow((void **)&c->blocks, &c->cap, s->num_blocks, sizeof(pkv_block_id))) {
+            return_slot(to, c);
+            st = PKV_ERR_OUT_OF_MEMORY;
+            break;
+        }
+    }
     if (st != PKV_OK) {
-        pkv_seq_free(to, dst_id);
+        while (taken-- > 0) return_slot(to, get_seq(to, new_ids[taken]));
+        free(uniq);
+        free(used);
         return st;
     }
-    const seq *d = &to->seqs[dst_id];
-    for (uint32_t i = 0; i < nb; i++) {
-        pairs[i].src = s->blocks[i];
-        pairs[i].dst = d->blocks[i];
+    // Nothing can fail from here on.
+    if (d) pkv_pool_alloc(to->pool, d, dst);
+    for (uint32_t i = 0; i < n; i++) {
+        seq *s = get_seq(from, ids[i]), *c = get_seq(to, new_ids[i]);
+        for (uint32_t j = 0; j < s->num_blocks; j++) {
+            uint32_t k = find_block(uniq, d, s->blocks[j]);
+            c->blocks[j] = dst[k];
+            if (used[k]) pkv_pool_retain(to->pool, dst[k]); // one more sharer
+            used[k] = 1;
+        }
+        c->len = s->len;
+        c->num_blocks = s->num_blocks;
     }
-    pkv_seq_free(from, id);
-    *new_id = dst_id;
-    *n = nb;
-    return PKV_OK;
+    for (uint32_t k = 0; k < d; k++) {
+        pairs[k].src = uniq[k];
+        pairs[k].dst = dst[k];
+    }
+    for (uint32_t i = 0; i < n; i++)
+        if ((st = free_seq(from, get_seq(from, ids[i]))) != PKV_OK) break;
+    free(uniq);
+    free(used);
+    return st;
+}
+
+pkv_status pkv_seq_move(pkv_seqset *from, pkv_seq_id id, pkv_seqset *to, pkv_seq_id *new_id,
+                        pkv_block_copy *pairs, uint32_t cap, uint32_t *n) {
+    if (!new_id) return PKV_ERR_INVALID_ARG;
+    return pkv_seq_move_group(from, &id, 1, to, new_id, pairs, cap, n);
 }
 
 uint32_t pkv_seqset_pending_copies(const pkv_seqset *set) { return set ? set->num_copies : 0; }
@@ -340,18 +723,35 @@ pkv_status pkv_seqset_copies_done(pkv_seqset *set) {
 pkv_status pkv_seqset_take_copies(pkv_seqset *set, pkv_block_copy *copies, uint32_t cap,
                                   uint32_t *n) {
     if (!set || !n || (!copies && cap)) return PKV_ERR_INVALID_ARG;
+    *n = set->num_copies;
     if (cap < set->num_copies) return PKV_ERR_BUFFER_TOO_SMALL;
     if (set->num_copies) memcpy(copies, set->copies, set->num_copies * sizeof *copies);
-    *n = set->num_copies;
     return pkv_seqset_copies_done(set);
 }
 
-// Check the ids and gather the sequences of an export; NULL entries are never
-// returned (an unknown id makes the whole export fail before anything is written).
+// Check the ids of an export (an unknown id makes the whole export fail before
+// anything is written).
 static pkv_status check_ids(const pkv_seqset *set, const pkv_seq_id *seqs, uint32_t num_seqs) {
     if (!set || (!seqs && num_seqs)) return PKV_ERR_INVALID_ARG;
     for (uint32_t i = 0; i < num_seqs; i++)
         if (!get_seq(set, seqs[i])) return PKV_ERR_NOT_FOUND;
+    return PKV_OK;
+}
+
+pkv_status pkv_seqset_export_size(const pkv_seqset *set, const pkv_seq_id *seqs,
+                                  uint32_t num_seqs, uint32_t *max_blocks,
+                                  uint64_t *total_blocks) {
+    pkv_status st = check_ids(set, seqs, num_seqs);
+    if (st != PKV_OK) return st;
+    uint32_t mx = 0;
+    uint64_t total = 0;
+    for (uint32_t i = 0; i < num_seqs; i++) {
+        uint32_t nb = get_seq(set, seqs[i])->num_blocks;
+        if (nb > mx) mx = nb;
+        total += nb;
+    }
+    if (max_blocks) *max_blocks = mx;
+    if (total_blocks) *total_blocks = total;
     return PKV_OK;
 }
 
@@ -362,9 +762,9 @@ pkv_status pkv_seqset_export_padded(const pkv_seqset *set, const pkv_seq_id *seq
     if (st != PKV_OK) return st;
     if (!table && num_seqs && max_blocks) return PKV_ERR_INVALID_ARG;
     for (uint32_t i = 0; i < num_seqs; i++)
-        if (set->seqs[seqs[i]].num_blocks > max_blocks) return PKV_ERR_BUFFER_TOO_SMALL;
+        if (get_seq(set, seqs[i])->num_blocks > max_blocks) return PKV_ERR_BUFFER_TOO_SMALL;
     for (uint32_t i = 0; i < num_seqs; i++) {
-        const seq *s = &set->seqs[seqs[i]];
+        const seq *s = get_seq(set, seqs[i]);
         int32_t *row = table + (size_t)i * max_blocks;
         if (s->num_blocks) memcpy(row, s->blocks, s->num_blocks * sizeof *row);
         for (uint32_t j = s->num_blocks; j < max_blocks; j++) row[j] = pad_value;
@@ -380,13 +780,13 @@ pkv_status pkv_seqset_export_csr(const pkv_seqset *set, const pkv_seq_id *seqs,
     if (st != PKV_OK) return st;
     if (!indptr || (num_seqs && !last_page_len)) return PKV_ERR_INVALID_ARG;
     uint64_t total = 0;
-    for (uint32_t i = 0; i < num_seqs; i++) total += set->seqs[seqs[i]].num_blocks;
+    for (uint32_t i = 0; i < num_seqs; i++) total += get_seq(set, seqs[i])->num_blocks;
     if (total > indices_cap || total > (uint64_t)INT32_MAX) return PKV_ERR_BUFFER_TOO_SMALL;
     if (total && !indices) return PKV_ERR_INVALID_ARG;
     int32_t at = 0;
     indptr[0] = 0;
     for (uint32_t i = 0; i < num_seqs; i++) {
-        const seq *s = &set->seqs[seqs[i]];
+        const seq *s = get_seq(set, seqs[i]);
         if (s->num_blocks) memcpy(indices + at, s->blocks, s->num_blocks * sizeof *indices);
         at += (int32_t)s->num_blocks;
         indptr[i + 1] = at;
@@ -407,7 +807,8 @@ pkv_status pkv_seqset_validate(const pkv_seqset *set, int exclusive) {
         const seq *s = &set->seqs[i];
         if (!s->live) continue;
         live++;
-        if (s->num_blocks != blocks_for(s->len, set->block_size) || s->num_blocks > s->cap) {
+        if (s->num_blocks != blocks_for(s->len, set->block_size) || s->num_blocks > s->cap ||
+            s->gen > ID_GEN_MASK || s->live_id != (pkv_seq_id)((s->gen << ID_INDEX_BITS) | i)) {
             st = PKV_ERR_CORRUPT;
             break;
         }
@@ -422,6 +823,10 @@ pkv_status pkv_seqset_validate(const pkv_seqset *set, int exclusive) {
     }
     if (st == PKV_OK && (live != set->live || set->live + set->num_free_ids != set->num_slots))
         st = PKV_ERR_CORRUPT;
+    for (uint32_t i = 0; i < set->num_free_ids && st == PKV_OK; i++) {
+        uint32_t idx = set->free_ids[(set->free_head + i) % set->cap_ids];
+        if (idx >= set->num_slots || set->seqs[idx].live) st = PKV_ERR_CORRUPT;
+    }
     for (uint32_t i = 0; i < set->num_copies && st == PKV_OK; i++) {
         pkv_block_id src = set->copies[i].src, dst = set->copies[i].dst;
         if ((uint32_t)src >= capacity || (uint32_t)dst >= capacity || src == dst)

@@ -17,7 +17,8 @@ const char *pkv_status_str(pkv_status status) {
     case PKV_ERR_BUFFER_TOO_SMALL: return "output buffer too small";
     case PKV_ERR_IO: return "I/O error";
     case PKV_ERR_FORMAT: return "bad format";
-    case PKV_ERR_BUSY: return "object in use";
+    case PKV_ERR_BUSY: return "object in use (bound to another object)";
+    case PKV_ERR_LIMIT: return "limit reached (refcount or id space)";
     }
     return "unknown status";
 }

@@ -461,7 +461,7 @@ pkv_status pkv_model_prefill_paged(pkv_model *m, pkv_cache *cache, pkv_seqset *s
     if (pkv_backend_get_kind(pkv_cache_backend(cache)) != want) return PKV_ERR_INVALID_ARG;
     // Copy-on-write copies queued by the caller's appends must land before any
     // K/V of this step is written into the fresh blocks.
-    if (pkv_seqset_pending_copies(set) > 0) TRY(pkv_cache_apply_copies(cache, set));
+    if (pkv_seqset_pending_copies(set) > 0) TRY(pkv_cache_apply_copies(cache, set, NULL));
 
     const uint32_t B = cp.block_size;
     uint32_t max_blocks = 1;

@@ -17,7 +17,36 @@
 typedef struct cuda_state {
     cublasHandle_t blas;
     cudaStream_t stream;
+    // Split-K workspace of the decode attention (flash-decoding): grown on the
+    // first call that needs more, reused by every layer (one stream, in order).
+    void *ws;
+    size_t ws_bytes;
 } cuda_state;
+
+// At most this much device memory for split-K partials; past it the kernel's
+// plan uses fewer splits (large batches need none).
+#define WS_CAP ((size_t)64 << 20)
+
+// Decode-attention options with a workspace for the heuristic's splits.
+static pkv_attn_cuda_opts split_opts(cuda_state *s, const pkv_attn_shape *sh, uint32_t num_seqs) {
+    pkv_attn_cuda_opts o = {NULL, 0, 0, 0};
+    size_t need = 0;
+    if (pkv_attn_cuda_workspace_bytes(sh, num_seqs, 64, &need) != PKV_OK || need > WS_CAP)
+        need = WS_CAP;
+    if (need > s->ws_bytes) {
+        void *p = NULL;
+        if (cudaMalloc(&p, need) != cudaSuccess) {
+            cudaGetLastError(); // our failed allocation; run without split-K
+            return o;
+        }
+        cudaFree(s->ws); // synchronizes: rare (only when the batch grows)
+        s->ws = p;
+        s->ws_bytes = need;
+    }
+    o.workspace = s->ws;
+    o.workspace_bytes = s->ws_bytes;
+    return o;
+}
 
 static cuda_state *st_of(pkv_model *m) { return (cuda_state *)m->dev; }
 
@@ -59,6 +88,7 @@ static void cuda_fini(pkv_model *m) {
     cuda_state *s = st_of(m);
     if (!s) return;
     cudaStreamSynchronize(s->stream);
+    cudaFree(s->ws);
     cublasDestroy(s->blas);
     cudaStreamDestroy(s->stream);
     free(s);
@@ -105,7 +135,7 @@ static pkv_status cuda_sync(pkv_model *m) { return check(cudaStreamSynchronize(s
 #define THREADS 256
 
 // Sum (or max) over a block of THREADS threads; every thread gets the result.
-__device__ float block_reduce(float v, int is_max) {
+static __device__ float block_reduce(float v, int is_max) {
     __shared__ float warp_part[THREADS / 32];
     for (int o = 16; o > 0; o >>= 1) {
         float other = __shfl_xor_sync(0xffffffffu, v, o);
@@ -121,7 +151,7 @@ __device__ float block_reduce(float v, int is_max) {
     return v;
 }
 
-__global__ void embed_kernel(uint32_t d, const int32_t *tok, const int32_t *pos,
+static __global__ void embed_kernel(uint32_t d, const int32_t *tok, const int32_t *pos,
                              const float *wte, const float *wpe, float *x) {
     // x: [T][d]; wte: [vocab][d]; wpe: [max_seq_len][d] or NULL
     uint32_t t = blockIdx.x;
@@ -131,7 +161,7 @@ __global__ void embed_kernel(uint32_t d, const int32_t *tok, const int32_t *pos,
         x[(size_t)t * d + i] = e[i] + (p ? p[i] : 0.0f);
 }
 
-__global__ void norm_kernel(uint32_t d, int rms, float eps, const float *x, const float *w,
+static __global__ void norm_kernel(uint32_t d, int rms, float eps, const float *x, const float *w,
                             const float *b, float *y) {
     // x, y: [rows][d]; w, b: [d]
     const float *xr = x + (size_t)blockIdx.x * d;
@@ -149,12 +179,12 @@ __global__ void norm_kernel(uint32_t d, int rms, float eps, const float *x, cons
         yr[i] = (xr[i] - mean) * inv * w[i] + (b ? b[i] : 0.0f);
 }
 
-__global__ void bias_kernel(uint32_t n, const float *b, float *y) {
+static __global__ void bias_kernel(uint32_t n, const float *b, float *y) {
     // y: [T][n]; b: [n]
     for (uint32_t j = threadIdx.x; j < n; j += blockDim.x) y[(size_t)blockIdx.x * n + j] += b[j];
 }
 
-__global__ void rope_kernel(uint32_t heads, uint32_t kv_heads, uint32_t hd, double theta,
+static __global__ void rope_kernel(uint32_t heads, uint32_t kv_heads, uint32_t hd, double theta,
                             const int32_t *pos, float *q, float *k) {
     // q: [T][heads][hd]; k: [T][kv_heads][hd]; interleaved pairs (2i, 2i+1)
     uint32_t t = blockIdx.x, half = hd / 2;
@@ -170,7 +200,7 @@ __global__ void rope_kernel(uint32_t heads, uint32_t kv_heads, uint32_t hd, doub
     }
 }
 
-__global__ void act_kernel(size_t n, float *a, const float *b) {
+static __global__ void act_kernel(size_t n, float *a, const float *b) {
     // a, b: [T][d_ff]; b NULL = GELU (tanh form), else SwiGLU silu(a) * b
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
@@ -180,7 +210,7 @@ __global__ void act_kernel(size_t n, float *a, const float *b) {
     }
 }
 
-__global__ void gather_kernel(uint32_t d, const int32_t *last, const float *x, float *xl) {
+static __global__ void gather_kernel(uint32_t d, const int32_t *last, const float *x, float *xl) {
     // x: [T][d]; xl: [S][d]
     for (uint32_t i = threadIdx.x; i < d; i += blockDim.x)
         xl[(size_t)blockIdx.x * d + i] = x[(size_t)last[blockIdx.x] * d + i];
@@ -194,21 +224,21 @@ __device__ __forceinline__ void narrow(float x, __half *d) { *d = __float2half_r
 __device__ __forceinline__ void narrow(float x, __nv_bfloat16 *d) { *d = __float2bfloat16_rn(x); }
 
 template <typename H>
-__global__ void to_half_kernel(size_t n, const float *src, H *dst) {
+static __global__ void to_half_kernel(size_t n, const float *src, H *dst) {
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x)
         narrow(src[i], &dst[i]);
 }
 
 template <typename H>
-__global__ void from_half_kernel(size_t n, const H *src, float *dst) {
+static __global__ void from_half_kernel(size_t n, const H *src, float *dst) {
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x)
         dst[i] = widen(src[i]);
 }
 
 template <typename T>
-__global__ void contig_write_kernel(uint32_t kvh, uint32_t hd, uint32_t max_len,
+static __global__ void contig_write_kernel(uint32_t kvh, uint32_t hd, uint32_t max_len,
                                     const int32_t *tseq, const int32_t *pos, const int32_t *rows,
                                     const T *k, const T *v, T *ck, T *cv) {
     // k, v: [T][kvh][hd] -> ck, cv: [rows][kvh][max_len][hd] (one layer)
@@ -222,7 +252,7 @@ __global__ void contig_write_kernel(uint32_t kvh, uint32_t hd, uint32_t max_len,
 }
 
 template <typename T>
-__global__ void causal_contig_kernel(uint32_t H, uint32_t kvh, uint32_t hd, uint32_t max_len,
+static __global__ void causal_contig_kernel(uint32_t H, uint32_t kvh, uint32_t hd, uint32_t max_len,
                                      float scale, const int32_t *tseq, const int32_t *pos,
                                      const int32_t *rows, const float *q, const T *ck,
                                      const T *cv, float *att) {
@@ -353,7 +383,19 @@ static pkv_status contig_prefill(pkv_model *m, const pkvi_call *call, const pkvi
     pkv_status st = launched();
     if (st != PKV_OK || call->all_single) return st;
     size_t shmem = ((size_t)hd + kv->max_len) * sizeof(float);
-    if (shmem > 48 * 1024) return PKV_ERR_UNSUPPORTED; // scores must fit shared memory
+    // Past the default 48 KiB of dynamic shared memory the kernel's limit must be
+    // raised, up to the device's opt-in maximum (227 KiB on Hopper: ~58k tokens).
+    if (shmem > 48 * 1024) {
+        int dev = 0, optin = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess ||
+            cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) !=
+                cudaSuccess)
+            return PKV_ERR_BACKEND;
+        if (shmem > (size_t)optin) return PKV_ERR_UNSUPPORTED; // scores must fit shared memory
+        if (cudaFuncSetAttribute(causal_contig_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)shmem) != cudaSuccess)
+            return PKV_ERR_BACKEND;
+    }
     // Grid: (token, query head), THREADS threads over keys, then over head_dim.
     causal_contig_kernel<T><<<dim3(call->num_tokens, c->num_heads), THREADS, shmem, stream>>>(
         c->num_heads, kvh, hd, kv->max_len, 1.0f / sqrtf((float)hd), s->tseq, s->pos, s->rows,
@@ -387,9 +429,13 @@ static pkv_status attend(pkv_model *m, uint32_t layer, const pkvi_call *call,
         pkv_attn_paged_kv pk = {kc, vc, kv->block_stride, kv->head_stride, kv->token_stride,
                                 kv->block_size, kv->num_blocks, s->table, kv->max_blocks,
                                 s->lens};
-        if (call->all_single)
-            return pkv_attn_decode_paged_cuda(&sh, call->num_seqs, q, &pk, att, stream);
-        return pkv_attn_prefill_paged_cuda(&sh, call->num_seqs, s->indptr, q, &pk, att, stream);
+        if (call->all_single) {
+            pkv_attn_cuda_opts o = split_opts(st_of(m), &sh, call->num_seqs);
+            return pkv_attn_decode_paged_cuda_ex(&sh, call->num_seqs, q, &pk, att, &o, stream);
+        }
+        // The packed row count is the call's token count: no read-back, no sync.
+        return pkv_attn_prefill_paged_cuda_ex(&sh, call->num_seqs, s->indptr, call->num_tokens, q,
+                                              &pk, att, stream);
     }
     const uint32_t hd = c->head_dim, kvh = c->num_kv_heads;
     const uint64_t head_stride = (uint64_t)kv->max_len * hd, seq_stride = head_stride * kvh,
@@ -404,7 +450,8 @@ static pkv_status attend(pkv_model *m, uint32_t layer, const pkvi_call *call,
     if (call->consecutive) {
         pkv_attn_contig_kv ck = {kc + seq_stride * call->row0 * es, vc + seq_stride * call->row0 * es,
                                  seq_stride, head_stride, hd, kv->max_len, s->lens};
-        return pkv_attn_decode_contig_cuda(&sh, call->num_seqs, q, &ck, att, stream);
+        pkv_attn_cuda_opts o = split_opts(st_of(m), &sh, call->num_seqs);
+        return pkv_attn_decode_contig_cuda_ex(&sh, call->num_seqs, q, &ck, att, &o, stream);
     }
     for (uint32_t i = 0; i < call->num_seqs; i++) {
         uint64_t row = (uint64_t)m->meta.rows[i];

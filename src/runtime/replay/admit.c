@@ -11,7 +11,7 @@
 void pkvi_engine_make_admit(const engine *e, uint32_t r, pkvi_admit *a) {
     const req_state *s = &e->st[r];
     a->prompt = prompt_of(e, r);
-    a->final_len = final_len(e, r);
+    a->final_len = final_len(e, r) > UINT32_MAX ? UINT32_MAX : (uint32_t)final_len(e, r);
     a->n = width(e, r); // a one-token request never forks
     if (s->restore) {
         a->len = a->prompt + s->emitted - 1;

@@ -30,6 +30,7 @@
 // its final length is P + O - 1. A restored request recomputes (or swaps in)
 // exactly the tokens it held and emits nothing in that step.
 #include <math.h>
+#include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -252,7 +253,7 @@ static pkv_status time_step(engine *e, double *dt_out) {
         // After growth a decoded sequence holds P + e tokens; one that was
         // prefilled or restored (or still is) what its prefill fills.
         const uint32_t len = (s->fresh || s->prefilling) ? s->pf_len : prompt_of(e, r) + s->emitted;
-        reservation += e->pol->vt->reservation(e->pol->state, r, s->nseq, len, final_len(e, r));
+        reservation += e->pol->vt->reservation(e->pol->state, r, s->nseq, len, (uint32_t)final_len(e, r));
     }
     e->b.copy_bytes = (tot.copy_slots - e->copy_slots_seen) * e->bpt;
     e->copy_slots_seen = tot.copy_slots;
@@ -396,10 +397,16 @@ static pkv_status retire(engine *e) {
             e->padding_tokens += (uint64_t)q->n * ((prompt_of(e, r) - q->prompt_tokens) +
                                                    (output_of(e, r) - q->output_tokens));
             e->last_finish = e->t;
+            e->norm_sum += (e->t - arrival(e, r)) / q->output_tokens;
             if (dvec_push(&e->ttft, (s->first_token_s - arrival(e, r)) * 1e3) != 0 ||
                 (q->output_tokens > 1 &&
                  dvec_push(&e->tpot, (e->t - s->first_token_s) * 1e3 / (q->output_tokens - 1)) != 0))
                 return PKV_ERR_OUT_OF_MEMORY;
+            if (e->prm->on_request) {
+                const pkv_replay_request_done rd = {r, arrival(e, r), s->first_token_s, e->t,
+                                                    q->prompt_tokens, q->output_tokens, q->n};
+                e->prm->on_request(e->prm->user, &rd);
+            }
         } else {
             e->running[keep++] = r;
         }
@@ -521,8 +528,6 @@ static pkv_status engine_step(engine *e) {
     if ((st = retire(e)) != PKV_OK) return st;
     e->steps++;
     e->sk++;
-    if (e->prm->on_progress && (e->steps & 4095) == 0)
-        e->prm->on_progress(e->prm->user, (double)e->finished / (double)e->n);
     return PKV_OK;
 }
 
@@ -549,7 +554,7 @@ static void explain_failure(const engine *e, uint64_t budget, pkv_replay_report 
     } else if (e->rejected_long > 0) {
         snprintf(rep->failure, sizeof rep->failure,
                  "no request of this trace fits max_seq_len %u and max_batch %u (the shortest "
-                 "holds %u tokens)",
+                 "holds %" PRIu64 " tokens)",
                  e->max_len, e->prm->max_batch, e->min_long_len);
     } else {
         snprintf(rep->failure, sizeof rep->failure, "no request completed");
@@ -568,6 +573,7 @@ static void report_failed(pkv_replay_report *rep) {
     rep->latency.step_p99_ms = rep->latency.step_max_ms = nan;
     rep->latency.ttft_p50_ms = rep->latency.ttft_p99_ms = nan;
     rep->latency.tpot_p50_ms = rep->latency.tpot_p99_ms = nan;
+    rep->latency.norm_ms_per_token = nan;
     rep->throughput.output_tokens_per_s = rep->throughput.makespan_s = nan;
     rep->time.prefill_frac = rep->time.decode_frac = nan;
     rep->time.decode_compute_util = rep->time.decode_bw_util = nan;
@@ -585,16 +591,25 @@ pkv_status pkvi_engine_run(engine *e, uint64_t budget, pkv_replay_report *rep) {
     e->t = arrival(e, 0);
     e->last_finish = e->t;
     e->min_need_slots = UINT64_MAX;
-    e->min_long_len = UINT32_MAX;
-    while (e->finished < e->n)
+    e->min_long_len = UINT64_MAX;
+    while (e->finished < e->n) {
+        const uint64_t before = e->steps;
         if ((status = engine_step(e)) != PKV_OK) goto out;
+        if (e->prm->on_progress && e->steps != before) {
+            // After every step (not after an idle jump to the next arrival).
+            const pkv_replay_progress pg = {e->steps, e->finished, e->n, e->t};
+            if (e->prm->on_progress(e->prm->user, &pg)) {
+                rep->partial = 1; // the report covers what was replayed so far
+                break;
+            }
+        }
+    }
     if (e->rec_failed) {
         status = PKV_ERR_OUT_OF_MEMORY;
         goto out;
     }
     if (e->rec) e->rec->steps = e->steps;
     rep->schedule_deviations = e->deviations;
-    if (e->prm->on_progress) e->prm->on_progress(e->prm->user, 1.0);
     rep->requests.total = e->n;
     rep->requests.completed = e->completed;
     rep->requests.rejected = e->rejected;
@@ -628,6 +643,7 @@ pkv_status pkvi_engine_run(engine *e, uint64_t budget, pkv_replay_report *rep) {
     rep->latency.ttft_p99_ms = percentile(&e->ttft, 99);
     rep->latency.tpot_p50_ms = percentile(&e->tpot, 50);
     rep->latency.tpot_p99_ms = percentile(&e->tpot, 99);
+    rep->latency.norm_ms_per_token = ratio(e->norm_sum * 1e3, (double)e->completed);
     rep->throughput.output_tokens = e->output_tokens;
     rep->throughput.makespan_s = e->last_finish - arrival(e, 0);
     rep->throughput.output_tokens_per_s = ratio((double)e->output_tokens, rep->throughput.makespan_s);

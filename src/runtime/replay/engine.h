@@ -97,7 +97,7 @@ typedef struct engine {
     uint64_t swap_used, swap_out, swap_in, swap_fallbacks;
     uint64_t rejected, rejected_long, rejected_mem, completed, output_tokens;
     uint64_t min_need_slots;  // smallest need among requests rejected for memory
-    uint32_t min_long_len;    // shortest final length among too-long rejects
+    uint64_t min_long_len;    // shortest final length among too-long rejects
     double last_finish;
     // Fixed schedule: recording (rec) or replaying (fixed, from event fi, at
     // schedule step sk; queued[r]: r is in the waiting queue).
@@ -108,6 +108,7 @@ typedef struct engine {
     uint8_t *queued;
     uint32_t nwait;  // fixed schedule: arrived requests (r < ai) not admitted, for timelines
     int rec_failed;  // an event could not be recorded (out of memory)
+    double norm_sum;      // sum over completed requests of (finish - arrival) / output tokens
     dvec step_s, ttft, tpot;
     accum acc;
 } engine;
@@ -156,7 +157,12 @@ static inline uint32_t prompt_of(const engine *e, uint32_t r) {
 static inline uint32_t output_of(const engine *e, uint32_t r) {
     return e->st[r].pad_output ? e->st[r].pad_output : e->reqs[r].output_tokens;
 }
-static inline uint32_t final_len(const engine *e, uint32_t r) { return prompt_of(e, r) + output_of(e, r) - 1; }
+// In 64 bits: prompt + output of a valid trace can pass 2^32 (issue 15). Arrival
+// rejects a request whose final length exceeds max_len (a uint32), so every
+// admitted request's final length fits a uint32.
+static inline uint64_t final_len(const engine *e, uint32_t r) {
+    return (uint64_t)prompt_of(e, r) + output_of(e, r) - 1;
+}
 static inline uint32_t width(const engine *e, uint32_t r) { return output_of(e, r) > 1 ? e->reqs[r].n : 1; }
 
 // ---- defined in admit.c ----

@@ -42,6 +42,14 @@ static void report_no_capacity(engine *e, uint64_t budget, pkv_replay_report *re
     pkvi_engine_report_failed(e, budget, rep);
 }
 
+// Arrivals are divided by the load scale as the engine runs: a tiny scale can
+// push the last arrival to infinity, and a step loop waiting for it would never
+// end (issue 15, defect 13). Arrivals are sorted, so the last one decides.
+static int scaled_arrivals_finite(const pkv_trace *trace, double load_scale) {
+    const pkv_trace_request *q = pkv_trace_requests(trace);
+    return isfinite(q[pkv_trace_count(trace) - 1].arrival_s / load_scale);
+}
+
 // A schedule recorded on another trace names requests this one lacks.
 static int schedule_ok(const pkv_replay_schedule *s, uint32_t n) {
     for (size_t i = 0; i < s->n; i++)
@@ -55,6 +63,7 @@ static pkv_status replay(const pkv_trace *trace, const pkv_replay_params *params
     if (!trace || !params || !report || pkv_trace_count(trace) == 0 || !params_ok(params))
         return PKV_ERR_INVALID_ARG;
     if (pkv_trace_count(trace) > UINT32_MAX - 1) return PKV_ERR_INVALID_ARG;
+    if (!scaled_arrivals_finite(trace, params->load_scale)) return PKV_ERR_INVALID_ARG;
     if (params->schedule && (rec || !schedule_ok(params->schedule, (uint32_t)pkv_trace_count(trace))))
         return PKV_ERR_INVALID_ARG;
     const pkv_policy_vtable *vt =

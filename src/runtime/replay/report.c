@@ -88,6 +88,7 @@ static void write_run(FILE *f, const pkv_replay_report *r) {
     field(f, ", \"ttft_p99_ms\": ", r->latency.ttft_p99_ms);
     field(f, ", \"tpot_p50_ms\": ", r->latency.tpot_p50_ms);
     field(f, ", \"tpot_p99_ms\": ", r->latency.tpot_p99_ms);
+    field(f, ", \"norm_ms_per_token\": ", r->latency.norm_ms_per_token);
     field(f, "},\n     \"throughput\": {\"output_tokens_per_s\": ", r->throughput.output_tokens_per_s);
     fprintf(f, ", \"output_tokens\": %llu, \"makespan_s\": ",
             (unsigned long long)r->throughput.output_tokens);
@@ -118,7 +119,7 @@ static void write_run(FILE *f, const pkv_replay_report *r) {
     if (!strcmp(r->mode, "run"))
         fprintf(f, ", \"run\": {\"token_hash\": \"%016llx\", \"tokens\": %llu}",
                 (unsigned long long)r->run.token_hash, (unsigned long long)r->run.tokens);
-    fputs("}", f);
+    fprintf(f, ", \"partial\": %s}", r->partial ? "true" : "false");
 }
 
 pkv_status pkv_replay_write_json(FILE *f, const char *trace_name, const pkv_trace *trace,

@@ -235,7 +235,7 @@ static pkv_status execute_copies(run_exec *x, uint64_t bytes) {
     while (bytes > 0) {
         const uint64_t n = bytes < COPY_CHUNK ? bytes : COPY_CHUNK;
         const pkv_copy_region reg = {0, COPY_CHUNK, n};
-        pkv_status st = pkv_backend_copy(x->backend, x->scratch, &reg, 1);
+        pkv_status st = pkv_backend_copy(x->backend, x->scratch, &reg, 1, NULL);
         if (st != PKV_OK) return st;
         bytes -= n;
     }
@@ -270,7 +270,7 @@ static pkv_status run_step(pkvi_executor *e, const pkvi_step_batch *b, double *s
     if (!x->own) {
         const pkv_block_copy *copies;
         uint32_t nc = x->pol->vt->take_copies ? x->pol->vt->take_copies(x->pol->state, &copies) : 0;
-        if (nc && (st = pkv_cache_copy_blocks(x->cache, copies, nc)) != PKV_OK) return st;
+        if (nc && (st = pkv_cache_copy_blocks(x->cache, copies, nc, NULL)) != PKV_OK) return st;
     } else if ((st = execute_copies(x, b->copy_bytes)) != PKV_OK) {
         return st;
     }

@@ -103,9 +103,29 @@ static int parse_int(span s, long long *v) {
     return (errno || *end) ? -1 : 0;
 }
 
+// An unsigned integer of decimal digits only (no sign) that fills the field:
+// request ids use the whole uint64 range the writer can print. 0 on success.
+static int parse_u64(span s, uint64_t *v) {
+    if (s.n == 0 || s.n > 20) return -1;
+    uint64_t x = 0;
+    for (size_t i = 0; i < s.n; i++) {
+        if (s.p[i] < '0' || s.p[i] > '9') return -1;
+        const unsigned d = (unsigned)(s.p[i] - '0');
+        if (x > (UINT64_MAX - d) / 10) return -1;
+        x = x * 10 + d;
+    }
+    *v = x;
+    return 0;
+}
+
+// A finite decimal number that fills the field. strtod alone would also take
+// hex floats ("0x1p3"), "inf" and "nan".
 static int parse_double(span s, double *v) {
     char buf[64];
     if (s.n == 0 || s.n >= sizeof buf) return -1;
+    for (size_t i = 0; i < s.n; i++)
+        if (!isdigit((unsigned char)s.p[i]) && (s.p[i] == '\0' || !strchr("+-.eE", s.p[i])))
+            return -1; // (strchr finds '\0' too: the terminator)
     quote(s, buf, sizeof buf);
     char *end;
     errno = 0;
@@ -114,13 +134,14 @@ static int parse_double(span s, double *v) {
 }
 
 // Days since 1970-01-01 of a proleptic Gregorian date.
-static long long days_from_civil(long long y, unsigned m, unsigned d) {
+// (H. Hinnant's algorithm, in signed arithmetic so nothing wraps.)
+static long long days_from_civil(long long y, int m, int d) {
     y -= m <= 2;
     const long long era = (y >= 0 ? y : y - 399) / 400;
-    const unsigned yoe = (unsigned)(y - era * 400);
-    const unsigned doy = (153 * (m + (m > 2 ? -3 : 9)) + 2) / 5 + d - 1;
-    const unsigned doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    return era * 146097 + (long long)doe - 719468;
+    const long long yoe = y - era * 400;                               // [0, 399]
+    const long long doy = (153 * (m > 2 ? m - 3 : m + 9) + 2) / 5 + d - 1; // [0, 365]
+    const long long doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;       // [0, 146096]
+    return era * 146097 + doe - 719468;
 }
 
 // "YYYY-MM-DD HH:MM:SS[.fraction]" to seconds since the epoch. 0 on success.
@@ -128,21 +149,31 @@ static int parse_timestamp(span s, double *v) {
     char buf[64];
     if (s.n < 19 || s.n >= sizeof buf) return -1;
     quote(s, buf, sizeof buf);
+    // sscanf's %d skips blanks and takes signs: the fixed layout is checked
+    // character by character instead, so " 1-0"-style fields do not pass.
+    for (int i = 0; i < 19; i++) {
+        const int sep = i == 4 || i == 7 ? '-' : i == 10 ? ' ' : i == 13 || i == 16 ? ':' : 0;
+        if (sep ? buf[i] != sep : !isdigit((unsigned char)buf[i])) return -1;
+    }
     int y, mo, d, h, mi, sec, used = 0;
     if (sscanf(buf, "%4d-%2d-%2d %2d:%2d:%2d%n", &y, &mo, &d, &h, &mi, &sec, &used) != 6 ||
         used != 19)
         return -1;
-    if (mo < 1 || mo > 12 || d < 1 || d > 31 || h > 23 || mi > 59 || sec > 60 || h < 0 ||
-        mi < 0 || sec < 0)
+    static const int mdays[12] = {31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
+    const int leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
+    if (mo < 1 || mo > 12 || d < 1 || d > mdays[mo - 1] + (mo == 2 && leap) || h > 23 ||
+        mi > 59 || sec > 60)
         return -1;
+    // The fraction: '.' and one or more digits, nothing else (no exponent).
     double frac = 0;
     if (buf[19] != '\0') {
-        if (buf[19] != '.') return -1;
-        char *end;
-        frac = strtod(buf + 19, &end);
-        if (*end || !(frac >= 0 && frac < 1)) return -1;
+        if (buf[19] != '.' || buf[20] == '\0') return -1;
+        for (const char *c = buf + 20; *c; c++)
+            if (!isdigit((unsigned char)*c)) return -1;
+        frac = strtod(buf + 19, NULL);
+        if (!(frac >= 0 && frac < 1)) return -1;
     }
-    *v = (double)days_from_civil(y, (unsigned)mo, (unsigned)d) * 86400.0 + h * 3600.0 +
+    *v = (double)days_from_civil(y, mo, d) * 86400.0 + h * 3600.0 +
          mi * 60.0 + sec + frac;
     return 0;
 }
@@ -228,11 +259,10 @@ static int parse_row(const dialect *dl, const int *col_of, const span *cols, int
     if (col_of[COL_ID] != NUM_ROLES * MAX_COLS && f[col_of[COL_ID]].n) {
         *field = dl->names[COL_ID];
         quote(f[col_of[COL_ID]], q, sizeof q);
-        if (parse_int(f[col_of[COL_ID]], &v) != 0 || v < 0) {
-            snprintf(msg, msg_len, "not a request id (integer >= 0): '%s'", q);
+        if (parse_u64(f[col_of[COL_ID]], &r->request_id) != 0) {
+            snprintf(msg, msg_len, "not a request id (integer 0 .. 2^64-1): '%s'", q);
             return -1;
         }
-        r->request_id = (uint64_t)v;
     }
     if (r->prefix_group < 0) r->prefix_tokens = 0;
     return 0;
@@ -258,6 +288,12 @@ pkv_status pkvi_csv_parse(const char *text, size_t len, const char *name, pkv_tr
     if (ncols > MAX_COLS) {
         pkvi_trace_set_error(err, name, line_no, "", "header has more than %d columns", MAX_COLS);
         return PKV_ERR_FORMAT;
+    }
+    for (int c = 0; c < ncols; c++) {
+        if (memchr(cols[c].p, '\0', cols[c].n)) {
+            pkvi_trace_set_error(err, name, line_no, "", "NUL byte in the header");
+            return PKV_ERR_FORMAT;
+        }
     }
     // Map roles to columns; an absent optional column maps to an impossible index.
     const int absent = NUM_ROLES * MAX_COLS;
@@ -294,9 +330,23 @@ pkv_status pkvi_csv_parse(const char *text, size_t len, const char *name, pkv_tr
         const char *field = "";
         char msg[128];
         int bad = 0;
-        if (nf > MAX_COLS) {
-            snprintf(msg, sizeof msg, "more than %d fields", MAX_COLS);
+        char nul_field[64];
+        if (nf > ncols) {
+            // A longer row is as wrong as a shorter one: a stray comma shifts
+            // nothing here (columns are found by name), but the row does not
+            // say what the header says.
+            snprintf(msg, sizeof msg, "%s%d fields, the header has %d", nf > MAX_COLS ? "more than " : "",
+                     nf > MAX_COLS ? MAX_COLS : nf, ncols);
             bad = 1;
+        }
+        for (int c = 0; c < nf && !bad; c++) {
+            if (memchr(f[c].p, '\0', f[c].n)) {
+                // strtod and friends would stop at the NUL and read "12\0junk" as 12.
+                quote(cols[c], nul_field, sizeof nul_field);
+                field = nul_field;
+                snprintf(msg, sizeof msg, "NUL byte in the field");
+                bad = 1;
+            }
         }
         // A short row is a truncated line: name the first present column it lacks.
         for (int role = 0; role < NUM_ROLES && !bad; role++) {

@@ -39,7 +39,7 @@ pkv_tracegen_params pkv_tracegen_params_default(void) {
 }
 
 // splitmix64: small, fast, and good enough for workload sampling.
-static uint64_t next_u64(uint64_t *s) {
+PKVI_WRAPS static uint64_t next_u64(uint64_t *s) {
     uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
@@ -75,7 +75,13 @@ static uint32_t lognormal_len(uint64_t *s, double median, double sigma, uint32_t
 }
 
 pkv_status pkv_trace_generate(const pkv_tracegen_params *p, pkv_trace **out) {
-    if (!p || !out || p->num_requests == 0 || !(p->rate_rps > 0) || !(p->prompt_median >= 1) ||
+    // Every double must be finite (inf and NaN pass comparisons like "> 0" or
+    // fail them silently), and the mean gap 1 / rate too: rate_rps 1e-320 is > 0.
+    if (!p || !isfinite(p->rate_rps) || !isfinite(1.0 / p->rate_rps) || !isfinite(p->burst_cv) ||
+        !isfinite(p->prompt_median) || !isfinite(p->prompt_sigma) ||
+        !isfinite(p->output_median) || !isfinite(p->output_sigma))
+        return PKV_ERR_INVALID_ARG;
+    if (!out || p->num_requests == 0 || !(p->rate_rps > 0) || !(p->prompt_median >= 1) ||
         !(p->output_median >= 1) || !(p->prompt_sigma >= 0) || !(p->output_sigma >= 0) ||
         p->prompt_max == 0 || p->output_max == 0 || !(p->parallel_frac >= 0 && p->parallel_frac <= 1) ||
         p->n_min == 0 || p->n_min > p->n_max || !(p->prefix_frac >= 0 && p->prefix_frac <= 1) ||
@@ -114,6 +120,16 @@ pkv_status pkv_trace_generate(const pkv_tracegen_params *p, pkv_trace **out) {
             r.prompt_tokens = total > UINT32_MAX ? UINT32_MAX : (uint32_t)total;
         }
         r.request_id = i;
+        // The generator must not hand out what the loader would refuse: a huge
+        // burst_cv (gamma shape 1/cv^2 underflows) or a tiny rate can still
+        // sum gaps to inf or NaN, and a replay of such a trace never ends.
+        const char *field;
+        char msg[128];
+        if (pkvi_trace_check_request(&r, i ? v.reqs[v.count - 1].arrival_s : 0, &field, msg,
+                                     sizeof msg) != PKV_OK) {
+            free(v.reqs);
+            return PKV_ERR_INVALID_ARG;
+        }
         v.reqs[v.count++] = r;
     }
     pkv_status st = pkvi_trace_finish(&v, PKV_TRACE_NATIVE, 0, out);

@@ -38,152 +38,268 @@ static int u64_push(u64vec *a, uint64_t x) {
 
 typedef struct cursor {
     const char *p, *end;
+    char *msg; // where a failing scan explains itself
+    size_t msg_len;
 } cursor;
 
+// JSON whitespace only: isspace() would also take \v and \f.
 static void skip_ws(cursor *c) {
-    while (c->p < c->end && isspace((unsigned char)*c->p)) c->p++;
+    while (c->p < c->end && (*c->p == ' ' || *c->p == '\t' || *c->p == '\r' || *c->p == '\n'))
+        c->p++;
 }
 
-// Skip a JSON string starting at '"'. 0 on success; s/n receive its raw body.
+// Fail with a message; at the end of the line the real problem is truncation.
+static int fail(cursor *c, const char *what) {
+    if (c->p >= c->end) snprintf(c->msg, c->msg_len, "truncated line: unterminated JSON object");
+    else if (*c->p == '\0') snprintf(c->msg, c->msg_len, "NUL byte in the line");
+    else snprintf(c->msg, c->msg_len, "%s", what);
+    return -1;
+}
+
+// Expect byte ch (after whitespace) and step over it.
+static int expect(cursor *c, char ch, const char *what) {
+    skip_ws(c);
+    if (c->p >= c->end || *c->p != ch) return fail(c, what);
+    c->p++;
+    return 0;
+}
+
+static int is_digit(cursor *c) { return c->p < c->end && *c->p >= '0' && *c->p <= '9'; }
+
+// A JSON string at '"'; s/n receive its raw (still escaped) body. Control
+// characters (NUL included) must be escaped in JSON, so they are refused.
 static int scan_string(cursor *c, const char **s, size_t *n) {
-    if (c->p >= c->end || *c->p != '"') return -1;
+    if (c->p >= c->end || *c->p != '"') return fail(c, "expected a string");
     const char *start = ++c->p;
-    while (c->p < c->end && *c->p != '"') {
-        if (*c->p == '\\') c->p++;
+    for (;;) {
+        if (c->p >= c->end) return fail(c, "");
+        const unsigned char ch = (unsigned char)*c->p;
+        if (ch == '"') break;
+        if (ch < 0x20) return fail(c, "control character (or NUL byte) in a string");
+        if (ch == '\\') {
+            c->p++;
+            if (c->p >= c->end) return fail(c, "");
+            if (*c->p == 'u') {
+                for (int k = 0; k < 4; k++) {
+                    c->p++;
+                    if (c->p >= c->end) return fail(c, "");
+                    if (!isxdigit((unsigned char)*c->p)) return fail(c, "bad \\u escape in a string");
+                }
+            } else if (!strchr("\"\\/bfnrt", *c->p) || *c->p == '\0') {
+                return fail(c, "bad escape in a string");
+            }
+        }
         c->p++;
     }
-    if (c->p >= c->end) return -1;
     *s = start;
     *n = (size_t)(c->p - start);
     c->p++;
     return 0;
 }
 
+// A JSON number (RFC 8259 grammar, nothing more) into *v, finite.
 static int scan_number(cursor *c, double *v) {
+    const char *start = c->p;
+    if (c->p < c->end && *c->p == '-') c->p++;
+    if (!is_digit(c)) return fail(c, "not a number");
+    if (*c->p == '0') c->p++;
+    else
+        while (is_digit(c)) c->p++;
+    if (c->p < c->end && *c->p == '.') {
+        c->p++;
+        if (!is_digit(c)) return fail(c, "not a number: no digit after '.'");
+        while (is_digit(c)) c->p++;
+    }
+    if (c->p < c->end && (*c->p == 'e' || *c->p == 'E')) {
+        c->p++;
+        if (c->p < c->end && (*c->p == '+' || *c->p == '-')) c->p++;
+        if (!is_digit(c)) return fail(c, "not a number: no digit in the exponent");
+        while (is_digit(c)) c->p++;
+    }
     char buf[64];
-    size_t n = 0;
-    while (c->p + n < c->end && n < sizeof buf - 1 &&
-           (isdigit((unsigned char)c->p[n]) || strchr("+-.eE", c->p[n])))
-        n++;
-    if (n == 0 || n == sizeof buf - 1) return -1;
-    memcpy(buf, c->p, n);
+    const size_t n = (size_t)(c->p - start);
+    if (n >= sizeof buf) return fail(c, "number longer than 63 characters");
+    memcpy(buf, start, n);
     buf[n] = '\0';
-    char *end;
     errno = 0;
-    *v = strtod(buf, &end);
-    if (errno || *end || !isfinite(*v)) return -1;
-    c->p += n;
+    *v = strtod(buf, NULL);
+    if (errno == ERANGE && isinf(*v)) return fail(c, "number out of range");
     return 0;
+}
+
+// A hash id: a plain decimal integer, parsed exactly (a double would merge
+// 2^53 and 2^53 + 1, and 1e20 does not fit a uint64).
+static int scan_block_id(cursor *c, uint64_t *v) {
+    const char *start = c->p;
+    uint64_t x = 0;
+    int overflow = 0;
+    while (is_digit(c)) {
+        const unsigned d = (unsigned)(*c->p - '0');
+        if (x > (UINT64_MAX - d) / 10) overflow = 1;
+        else x = x * 10 + d;
+        c->p++;
+    }
+    const size_t n = (size_t)(c->p - start);
+    if (n == 0 || (n > 1 && *start == '0') ||
+        (c->p < c->end && (*c->p == '.' || *c->p == 'e' || *c->p == 'E'))) {
+        c->p = start;
+        return fail(c, "block id is not an integer in 0 .. 2^64-1");
+    }
+    if (overflow) {
+        c->p = start;
+        return fail(c, "block id out of range (0 .. 2^64-1)");
+    }
+    *v = x;
+    return 0;
+}
+
+// true / false / null, spelled exactly.
+static int scan_literal(cursor *c) {
+    static const char *const words[] = {"true", "false", "null"};
+    for (int i = 0; i < 3; i++) {
+        const size_t n = strlen(words[i]);
+        if ((size_t)(c->end - c->p) >= n && memcmp(c->p, words[i], n) == 0) {
+            c->p += n;
+            return 0;
+        }
+    }
+    return fail(c, "not a JSON value");
+}
+
+// Any JSON value of a key we do not use; nesting is bounded.
+static int skip_value(cursor *c, int depth) {
+    skip_ws(c);
+    if (c->p >= c->end) return fail(c, "");
+    if (depth > 32) return fail(c, "JSON nested deeper than 32 levels");
+    const char open = *c->p;
+    if (open == '"') {
+        const char *s;
+        size_t n;
+        return scan_string(c, &s, &n);
+    }
+    if (open == '-' || (open >= '0' && open <= '9')) {
+        double d;
+        return scan_number(c, &d);
+    }
+    if (open != '[' && open != '{') return scan_literal(c);
+    const char close = open == '[' ? ']' : '}';
+    c->p++;
+    skip_ws(c);
+    if (c->p < c->end && *c->p == close) {
+        c->p++;
+        return 0;
+    }
+    for (;;) {
+        if (open == '{') {
+            const char *s;
+            size_t n;
+            skip_ws(c);
+            if (scan_string(c, &s, &n) != 0 || expect(c, ':', "expected ':' after a key") != 0)
+                return -1;
+        }
+        if (skip_value(c, depth + 1) != 0) return -1;
+        skip_ws(c);
+        if (c->p < c->end && *c->p == close) {
+            c->p++;
+            return 0;
+        }
+        if (expect(c, ',', open == '[' ? "expected ',' or ']'" : "expected ',' or '}'") != 0)
+            return -1;
+    }
 }
 
 typedef enum { KEY_TS, KEY_IN, KEY_OUT, KEY_HASH, NUM_KEYS } key_id;
 static const char *const key_names[NUM_KEYS] = {"timestamp", "input_length", "output_length",
                                                 "hash_ids"};
 
+// "hash_ids": [id, id, ...] with no trailing comma; ids appended to ids.
+static int scan_hash_ids(cursor *c, u64vec *ids, size_t *nids) {
+    if (expect(c, '[', "expected an array of block ids") != 0) return -1;
+    skip_ws(c);
+    if (c->p < c->end && *c->p == ']') {
+        c->p++;
+        return 0;
+    }
+    for (;;) {
+        uint64_t id = 0;
+        skip_ws(c);
+        if (scan_block_id(c, &id) != 0) return -1;
+        if (u64_push(ids, id) != 0) {
+            snprintf(c->msg, c->msg_len, "out of memory");
+            return -1;
+        }
+        (*nids)++;
+        skip_ws(c);
+        if (c->p < c->end && *c->p == ']') {
+            c->p++;
+            return 0;
+        }
+        if (expect(c, ',', "expected ',' or ']' in hash_ids") != 0) return -1;
+    }
+}
+
 // Parse one object line. On failure: *field and msg. hash ids appended to ids.
 static int parse_line(const char *p, size_t n, double *vals, int *seen, u64vec *ids,
                       size_t *nids, const char **field, char *msg, size_t msg_len) {
-    cursor c = {p, p + n};
+    cursor c = {p, p + n, msg, msg_len};
     *field = "";
     *nids = 0;
+    if (expect(&c, '{', "expected a JSON object '{'") != 0) return -1;
     skip_ws(&c);
-    if (c.p >= c.end || *c.p != '{') {
-        snprintf(msg, msg_len, "expected a JSON object '{'");
-        return -1;
-    }
-    c.p++;
-    for (;;) {
-        skip_ws(&c);
-        if (c.p >= c.end) goto truncated;
-        if (*c.p == '}') {
-            c.p++;
-            break;
-        }
-        const char *k;
-        size_t kn;
-        if (scan_string(&c, &k, &kn) != 0) {
-            if (c.p >= c.end) goto truncated;
-            snprintf(msg, msg_len, "expected a quoted key");
-            return -1;
-        }
-        int key = -1;
-        for (int i = 0; i < NUM_KEYS; i++)
-            if (strlen(key_names[i]) == kn && memcmp(key_names[i], k, kn) == 0) key = i;
-        skip_ws(&c);
-        if (c.p >= c.end) goto truncated;
-        if (*c.p != ':') {
-            snprintf(msg, msg_len, "expected ':' after a key");
-            return -1;
-        }
+    if (c.p < c.end && *c.p == '}') {
         c.p++;
-        skip_ws(&c);
-        if (c.p >= c.end) goto truncated;
-        if (key >= 0) *field = key_names[key];
-        if (key == KEY_HASH) {
-            if (*c.p != '[') {
-                snprintf(msg, msg_len, "expected an array of block ids");
-                return -1;
-            }
-            c.p++;
-            for (;;) {
-                skip_ws(&c);
-                if (c.p >= c.end) goto truncated;
-                if (*c.p == ']') {
-                    c.p++;
-                    break;
-                }
-                double d;
-                if (scan_number(&c, &d) != 0 || d < 0 || d != floor(d)) {
-                    snprintf(msg, msg_len, "block id is not an integer >= 0");
-                    return -1;
-                }
-                if (u64_push(ids, (uint64_t)d) != 0) {
-                    snprintf(msg, msg_len, "out of memory");
-                    return -1;
-                }
-                (*nids)++;
-                skip_ws(&c);
-                if (c.p >= c.end) goto truncated;
-                if (*c.p == ',') c.p++;
-                else if (*c.p != ']') {
-                    snprintf(msg, msg_len, "expected ',' or ']' in hash_ids");
-                    return -1;
-                }
-            }
-            seen[key] = 1;
-        } else if (*c.p == '"') {
-            const char *s;
-            size_t sn;
-            if (scan_string(&c, &s, &sn) != 0) goto truncated;
+    } else {
+        for (;;) {
+            const char *k;
+            size_t kn;
+            skip_ws(&c);
+            // After a ',' a key must follow: a trailing comma fails here.
+            if (c.p >= c.end || *c.p != '"') return fail(&c, "expected a quoted key");
+            if (scan_string(&c, &k, &kn) != 0) return -1;
+            int key = -1;
+            for (int i = 0; i < NUM_KEYS; i++)
+                if (strlen(key_names[i]) == kn && memcmp(key_names[i], k, kn) == 0) key = i;
+            if (expect(&c, ':', "expected ':' after a key") != 0) return -1;
+            skip_ws(&c);
             if (key >= 0) {
-                char q[48];
-                snprintf(q, sizeof q, "%.*s", (int)(sn < 40 ? sn : 40), s);
-                snprintf(msg, msg_len, "not a number: \"%s\"", q);
-                return -1;
-            }
-        } else if (key >= 0 || isdigit((unsigned char)*c.p) || *c.p == '-') {
-            double d;
-            if (scan_number(&c, &d) != 0) {
-                char q[24];
-                snprintf(q, sizeof q, "%.*s", (int)((size_t)(c.end - c.p) < 16 ? (size_t)(c.end - c.p) : 16), c.p);
-                snprintf(msg, msg_len, "not a number: '%s'", q);
-                return -1;
-            }
-            if (key >= 0) {
-                vals[key] = d;
+                *field = key_names[key];
+                if (seen[key]) {
+                    snprintf(msg, msg_len, "duplicate key \"%s\"", key_names[key]);
+                    return -1;
+                }
                 seen[key] = 1;
             }
-        } else {
-            // true / false / null of an unknown key.
-            while (c.p < c.end && isalpha((unsigned char)*c.p)) c.p++;
-        }
-        *field = "";
-        skip_ws(&c);
-        if (c.p >= c.end) goto truncated;
-        if (*c.p == ',') c.p++;
-        else if (*c.p != '}') {
-            snprintf(msg, msg_len, "expected ',' or '}'");
-            return -1;
+            if (key == KEY_HASH) {
+                if (scan_hash_ids(&c, ids, nids) != 0) return -1;
+            } else if (key >= 0) {
+                if (c.p < c.end && *c.p == '"') {
+                    const char *s;
+                    size_t sn;
+                    if (scan_string(&c, &s, &sn) != 0) return -1;
+                    snprintf(msg, msg_len, "not a number: \"%.*s\"", (int)(sn < 40 ? sn : 40), s);
+                    return -1;
+                }
+                if (scan_number(&c, &vals[key]) != 0) {
+                    char q[24];
+                    const size_t left = (size_t)(c.end - c.p);
+                    size_t qn = left < 16 ? left : 16;
+                    if (memchr(c.p, '\0', qn)) qn = (size_t)((const char *)memchr(c.p, '\0', qn) - c.p);
+                    if (c.p < c.end && strncmp(msg, "truncated", 9) != 0) {
+                        snprintf(q, sizeof q, "%.*s", (int)qn, c.p);
+                        snprintf(msg, msg_len, "not a number: '%s'", q);
+                    }
+                    return -1;
+                }
+            } else if (skip_value(&c, 0) != 0) {
+                return -1;
+            }
+            *field = "";
+            skip_ws(&c);
+            if (c.p < c.end && *c.p == '}') {
+                c.p++;
+                break;
+            }
+            if (expect(&c, ',', "expected ',' or '}'") != 0) return -1;
         }
     }
     skip_ws(&c);
@@ -199,14 +315,11 @@ static int parse_line(const char *p, size_t n, double *vals, int *seen, u64vec *
         }
     }
     return 0;
-truncated:
-    snprintf(msg, msg_len, "truncated line: unterminated JSON object");
-    return -1;
 }
 
 // ---- prefix groups from hash-id chains ----
 
-static uint64_t mix(uint64_t h, uint64_t x) {
+PKVI_WRAPS static uint64_t mix(uint64_t h, uint64_t x) {
     h ^= x + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
     h ^= h >> 31;
     h *= 0xbf58476d1ce4e5b9ull;
@@ -220,7 +333,7 @@ typedef struct counter {
     size_t mask;
 } counter;
 
-static uint32_t *counter_slot(counter *t, uint64_t key) {
+PKVI_WRAPS static uint32_t *counter_slot(counter *t, uint64_t key) {
     size_t i = (size_t)(key * 0x9e3779b97f4a7c15ull) & t->mask;
     while (t->keys[i] != 0 && t->keys[i] != key) i = (i + 1) & t->mask;
     t->keys[i] = key;

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
-// Trace loading: format detection, the three CSV dialects (native, Azure 2023,
-// BurstGPT) and Mooncake JSON Lines, row validation with errors that name file,
-// line and field, and saving in the native format. A pkv_trace, once built, is
+// The public trace object: format detection and dispatch to the readers
+// (csv.c, jsonl.c), loading from a file, pkv_trace_create, the accessors,
+// synthetic token ids and saving in the native format. A pkv_trace, once built, is
 // validated and immutable: every request has lengths >= 1, n >= 1, a prefix no
 // longer than its prompt, and arrivals are finite and non-decreasing.
 #include <ctype.h>
@@ -29,84 +29,6 @@ const char *pkv_trace_format_name(pkv_trace_format format) {
 pkv_trace_load_options pkv_trace_load_options_default(void) {
     pkv_trace_load_options o = {PKV_TRACE_AUTO, 0};
     return o;
-}
-
-void pkvi_trace_set_error(pkv_trace_error *err, const char *file, uint64_t line,
-                          const char *field, const char *fmt, ...) {
-    if (!err) return;
-    snprintf(err->file, sizeof err->file, "%s", file ? file : "");
-    err->line = line;
-    snprintf(err->field, sizeof err->field, "%s", field ? field : "");
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err->message, sizeof err->message, fmt, ap);
-    va_end(ap);
-}
-
-// ---- request vector ----
-
-pkv_status pkvi_reqvec_push(pkvi_reqvec *v, const pkv_trace_request *r) {
-    if (v->count == v->cap) {
-        size_t ncap = v->cap ? v->cap * 2 : 256;
-        pkv_trace_request *n = realloc(v->reqs, ncap * sizeof *n);
-        if (!n) return PKV_ERR_OUT_OF_MEMORY;
-        v->reqs = n;
-        v->cap = ncap;
-    }
-    v->reqs[v->count++] = *r;
-    return PKV_OK;
-}
-
-// Validate one request against the previous arrival. On failure names the field.
-pkv_status pkvi_trace_check_request(const pkv_trace_request *r, double prev_arrival,
-                                    const char **field, char *msg, size_t msg_len) {
-    if (!isfinite(r->arrival_s) || r->arrival_s < 0) {
-        *field = "arrival_s";
-        snprintf(msg, msg_len, "arrival must be a finite number >= 0");
-        return PKV_ERR_FORMAT;
-    }
-    if (r->arrival_s < prev_arrival) {
-        *field = "arrival_s";
-        snprintf(msg, msg_len, "arrivals are not sorted: %.9g after %.9g", r->arrival_s,
-                 prev_arrival);
-        return PKV_ERR_FORMAT;
-    }
-    if (r->prompt_tokens == 0) {
-        *field = "prompt_tokens";
-        snprintf(msg, msg_len, "length must be >= 1");
-        return PKV_ERR_FORMAT;
-    }
-    if (r->output_tokens == 0) {
-        *field = "output_tokens";
-        snprintf(msg, msg_len, "length must be >= 1");
-        return PKV_ERR_FORMAT;
-    }
-    if (r->n == 0) {
-        *field = "n";
-        snprintf(msg, msg_len, "n must be >= 1");
-        return PKV_ERR_FORMAT;
-    }
-    if (r->prefix_tokens > r->prompt_tokens) {
-        *field = "prefix_tokens";
-        snprintf(msg, msg_len, "prefix (%u) longer than the prompt (%u)", r->prefix_tokens,
-                 r->prompt_tokens);
-        return PKV_ERR_FORMAT;
-    }
-    return PKV_OK;
-}
-
-pkv_status pkvi_trace_finish(pkvi_reqvec *v, pkv_trace_format format, uint64_t skipped,
-                             pkv_trace **out) {
-    pkv_trace *t = calloc(1, sizeof *t);
-    if (!t) return PKV_ERR_OUT_OF_MEMORY;
-    t->reqs = v->reqs; // ownership moves to the trace
-    t->count = v->count;
-    t->format = format;
-    t->skipped = skipped;
-    v->reqs = NULL;
-    v->count = v->cap = 0;
-    *out = t;
-    return PKV_OK;
 }
 
 pkv_status pkv_trace_create(const pkv_trace_request *requests, size_t count, pkv_trace **out,
@@ -147,7 +69,7 @@ void pkv_trace_destroy(pkv_trace *trace) {
     free(trace);
 }
 
-static uint32_t token_hash(uint64_t a, uint64_t b) {
+PKVI_WRAPS static uint32_t token_hash(uint64_t a, uint64_t b) {
     uint64_t h = a * 0x9e3779b97f4a7c15ull ^ (b + 0x632be59bd9b4e019ull);
     h ^= h >> 32;
     h *= 0xd6e8feb86659fd93ull;
@@ -155,7 +77,7 @@ static uint32_t token_hash(uint64_t a, uint64_t b) {
     return (uint32_t)(h & 0x7fffffff);
 }
 
-void pkvi_trace_tokens(const pkv_trace *t, size_t i, uint32_t n, int32_t *out) {
+PKVI_WRAPS void pkvi_trace_tokens(const pkv_trace *t, size_t i, uint32_t n, int32_t *out) {
     const pkv_trace_request *r = &t->reqs[i];
     // Three disjoint salts: Mooncake blocks, native groups, the request itself.
     const uint64_t own = ((uint64_t)i << 2) | 1;
@@ -190,6 +112,12 @@ pkv_status pkv_trace_parse(const char *text, size_t len, const char *name,
     if ((!text && len > 0) || !out) return PKV_ERR_INVALID_ARG;
     pkv_trace_load_options o = opts ? *opts : pkv_trace_load_options_default();
     if (!name) name = "(memory)";
+    // A UTF-8 byte order mark (spreadsheet exports write one) is not part of
+    // the header; line numbers do not change.
+    if (len >= 3 && memcmp(text, "\xEF\xBB\xBF", 3) == 0) {
+        text += 3;
+        len -= 3;
+    }
     size_t first = 0;
     while (first < len && isspace((unsigned char)text[first])) first++;
     if (first == len) {
@@ -276,7 +204,11 @@ pkv_status pkv_trace_write_csv(const pkv_trace *t, FILE *f) {
     fprintf(f, "arrival_s,prompt_tokens,output_tokens,n,prefix_group,prefix_tokens,request_id\n");
     for (size_t i = 0; i < t->count; i++) {
         const pkv_trace_request *r = &t->reqs[i];
-        fprintf(f, "%.6f,%u,%u,%u,%lld,%u,%llu\n", r->arrival_s, r->prompt_tokens,
+        // Microseconds in fixed point, as traces/README.md shows; from 1e15 s on
+        // (where %.6f grows past the reader's 64-character field, up to ~300
+        // characters at 1e300) %.17g, which reads back exactly.
+        fprintf(f, r->arrival_s < 1e15 ? "%.6f,%u,%u,%u,%lld,%u,%llu\n" : "%.17g,%u,%u,%u,%lld,%u,%llu\n",
+                r->arrival_s, r->prompt_tokens,
                 r->output_tokens, r->n, (long long)r->prefix_group, r->prefix_tokens,
                 (unsigned long long)r->request_id);
     }

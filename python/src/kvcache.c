@@ -1,0 +1,486 @@
+// SPDX-License-Identifier: MIT
+// pagedkv.KVCache: a pkv_cache and the backend it owns. A host cache exports its arena
+// through the buffer protocol (and numpy()) as one array of shape
+//   HND: [num_layers, num_blocks, 2, kv_heads, block_size, head_dim]
+//   NHD: [num_layers, num_blocks, 2, block_size, kv_heads, head_dim]
+// (axis 2: 0 = K, 1 = V), without a copy: the strides are pkv_cache_get_geometry's.
+// fp16 is numpy float16; bf16 has no numpy type and is exported as its raw uint16 bits.
+// A CUDA cache exports no buffer (its arena is device memory); data_ptr, shape and
+// strides let a framework wrap it.
+#include "pkvpy.h"
+
+#include <string.h>
+
+static int dtype_num(pkv_dtype d) {
+    return d == PKV_DTYPE_F32 ? NPY_FLOAT32 : d == PKV_DTYPE_F16 ? NPY_FLOAT16 : NPY_UINT16;
+}
+static const char *dtype_format(pkv_dtype d) {
+    return d == PKV_DTYPE_F32 ? "f" : d == PKV_DTYPE_F16 ? "e" : "H";
+}
+
+static int parse_dtype(const char *s, pkv_dtype *d) {
+    if (!strcmp(s, "fp32") || !strcmp(s, "float32")) *d = PKV_DTYPE_F32;
+    else if (!strcmp(s, "fp16") || !strcmp(s, "float16")) *d = PKV_DTYPE_F16;
+    else if (!strcmp(s, "bf16") || !strcmp(s, "bfloat16")) *d = PKV_DTYPE_BF16;
+    else return -1;
+    return 0;
+}
+
+static int parse_device(const char *s, int *cuda, int *index) {
+    *cuda = 0;
+    *index = 0;
+    if (!strcmp(s, "cpu") || !strcmp(s, "host"))
+        return 0;
+    if (!strncmp(s, "cuda", 4)) {
+        *cuda = 1;
+        if (s[4] == 0)
+            return 0;
+        if (s[4] != ':' || !s[5])
+            return -1;
+        char *end;
+        long v = strtol(s + 5, &end, 10);
+        if (*end || v < 0 || v > 1024)
+            return -1;
+        *index = (int)v;
+        return 0;
+    }
+    return -1;
+}
+
+static PyObject *KVCache_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"pool", "num_layers", "kv_heads", "head_dim", "block_size",
+                             "dtype", "layout", "device", "buffer", NULL};
+    PyObject *buffer = NULL;
+    pkv_cache_params p = pkv_cache_params_default();
+    PyObject *pool;
+    const char *dtype = "fp16", *layout = "HND", *device = "cpu";
+    int dims[4] = {(int)p.num_layers, (int)p.kv_heads, (int)p.head_dim, (int)p.block_size};
+    static const char *dim_names[4] = {"num_layers", "kv_heads", "head_dim", "block_size"};
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O!|$iiiisssO:KVCache", kwlist,
+                                     &pkvpy_Pool_Type, &pool, &dims[0], &dims[1], &dims[2],
+                                     &dims[3], &dtype, &layout, &device, &buffer))
+        return NULL;
+    for (int i = 0; i < 4; i++)
+        if (dims[i] < 1)
+            return pkvpy_raise(PKV_ERR_INVALID_ARG, "KVCache", "%s must be >= 1, not %d",
+                               dim_names[i], dims[i]);
+    p.num_layers = (uint32_t)dims[0];
+    p.kv_heads = (uint32_t)dims[1];
+    p.head_dim = (uint32_t)dims[2];
+    p.block_size = (uint32_t)dims[3];
+    if (parse_dtype(dtype, &p.dtype) < 0)
+        return pkvpy_raise(PKV_ERR_INVALID_ARG, "KVCache", "dtype '%s' is not fp32, fp16 or bf16",
+                           dtype);
+    if (!strcmp(layout, "HND")) p.layout = PKV_LAYOUT_HND;
+    else if (!strcmp(layout, "NHD")) p.layout = PKV_LAYOUT_NHD;
+    else return pkvpy_raise(PKV_ERR_INVALID_ARG, "KVCache", "layout '%s' is not HND or NHD", layout);
+    int cuda, index;
+    if (parse_device(device, &cuda, &index) < 0)
+        return pkvpy_raise(PKV_ERR_INVALID_ARG, "KVCache", "device '%s' is not cpu, cuda or "
+                           "cuda:N", device);
+    if (cuda && buffer && buffer != Py_None)
+        return pkvpy_raise(PKV_ERR_INVALID_ARG, "KVCache", "buffer= takes host memory "
+                           "(device='cpu')");
+
+    KVCacheObject *self = (KVCacheObject *)type->tp_alloc(type, 0);
+    if (!self)
+        return NULL;
+    pkv_status st = cuda ? pkv_backend_create_cuda(index, &self->backend)
+                         : pkv_backend_create_host(&self->backend);
+    if (st != PKV_OK) {
+        Py_DECREF(self);
+        return pkvpy_raise(st, "KVCache", "device '%s'%s", device,
+                           st == PKV_ERR_UNSUPPORTED ? ": this build has no CUDA (pip install . "
+                           "-Csetup-args=-Dcuda=enabled)" : "");
+    }
+    if (buffer && buffer != Py_None) {
+        // An external cache over the caller's memory (a numpy array, say), kept alive
+        // by the buffer view this object holds until it is destroyed.
+        if (PyObject_GetBuffer(buffer, &self->view,
+                               PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+            Py_DECREF(self);
+            return NULL;
+        }
+        self->has_view = 1;
+        if (self->view.itemsize != (Py_ssize_t)pkv_dtype_size(p.dtype)) {
+            Py_ssize_t got = self->view.itemsize;
+            Py_DECREF(self);
+            return pkvpy_raise(PKV_ERR_INVALID_ARG, "KVCache", "buffer items are %zd bytes, "
+                               "dtype %s needs %zu", got, dtype, pkv_dtype_size(p.dtype));
+        }
+        st = pkv_cache_create_external(&p, ((PoolObject *)pool)->pool, self->backend,
+                                       self->view.buf, (uint64_t)self->view.len, &self->cache);
+        if (st != PKV_OK) {
+            uint64_t need = pkv_cache_bytes_per_block(&p) *
+                            pkv_pool_capacity(((PoolObject *)pool)->pool);
+            Py_ssize_t got = self->view.len;
+            Py_DECREF(self);
+            return pkvpy_raise(st, "KVCache", "buffer of %zd bytes; this shape needs %llu, "
+                               "aligned to the dtype", got, (unsigned long long)need);
+        }
+    } else {
+        st = pkv_cache_create(&p, ((PoolObject *)pool)->pool, self->backend, &self->cache);
+    }
+    if (st != PKV_OK) {
+        Py_DECREF(self);
+        return pkvpy_raise(st, "KVCache", "%u layers x %u kv heads x %u dims x %u tokens a "
+                           "block, %u blocks", p.num_layers, p.kv_heads, p.head_dim,
+                           p.block_size, pkv_pool_capacity(((PoolObject *)pool)->pool));
+    }
+    Py_INCREF(pool);
+    self->pool = pool;
+    self->params = p;
+    pkv_cache_geometry g;
+    pkv_cache_get_geometry(self->cache, &g);
+    Py_ssize_t item = (Py_ssize_t)pkv_dtype_size(p.dtype);
+    int hnd = p.layout == PKV_LAYOUT_HND;
+    Py_ssize_t shape[6] = {p.num_layers, pkv_pool_capacity(((PoolObject *)pool)->pool), 2,
+                           hnd ? p.kv_heads : p.block_size, hnd ? p.block_size : p.kv_heads,
+                           p.head_dim};
+    Py_ssize_t strides[6] = {(Py_ssize_t)g.layer_stride, (Py_ssize_t)g.block_stride,
+                             (Py_ssize_t)g.kv_stride,
+                             (Py_ssize_t)(hnd ? g.head_stride : g.token_stride),
+                             (Py_ssize_t)(hnd ? g.token_stride : g.head_stride), 1};
+    self->ndim = 6;
+    for (int i = 0; i < 6; i++) {
+        self->shape[i] = shape[i];
+        self->strides[i] = strides[i] * item;
+    }
+    return (PyObject *)self;
+}
+
+static void KVCache_dealloc(KVCacheObject *self) {
+    pkv_cache_destroy(self->cache);
+    if (self->has_view)
+        PyBuffer_Release(&self->view);
+    pkv_backend_destroy(self->backend);
+    Py_XDECREF(self->pool);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int is_host(KVCacheObject *self) {
+    return pkv_backend_get_kind(self->backend) == PKV_BACKEND_HOST;
+}
+
+static int KVCache_getbuffer(KVCacheObject *self, Py_buffer *view, int flags) {
+    if (!is_host(self)) {
+        PyErr_SetString(PyExc_BufferError, "a CUDA KVCache has no host buffer; use data_ptr");
+        view->obj = NULL;
+        return -1;
+    }
+    view->buf = pkv_cache_data(self->cache);
+    view->obj = (PyObject *)self;
+    Py_INCREF(self);
+    view->len = (Py_ssize_t)pkv_cache_arena_bytes(self->cache);
+    view->readonly = 0;
+    view->itemsize = (Py_ssize_t)pkv_dtype_size(self->params.dtype);
+    view->format = (flags & PyBUF_FORMAT) ? (char *)dtype_format(self->params.dtype) : NULL;
+    view->ndim = self->ndim;
+    view->shape = (flags & PyBUF_ND) == PyBUF_ND ? self->shape : NULL;
+    view->strides = (flags & PyBUF_STRIDES) == PyBUF_STRIDES ? self->strides : NULL;
+    view->suboffsets = NULL;
+    view->internal = NULL;
+    return 0; // the arena is C-contiguous, so every request can be served
+}
+
+static PyBufferProcs KVCache_as_buffer = {(getbufferproc)KVCache_getbuffer, NULL};
+
+static PyObject *KVCache_numpy(KVCacheObject *self, PyObject *unused) {
+    if (!is_host(self))
+        return pkvpy_raise(PKV_ERR_UNSUPPORTED, "KVCache.numpy", "a CUDA cache's arena is device "
+                           "memory; use data_ptr, shape and strides");
+    npy_intp dims[6], strides[6];
+    for (int i = 0; i < 6; i++) {
+        dims[i] = self->shape[i];
+        strides[i] = self->strides[i];
+    }
+    PyArray_Descr *descr = PyArray_DescrFromType(dtype_num(self->params.dtype));
+    PyObject *arr = PyArray_NewFromDescr(&PyArray_Type, descr, 6, dims, strides,
+                                         pkv_cache_data(self->cache), NPY_ARRAY_CARRAY, NULL);
+    if (!arr)
+        return NULL;
+    Py_INCREF(self); // the array keeps the cache (and its arena) alive
+    if (PyArray_SetBaseObject((PyArrayObject *)arr, (PyObject *)self) < 0) {
+        Py_DECREF(arr);
+        return NULL;
+    }
+    return arr;
+}
+
+static int block_args(KVCacheObject *self, PyObject *args, const char *fmt, uint32_t *layer,
+                      int *block, int *kv, PyObject **extra) {
+    int l;
+    if (extra ? !PyArg_ParseTuple(args, fmt, &l, block, kv, extra)
+              : !PyArg_ParseTuple(args, fmt, &l, block, kv))
+        return -1;
+    if (l < 0) {
+        pkvpy_raise(PKV_ERR_INVALID_ARG, "KVCache", "layer %d out of range", l);
+        return -1;
+    }
+    *layer = (uint32_t)l;
+    if (*kv != 0 && *kv != 1) {
+        pkvpy_raise(PKV_ERR_INVALID_ARG, "KVCache", "kv must be 0 (K) or 1 (V), not %d", *kv);
+        return -1;
+    }
+    return 0;
+}
+
+// Shape of one half block (K or V of one block in one layer), in the cache's layout.
+static void half_shape(KVCacheObject *self, npy_intp dims[3]) {
+    dims[0] = self->shape[3];
+    dims[1] = self->shape[4];
+    dims[2] = self->shape[5];
+}
+
+static PyObject *KVCache_block_ptr(KVCacheObject *self, PyObject *args) {
+    uint32_t layer;
+    int block, kv;
+    if (block_args(self, args, "iii:block_ptr", &layer, &block, &kv, NULL) < 0)
+        return NULL;
+    void *ptr;
+    pkv_status st = pkv_cache_block_ptr(self->cache, layer, block, (pkv_kv)kv, &ptr);
+    if (st != PKV_OK)
+        return pkvpy_raise(st, "KVCache.block_ptr", "layer %u, block %d", layer, block);
+    return PyLong_FromVoidPtr(ptr);
+}
+
+static PyObject *KVCache_read_block(KVCacheObject *self, PyObject *args) {
+    uint32_t layer;
+    int block, kv;
+    if (block_args(self, args, "iii:read_block", &layer, &block, &kv, NULL) < 0)
+        return NULL;
+    void *ptr;
+    pkv_status st = pkv_cache_block_ptr(self->cache, layer, block, (pkv_kv)kv, &ptr);
+    if (st != PKV_OK)
+        return pkvpy_raise(st, "KVCache.read_block", "layer %u, block %d", layer, block);
+    npy_intp dims[3];
+    half_shape(self, dims);
+    PyArrayObject *out = (PyArrayObject *)PyArray_SimpleNew(3, dims, dtype_num(self->params.dtype));
+    if (!out)
+        return NULL;
+    st = pkv_backend_download(self->backend, PyArray_DATA(out), ptr, (size_t)PyArray_NBYTES(out));
+    if (st != PKV_OK) {
+        Py_DECREF(out);
+        return pkvpy_raise(st, "KVCache.read_block", "layer %u, block %d", layer, block);
+    }
+    return (PyObject *)out;
+}
+
+static PyObject *KVCache_write_block(KVCacheObject *self, PyObject *args) {
+    uint32_t layer;
+    int block, kv;
+    PyObject *values;
+    if (block_args(self, args, "iiiO:write_block", &layer, &block, &kv, &values) < 0)
+        return NULL;
+    void *ptr;
+    pkv_status st = pkv_cache_block_ptr(self->cache, layer, block, (pkv_kv)kv, &ptr);
+    if (st != PKV_OK)
+        return pkvpy_raise(st, "KVCache.write_block", "layer %u, block %d", layer, block);
+    npy_intp dims[3];
+    half_shape(self, dims);
+    PyArray_Descr *descr = PyArray_DescrFromType(dtype_num(self->params.dtype));
+    PyArrayObject *a = (PyArrayObject *)PyArray_FromAny(values, descr, 0, 3,
+                                                        NPY_ARRAY_IN_ARRAY | NPY_ARRAY_FORCECAST,
+                                                        NULL);
+    if (!a)
+        return NULL;
+    int ok = PyArray_NDIM(a) == 3;
+    for (int i = 0; ok && i < 3; i++)
+        ok = PyArray_DIM(a, i) == dims[i];
+    if (!ok) {
+        Py_DECREF(a);
+        return pkvpy_raise(PKV_ERR_INVALID_ARG, "KVCache.write_block",
+                           "values must have shape (%lld, %lld, %lld)", (long long)dims[0],
+                           (long long)dims[1], (long long)dims[2]);
+    }
+    st = pkv_backend_upload(self->backend, ptr, PyArray_DATA(a), (size_t)PyArray_NBYTES(a));
+    Py_DECREF(a);
+    if (st != PKV_OK)
+        return pkvpy_raise(st, "KVCache.write_block", "layer %u, block %d", layer, block);
+    Py_RETURN_NONE;
+}
+
+// A stream argument: None/0 (the legacy default stream) or a cudaStream_t as an int
+// (torch.cuda.current_stream().cuda_stream). Ignored by the host backend.
+static int stream_arg(PyObject *obj, void **stream) {
+    *stream = NULL;
+    if (!obj || obj == Py_None)
+        return 0;
+    if (!PyLong_Check(obj)) {
+        pkvpy_raise(PKV_ERR_INVALID_ARG, "stream", "a cudaStream_t as an int, or None");
+        return -1;
+    }
+    *stream = PyLong_AsVoidPtr(obj);
+    return *stream == NULL && PyErr_Occurred() ? -1 : 0;
+}
+
+static PyObject *KVCache_copy_blocks(KVCacheObject *self, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"pairs", "stream", NULL};
+    PyObject *po, *so = NULL;
+    void *stream;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O:copy_blocks", kwlist, &po, &so) ||
+        stream_arg(so, &stream) < 0)
+        return NULL;
+    uint32_t n;
+    PyArrayObject *pairs = pkvpy_pairs_array(po, &n);
+    if (!pairs)
+        return NULL;
+    pkv_status st = n ? pkv_cache_copy_blocks(self->cache, PyArray_DATA(pairs), n, stream)
+                      : PKV_OK;
+    Py_DECREF(pairs);
+    if (st != PKV_OK)
+        return pkvpy_raise(st, "KVCache.copy_blocks", "%u pairs (a block out of range, or "
+                           "overlapping pairs)", n);
+    Py_RETURN_NONE;
+}
+
+static PyObject *KVCache_apply_copies(KVCacheObject *self, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"seqset", "stream", NULL};
+    PyObject *set, *so = NULL;
+    void *stream;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O:apply_copies", kwlist, &set, &so) ||
+        stream_arg(so, &stream) < 0)
+        return NULL;
+    if (!PyObject_TypeCheck(set, &pkvpy_SeqSet_Type))
+        return pkvpy_raise(PKV_ERR_INVALID_ARG, "KVCache.apply_copies", "expected a SeqSet");
+    pkv_status st = pkv_cache_apply_copies(self->cache, ((SeqSetObject *)set)->set, stream);
+    if (st != PKV_OK)
+        return pkvpy_raise(st, "KVCache.apply_copies", "the set must use this cache's pool "
+                           "and block size");
+    Py_RETURN_NONE;
+}
+
+static PyObject *KVCache_transfer(KVCacheObject *self, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"src", "pairs", "stream", NULL};
+    PyObject *src, *po, *so = NULL;
+    void *stream;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O!O|O:transfer", kwlist, &pkvpy_KVCache_Type,
+                                     &src, &po, &so) ||
+        stream_arg(so, &stream) < 0)
+        return NULL;
+    uint32_t n;
+    PyArrayObject *pairs = pkvpy_pairs_array(po, &n);
+    if (!pairs)
+        return NULL;
+    pkv_status st = pkv_cache_transfer(self->cache, ((KVCacheObject *)src)->cache,
+                                       PyArray_DATA(pairs), n, stream);
+    Py_DECREF(pairs);
+    if (st != PKV_OK)
+        return pkvpy_raise(st, "KVCache.transfer", "%u pairs from a cache of the same shape", n);
+    Py_RETURN_NONE;
+}
+
+static PyObject *KVCache_sync(KVCacheObject *self, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"stream", NULL};
+    PyObject *so = NULL;
+    void *stream;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|O:sync", kwlist, &so) ||
+        stream_arg(so, &stream) < 0)
+        return NULL;
+    pkv_status st = pkv_backend_sync(self->backend, stream);
+    if (st != PKV_OK)
+        return pkvpy_raise(st, "KVCache.sync", NULL);
+    Py_RETURN_NONE;
+}
+
+static PyObject *KVCache_backend_stats(KVCacheObject *self, PyObject *unused) {
+    pkv_backend_stats s;
+    pkv_status st = pkv_backend_get_stats(self->backend, &s);
+    if (st != PKV_OK)
+        return pkvpy_raise(st, "KVCache.backend_stats", NULL);
+    return Py_BuildValue("{s:K,s:K,s:d,s:d,s:K,s:K,s:K,s:K}", "alloc_calls",
+                         (unsigned long long)s.alloc_calls, "free_calls",
+                         (unsigned long long)s.free_calls, "alloc_seconds", s.alloc_seconds,
+                         "free_seconds", s.free_seconds, "copy_calls",
+                         (unsigned long long)s.copy_calls, "bytes_copied",
+                         (unsigned long long)s.bytes_copied, "bytes_live",
+                         (unsigned long long)s.bytes_live, "bytes_peak",
+                         (unsigned long long)s.bytes_peak);
+}
+
+static PyObject *KVCache_get_shape(KVCacheObject *self, void *c) {
+    return Py_BuildValue("(nnnnnn)", self->shape[0], self->shape[1], self->shape[2], self->shape[3],
+                         self->shape[4], self->shape[5]);
+}
+static PyObject *KVCache_get_strides(KVCacheObject *self, void *c) {
+    return Py_BuildValue("(nnnnnn)", self->strides[0], self->strides[1], self->strides[2],
+                         self->strides[3], self->strides[4], self->strides[5]);
+}
+static PyObject *KVCache_get_dtype(KVCacheObject *self, void *c) {
+    return (PyObject *)PyArray_DescrFromType(dtype_num(self->params.dtype));
+}
+static PyObject *KVCache_get_params(KVCacheObject *self, void *c) {
+    const pkv_cache_params *p = &self->params;
+    return Py_BuildValue("{s:I,s:I,s:I,s:I,s:s,s:s}", "num_layers", p->num_layers, "kv_heads",
+                         p->kv_heads, "head_dim", p->head_dim, "block_size", p->block_size,
+                         "dtype", pkv_dtype_name(p->dtype), "layout",
+                         p->layout == PKV_LAYOUT_HND ? "HND" : "NHD");
+}
+static PyObject *KVCache_get_data_ptr(KVCacheObject *self, void *c) {
+    return PyLong_FromVoidPtr(pkv_cache_data(self->cache));
+}
+static PyObject *KVCache_get_arena_bytes(KVCacheObject *self, void *c) {
+    return PyLong_FromUnsignedLongLong(pkv_cache_arena_bytes(self->cache));
+}
+static PyObject *KVCache_get_device(KVCacheObject *self, void *c) {
+    return PyUnicode_FromString(is_host(self) ? "cpu" : "cuda");
+}
+static PyObject *KVCache_get_pool(KVCacheObject *self, void *c) {
+    Py_INCREF(self->pool);
+    return self->pool;
+}
+
+static PyMethodDef KVCache_methods[] = {
+    {"numpy", (PyCFunction)KVCache_numpy, METH_NOARGS,
+     "numpy() -> the arena as a writable ndarray of `shape` (no copy; host caches only)."},
+    {"block_ptr", (PyCFunction)KVCache_block_ptr, METH_VARARGS,
+     "block_ptr(layer, block, kv) -> address of that K (kv=0) or V (kv=1) half block."},
+    {"read_block", (PyCFunction)KVCache_read_block, METH_VARARGS,
+     "read_block(layer, block, kv) -> a copy of one half block, through the backend."},
+    {"write_block", (PyCFunction)KVCache_write_block, METH_VARARGS,
+     "write_block(layer, block, kv, values): upload one half block through the backend."},
+    {"copy_blocks", (PyCFunction)(void (*)(void))KVCache_copy_blocks,
+     METH_VARARGS | METH_KEYWORDS,
+     "copy_blocks(pairs int32 [n, 2], stream=None): copy src -> dst, every layer, K and V,\n"
+     "one batch (CUDA: enqueued on `stream`, not synchronized; see sync)."},
+    {"apply_copies", (PyCFunction)(void (*)(void))KVCache_apply_copies,
+     METH_VARARGS | METH_KEYWORDS,
+     "apply_copies(seqset, stream=None): take the set's queued copies and run them."},
+    {"transfer", (PyCFunction)(void (*)(void))KVCache_transfer, METH_VARARGS | METH_KEYWORDS,
+     "transfer(src_cache, pairs, stream=None): move blocks between two caches of one shape."},
+    {"sync", (PyCFunction)(void (*)(void))KVCache_sync, METH_VARARGS | METH_KEYWORDS,
+     "sync(stream=None): wait for the copies enqueued on `stream` (host: returns at once)."},
+    {"backend_stats", (PyCFunction)KVCache_backend_stats, METH_NOARGS,
+     "backend_stats() -> dict of backend allocation/copy counters."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef KVCache_getset[] = {
+    {"shape", (getter)KVCache_get_shape, NULL, "the arena's shape (see the class doc)", NULL},
+    {"strides", (getter)KVCache_get_strides, NULL, "the arena's strides in bytes", NULL},
+    {"dtype", (getter)KVCache_get_dtype, NULL, "numpy dtype (bf16: uint16 bits)", NULL},
+    {"params", (getter)KVCache_get_params, NULL, "the creation parameters", NULL},
+    {"data_ptr", (getter)KVCache_get_data_ptr, NULL, "arena base address (device for CUDA)", NULL},
+    {"arena_bytes", (getter)KVCache_get_arena_bytes, NULL, "bytes of the one allocation", NULL},
+    {"device", (getter)KVCache_get_device, NULL, "'cpu' or 'cuda'", NULL},
+    {"pool", (getter)KVCache_get_pool, NULL, "the BlockPool", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+PyTypeObject pkvpy_KVCache_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "pagedkv.KVCache",
+    .tp_basicsize = sizeof(KVCacheObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "KVCache(pool, *, num_layers=1, kv_heads=1, head_dim=128, block_size=16,\n"
+              "        dtype='fp16', layout='HND', device='cpu', buffer=None): K/V memory for\n"
+              "every block of `pool`, one backend allocation, or the caller's C-contiguous\n"
+              "writable `buffer` of that shape (an external cache: nothing allocated). A host cache is a buffer (np.asarray(cache),\n"
+              "cache.numpy()) of shape [layers, blocks, 2, kv_heads, block_size, head_dim]\n"
+              "(HND) or [layers, blocks, 2, block_size, kv_heads, head_dim] (NHD), no copy.",
+    .tp_new = KVCache_new,
+    .tp_dealloc = (destructor)KVCache_dealloc,
+    .tp_methods = KVCache_methods,
+    .tp_getset = KVCache_getset,
+    .tp_as_buffer = &KVCache_as_buffer,
+};

@@ -1,0 +1,109 @@
+// SPDX-License-Identifier: MIT
+// The Python extension pagedkv._core: one object type per pagedkv handle, each owning
+// its handle and holding a reference to every object its handle borrows (a SeqSet
+// keeps its BlockPool alive, an attached SeqSet keeps its PrefixCache alive), so that
+// Python's reference counting destroys handles in the order the C API requires.
+// Errors become the typed exceptions of errors.c. Arrays cross as numpy arrays:
+// inputs are borrowed when they already have the C type and are C-contiguous,
+// outputs are new arrays the C calls write into.
+#ifndef PKVPY_H
+#define PKVPY_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#define PY_ARRAY_UNIQUE_SYMBOL pkvpy_ARRAY_API
+#ifndef PKVPY_MAIN
+#define NO_IMPORT_ARRAY
+#endif
+#include <numpy/arrayobject.h>
+
+#include <stdint.h>
+
+#include "pkv/pkv.h"
+
+// ---- object layouts ----
+
+typedef struct {
+    PyObject_HEAD
+    pkv_pool *pool;
+} PoolObject;
+
+typedef struct {
+    PyObject_HEAD
+    pkv_seqset *set;
+    PyObject *pool;   // the BlockPool (strong reference: the set borrows its pool)
+    PyObject *prefix; // the PrefixCache it is attached to, or NULL (strong)
+} SeqSetObject;
+
+typedef struct {
+    PyObject_HEAD
+    pkv_prefix_cache *cache;
+    PyObject *pool; // strong
+    uint32_t block_size;
+} PrefixObject;
+
+typedef struct {
+    PyObject_HEAD
+    pkv_cache *cache;
+    pkv_backend *backend; // owned: one backend per cache
+    PyObject *pool;       // strong
+    Py_buffer view;       // the caller's memory of an external cache (buffer=...)
+    int has_view;
+    pkv_cache_params params;
+    int ndim;
+    Py_ssize_t shape[6];   // [layers][blocks][2][heads][block][dim] (HND) or NHD order
+    Py_ssize_t strides[6]; // bytes
+} KVCacheObject;
+
+typedef struct {
+    PyObject_HEAD
+    pkv_trace *trace;
+} TraceObject;
+
+extern PyTypeObject pkvpy_Pool_Type;
+extern PyTypeObject pkvpy_SeqSet_Type;
+extern PyTypeObject pkvpy_Prefix_Type;
+extern PyTypeObject pkvpy_KVCache_Type;
+extern PyTypeObject pkvpy_Trace_Type;
+
+// ---- errors.c ----
+
+// Create the exception classes and add them to the module. 0 on success.
+int pkvpy_errors_init(PyObject *module);
+// Raise the exception class of `status` with message "<what>: <status name>[: detail]",
+// and attributes status (int), status_name, detail. Returns NULL.
+PyObject *pkvpy_raise(pkv_status status, const char *what, const char *detail_fmt, ...);
+// Raise FormatError / FileError from a trace loader error (file, line, field, message).
+PyObject *pkvpy_raise_trace(pkv_status status, const char *what, const pkv_trace_error *err);
+
+// ---- convert.c ----
+
+// A 1-D C-contiguous array of `typenum` (NPY_INT32, NPY_UINT32, NPY_INT64) holding the
+// integers of `obj`: `obj` itself when it already is one (no copy), else a checked
+// conversion (every value must fit the type, else pagedkv.InvalidArgument naming
+// `what`). New reference, or NULL with an exception set.
+PyArrayObject *pkvpy_int_vector(PyObject *obj, int typenum, const char *what);
+// A Python int that fits uint32 (`what` names it in the error). 0 ok, -1 error.
+int pkvpy_u32(PyObject *obj, uint32_t *out, const char *what);
+// New 1-D / 2-D arrays (uninitialized). NULL with MemoryError set.
+PyArrayObject *pkvpy_new_vector(npy_intp n, int typenum);
+PyArrayObject *pkvpy_new_matrix(npy_intp rows, npy_intp cols, int typenum);
+// An (n, 2) int32 array of block copies, copied from pairs[0..n-1].
+PyObject *pkvpy_copies_array(const pkv_block_copy *pairs, uint32_t n);
+// Borrow an (n, 2) int32 array of block pairs from `obj` (new reference; *n set).
+PyArrayObject *pkvpy_pairs_array(PyObject *obj, uint32_t *n);
+
+// ---- seqset.c ----
+
+// The StepResult type, added to the module. 0 on success.
+int pkvpy_seqset_init_types(PyObject *module);
+
+// ---- trace.c ----
+
+// Module-level functions: load_trace, parse_trace, make_trace, generate_trace, replay_json.
+extern PyMethodDef pkvpy_trace_functions[];
+// TRACE_DTYPE (the structured dtype of pkv_trace_request), added to the module.
+int pkvpy_trace_init(PyObject *module);
+
+#endif // PKVPY_H

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# Build the libFuzzer harnesses of tests/fuzz/ with clang (ASan + UBSan, float
+# casts included, every report fatal) and run each for a bounded time.
+# Usage: scripts/fuzz.sh [SECONDS_PER_TARGET [TARGET...]]
+#   SECONDS_PER_TARGET  default 60 (CI); e.g. 1800 for a long run on demand
+#   TARGET              fuzz_trace, fuzz_tracegen, fuzz_allocator (default: all)
+# Environment: FUZZ_DIR (default build-fuzz) holds the binaries, the growing
+# corpora (seeded from tests/fuzz/corpus/TARGET, which stays small and
+# committed) and any crash artifacts; CC (default clang).
+# Exit status: 0 when every target ran its time without a finding, 1 otherwise
+# (the crashing input is in $FUZZ_DIR/artifacts/, with the command to replay it).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+secs="${1:-60}"
+shift || true
+targets=("$@")
+if ((${#targets[@]} == 0)); then targets=(fuzz_trace fuzz_tracegen fuzz_allocator); fi
+cc="${CC:-clang}"
+dir="${FUZZ_DIR:-build-fuzz}"
+mkdir -p "$dir/artifacts"
+command -v "$cc" >/dev/null || { echo "fuzz: $cc not found (scripts/deps.sh --fuzz installs clang)" >&2; exit 2; }
+
+# The library sources each harness needs, compiled into it (no meson build, so
+# the harnesses stay independent of the build options).
+trace_src=(src/runtime/trace/trace.c src/runtime/trace/rows.c src/runtime/trace/csv.c
+           src/runtime/trace/jsonl.c src/runtime/trace/generator.c)
+alloc_src=(src/allocator/pool.c src/allocator/seqset.c src/allocator/prefix_cache.c)
+flags=(-std=c11 -D_POSIX_C_SOURCE=200809L -DPKV_BUILDING -g -O1 -Iinclude -Isrc/allocator
+       -Isrc/runtime/trace -fno-omit-frame-pointer
+       -fsanitize=fuzzer,address,undefined,float-cast-overflow -fno-sanitize-recover=all)
+# max_len per target: a few KiB of trace text, a few hundred allocator ops.
+declare -A srcs=([fuzz_trace]="${trace_src[*]}" [fuzz_tracegen]="${trace_src[*]}"
+                 [fuzz_allocator]="${alloc_src[*]}")
+declare -A maxlen=([fuzz_trace]=4096 [fuzz_tracegen]=128 [fuzz_allocator]=1024)
+
+status=0
+for t in "${targets[@]}"; do
+    [[ -n "${srcs[$t]:-}" ]] || { echo "fuzz: unknown target $t" >&2; exit 2; }
+    # shellcheck disable=SC2086
+    "$cc" "${flags[@]}" -o "$dir/$t" "tests/fuzz/$t.c" ${srcs[$t]} -lm
+    mkdir -p "$dir/corpus/$t"
+    log="$dir/$t.log"
+    echo "== $t: ${secs}s"
+    set +e
+    ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1 \
+    UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+        "$dir/$t" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 \
+        -max_len="${maxlen[$t]}" -print_final_stats=1 -artifact_prefix="$dir/artifacts/$t-" \
+        "$dir/corpus/$t" "tests/fuzz/corpus/$t" >"$log" 2>&1
+    rc=$?
+    set -e
+    execs=$(sed -nE 's/^stat::number_of_executed_units: *([0-9]+)/\1/p' "$log")
+    last=$(grep -E '^#[0-9]+' "$log" | tail -1 || true)
+    cov=$(sed -nE 's/.* cov: ([0-9]+).*/\1/p' <<<"$last")
+    ft=$(sed -nE 's/.* ft: ([0-9]+).*/\1/p' <<<"$last")
+    corp=$(sed -nE 's/.* corp: ([0-9]+)\/.*/\1/p' <<<"$last")
+    echo "   $t: rc=$rc executions=${execs:-?} coverage(edges)=${cov:-?} features=${ft:-?} corpus=${corp:-?}"
+    if ((rc != 0)); then
+        status=1
+        echo "   $t FAILED; log tail:" >&2
+        tail -40 "$log" >&2
+        echo "   replay: $dir/$t $dir/artifacts/$t-*" >&2
+    fi
+done
+exit $status

@@ -1,0 +1,390 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
+"""Tests of pkv-replay's research workflow (issue 9), driving the tool as a user
+would: a sweep equals the individual runs whatever --jobs; three shards merged
+equal one run; the SLO search finds the hand-computed load scale; the stamp
+holds the commit, command line and trace hash; SIGINT writes a partial report;
+timelines stay bounded; bad options exit 2.
+
+usage: test_replay_tools.py PKV_REPLAY SOURCE_ROOT
+"""
+import csv
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+TOOL = None
+ROOT = None
+TMP = None
+FAILS = []
+
+
+def check(cond, what):
+    print(("ok    " if cond else "FAIL  ") + what)
+    if not cond:
+        FAILS.append(what)
+
+
+def run(*args, expect=0):
+    p = subprocess.run([TOOL, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                       timeout=240)
+    if p.returncode != expect:
+        print(p.stdout, p.stderr, sep="\n")
+    check(p.returncode == expect, "exit %d from pkv-replay %s" % (expect, " ".join(args)))
+    return p
+
+
+def lines(path):
+    with open(path) as f:
+        return f.read().split("\n")
+
+
+def tmp(name):
+    return os.path.join(TMP, name)
+
+
+def runs_of(path):
+    with open(path) as f:
+        return json.load(f)["runs"]
+
+
+def flat_keys(d, prefix=""):
+    out = []
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out += flat_keys(v, prefix + k + ".")
+        else:
+            out.append(prefix + k)
+    return out
+
+
+def test_sweep_jobs_and_individual_runs():
+    trace = os.path.join(ROOT, "traces", "conv_small.csv")
+    sweep = ["--policy", "paged,contiguous-pow2", "--block-size", "8,32", "--load-scale", "1,3",
+             "--kv-mem", "12G,40G", "-q"]
+    outs = []
+    for jobs in ("1", "3"):
+        j, c = tmp("sweep%s.json" % jobs), tmp("sweep%s.csv" % jobs)
+        run(trace, *sweep, "--jobs", jobs, "--json", j, "--csv", c)
+        outs.append((j, c))
+    check(lines(outs[0][0])[1:] == lines(outs[1][0])[1:],
+          "sweep JSON identical with --jobs 1 and 3 (all but the stamp line)")
+    check(lines(outs[0][1]) == lines(outs[1][1]), "sweep CSV identical with --jobs 1 and 3")
+    runs = runs_of(outs[0][0])
+    # 2 budgets x 2 loads x (2 paged block sizes + 1 contiguous) points, in order.
+    check([r["point"]["index"] for r in runs] == list(range(12)), "12 points in index order")
+    check(len(set(json.dumps(r, sort_keys=True) for r in runs)) == 12, "points differ")
+    for r in runs:
+        p = r["point"]
+        one = tmp("one.json")
+        run(trace, "--policy", r["policy"], "--block-size", str(r["block_size"] if
+                                                                r["policy"] == "paged" else 16),
+            "--load-scale", repr(p["load_scale"]), "--kv-mem", str(p["kv_mem_bytes"]), "-q",
+            "--json", one)
+        solo = runs_of(one)[0]
+        a = {k: v for k, v in r.items() if k != "point"}
+        b = {k: v for k, v in solo.items() if k != "point"}
+        check(a == b and solo["point"]["request_rate"] == p["request_rate"],
+              "point %d (%s, bs %d, x%g, %d B) equals its individual run" %
+              (p["index"], r["policy"], r["block_size"], p["load_scale"], p["kv_mem_bytes"]))
+    # CSV columns are the JSON keys.
+    with open(outs[0][1]) as f:
+        header = f.readline().strip().split(",")
+    keys = ["point." + k for k in runs[0]["point"]] + flat_keys(
+        {k: v for k, v in runs[0].items() if k != "point"})
+    check(header == keys + ["stamp.commit", "trace.fnv1a64"], "CSV columns == JSON keys")
+
+
+def test_shards_merge():
+    trace = os.path.join(ROOT, "traces", "parallel_n2to8.csv")
+    sweep = ["--policy", "all", "--block-size", "16,32", "--load-scale", "0.5,2", "-q"]
+    run(trace, *sweep, "--json", tmp("whole.json"), "--csv", tmp("whole.csv"))
+    for k in (1, 2, 3):
+        run(trace, *sweep, "--point", "%d/3" % k, "--json", tmp("s%d.json" % k),
+            "--csv", tmp("s%d.csv" % k))
+    run("merge", "-o", tmp("merged.json"), tmp("s3.json"), tmp("s1.json"), tmp("s2.json"))
+    run("merge", "-o", tmp("merged.csv"), tmp("s2.csv"), tmp("s3.csv"), tmp("s1.csv"))
+    check(lines(tmp("merged.json"))[1:] == lines(tmp("whole.json"))[1:],
+          "3 shards merged == one run, byte for byte but the stamp line (JSON)")
+    check(lines(tmp("merged.csv")) == lines(tmp("whole.csv")),
+          "3 shards merged == one run, byte for byte (CSV)")
+    with open(tmp("merged.json")) as f:
+        merged = json.load(f)
+    check([s["shard"] for s in merged["stamp"]["merged_from"]] == ["3/3", "1/3", "2/3"],
+          "merged stamp lists the shards' stamps")
+    check(merged["partial"] is False, "complete merge is not partial")
+    p = run("merge", tmp("s1.json"), tmp("s2.json"), expect=0)
+    check('"partial": true' in p.stdout, "merge with a shard missing is partial")
+    run("merge", tmp("s1.json"), tmp("s1.json"), expect=2)
+    run(trace, "--policy", "paged", "-q", "--point", "1/2", "--json", tmp("other.json"))
+    run("merge", tmp("s1.json"), tmp("other.json"), expect=2)
+    run("merge", tmp("s1.json"), tmp("s1.csv"), expect=2)
+
+
+def test_slo_hand_computed():
+    # N requests of P prompt tokens and one output token each, one second apart,
+    # run one at a time (--max-batch 1). Each step is one prefill of P tokens and
+    # takes d seconds whatever the cost model (measured below at load 1, where
+    # requests never overlap: TTFT = d). At load scale s the gap is g = 1/s; for
+    # g < d request i finishes at (i+1)d and waited TTFT_i = d + i(d - g). With
+    # N <= 100, p99 is the max, d + (N-1)(d - g). The SLO ttft_p99 <= 3d thus
+    # holds iff g >= d - 2d/(N-1) = d/2 for N = 5: s* = 2/d.
+    trace = tmp("slo.csv")
+    with open(trace, "w") as f:
+        f.write("arrival_s,prompt_tokens,output_tokens\n")
+        for i in range(5):
+            f.write("%d,1000,1\n" % i)
+    run(trace, "--max-batch", "1", "-q", "--json", tmp("d.json"))
+    d_ms = runs_of(tmp("d.json"))[0]["latency"]["ttft_p50_ms"]
+    check(d_ms > 0, "isolated prefill takes d = %.4f ms" % d_ms)
+    expect = 2000.0 / d_ms
+    tol = 0.01
+    run(trace, "--max-batch", "1", "-q", "--policy", "paged,contiguous-oracle",
+        "--slo", "ttft_p99<=%.9fms" % (3 * d_ms), "--load-scale", "1,1000",
+        "--slo-tol", str(tol), "--json", tmp("slo.json"), "--csv", tmp("slo_out.csv"))
+    for r in runs_of(tmp("slo.json")):
+        got = r["point"]["load_scale"]
+        check(r["slo"]["met"] and r["slo"]["bounded"] and
+              expect / (1 + tol) * (1 - 1e-9) <= got <= expect * (1 + 1e-9),
+              "%s: highest load meeting the SLO %.4f, hand-computed %.4f" %
+              (r["policy"], got, expect))
+        check(abs(r["point"]["request_rate"] - got) < 1e-6 * got,
+              "request rate there = scale (1 request/s at scale 1)")
+        check(r["throughput"]["output_tokens_per_s"] > 0, "tokens/s reported at the SLO load")
+    # Unbounded (met at the top) and unmet (fails at the bottom) searches.
+    run(trace, "--max-batch", "1", "-q", "--slo", "ttft_p99<=%.9fms" % (3 * d_ms),
+        "--load-scale", "1,10", "--json", tmp("slo_top.json"))
+    r = runs_of(tmp("slo_top.json"))[0]
+    check(r["slo"]["met"] and not r["slo"]["bounded"] and r["point"]["load_scale"] == 10,
+          "SLO met at the top of the range: reported as a lower bound")
+    run(trace, "--max-batch", "1", "-q", "--slo", "ttft_p99<=%.9fms" % (0.5 * d_ms),
+        "--load-scale", "1,10", "--json", tmp("slo_none.json"))
+    r = runs_of(tmp("slo_none.json"))[0]
+    check(not r["slo"]["met"], "SLO below one prefill is never met")
+
+
+def fnv1a64(path):
+    h = 0xcbf29ce484222325
+    with open(path, "rb") as f:
+        for b in f.read():
+            h = ((h ^ b) * 0x100000001b3) & 0xFFFFFFFFFFFFFFFF
+    return "%016x" % h
+
+
+def test_stamp():
+    trace = os.path.join(ROOT, "traces", "shared_prefix.csv")
+    out = tmp("stamp.json")
+    run(trace, "--policy", "paged", "--watermark", "0.02", "-q", "--json", out,
+        "--timeline", tmp("tl.csv"), "--timeline-rows", "10")
+    with open(out) as f:
+        doc = json.load(f)
+    s = doc["stamp"]
+    check(s["command"] == " ".join([TOOL, trace, "--policy", "paged", "--watermark", "0.02", "-q",
+                                    "--json", out, "--timeline", tmp("tl.csv"),
+                                    "--timeline-rows", "10"]),
+          "stamp holds the command line")
+    head = None
+    if shutil.which("git"):
+        g = subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], stdout=subprocess.PIPE,
+                           stderr=subprocess.DEVNULL, text=True)
+        head = g.stdout.strip() if g.returncode == 0 else None
+    if head:
+        # meson test rebuilds first, so vcs_tag stamped HEAD (-dirty with edits).
+        check(s["commit"] in (head, head + "-dirty"),
+              "stamp commit is HEAD (%s; HEAD %s)" % (s["commit"], head))
+    else:
+        check(s["commit"] != "", "stamp commit present without git (%s)" % s["commit"])
+    check(s["version"].count(".") == 2, "stamp version")
+    check(s["host"]["cores"] == os.cpu_count(), "stamp host cores")
+    check(s["host"]["cpu"] != "", "stamp host cpu")
+    check(len(s["date"]) == 20 and s["date"].endswith("Z"), "stamp date in UTC")
+    check(doc["trace"]["fnv1a64"] == fnv1a64(trace), "trace hash is FNV-1a 64 of the bytes")
+    check(doc["config"]["watermark"] == 0.02 and doc["config"]["max_batch"] == 256,
+          "config holds effective parameters")
+    with open(tmp("tl.csv")) as f:
+        rows = f.read().strip().split("\n")
+    steps = runs_of(out)[0]["steps"]
+    check(steps > 20 and 10 <= len(rows) - 1 <= 20,
+          "timeline bounded: %d rows for %d steps (--timeline-rows 10)" % (len(rows) - 1, steps))
+
+
+def test_sigint_partial():
+    # Run mode executes the decoder: minutes for conv_small, so the signal lands
+    # mid-replay.
+    trace = os.path.join(ROOT, "traces", "conv_small.csv")
+    out = tmp("partial.json")
+    p = subprocess.Popen([TOOL, trace, "--mode", "run", "--threads", "1", "-q", "--json", out,
+                          "--csv", tmp("partial.csv")],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(2.0)
+    p.send_signal(signal.SIGINT)
+    try:
+        _, err = p.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        check(False, "SIGINT stops the replay within 60 s")
+        return
+    check(p.returncode == 130, "SIGINT: exit 130 (got %d)" % p.returncode)
+    check("interrupted" in err, "SIGINT: says it was interrupted")
+    with open(out) as f:
+        doc = json.load(f)
+    check(doc["partial"] is True and doc["runs"] and doc["runs"][0]["partial"] is True,
+          "SIGINT: the report is written and marked partial")
+    r = doc["runs"][0]
+    check(r["requests"]["completed"] < r["requests"]["total"] and r["steps"] > 0,
+          "SIGINT: the report covers the %d steps replayed" % r["steps"])
+    with open(tmp("partial.csv")) as f:
+        check(",true," in f.read().split("\n")[1], "SIGINT: the CSV row says partial")
+
+
+def test_progress_line():
+    # On a terminal the progress line is redrawn at least twice a second even when
+    # every step is slow (run mode); off a terminal, or with --quiet, nothing.
+    import pty
+    trace = os.path.join(ROOT, "traces", "conv_small.csv")
+    for quiet in (False, True):
+        master, slave = pty.openpty()
+        args = [TOOL, trace, "--mode", "run", "--threads", "1"] + (["-q"] if quiet else [])
+        p = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=slave)
+        os.close(slave)
+        time.sleep(2.5)
+        p.send_signal(signal.SIGINT)
+        out = b""
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            out += chunk
+        p.wait(timeout=60)
+        os.close(master)
+        text = out.decode(errors="replace")
+        draws = text.count(" requests (")
+        if quiet:
+            check(draws == 0, "--quiet: no progress line on a terminal")
+        else:
+            check(draws >= 5, "progress line redrawn %d times in 2.5 s on a terminal" % draws)
+            check("sim " in text and "req/s" in text and "ETA" in text,
+                  "progress line shows requests, simulated time, rate and ETA")
+    p = run(os.path.join(ROOT, "traces", "shared_prefix.csv"))
+    check(" requests (" not in p.stderr, "no progress line when stderr is not a terminal")
+
+
+def test_plots():
+    # pkv-plot draws every figure from real outputs when matplotlib is there,
+    # and says how to get it (exit 1) when it is not.
+    plot = os.path.join(ROOT, "tools", "pkv_plot.py")
+    trace = os.path.join(ROOT, "traces", "conv_small.csv")
+    run(trace, "--policy", "paged,contiguous-max", "--load-scale", "1,2", "-q", "--csv",
+        tmp("p.csv"), "--timeline", tmp("p_tl.csv"), "--requests", tmp("p_rq.csv"))
+    run(trace, "--policy", "paged,contiguous-max", "--load-scale", "0.5,8", "-q",
+        "--slo", "ttft_p99<=1s", "--csv", tmp("p_slo.csv"))
+    try:
+        import matplotlib  # noqa: F401
+        have = True
+    except ImportError:
+        have = False
+    for cmd, src in (("capacity", "p_tl.csv"), ("cdf", "p_rq.csv"), ("norm", "p.csv"),
+                     ("waste", "p.csv"), ("slo", "p_slo.csv")):
+        out = tmp("plot_%s.png" % cmd)
+        p = subprocess.run([sys.executable, plot, cmd, tmp(src), "-o", out],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        if have:
+            check(p.returncode == 0 and os.path.getsize(out) > 10000,
+                  "pkv-plot %s draws %s" % (cmd, out))
+        else:
+            check(p.returncode == 1 and "scripts/deps.sh --plots" in p.stderr,
+                  "pkv-plot %s without matplotlib: exit 1 and how to install it" % cmd)
+    p = subprocess.run([sys.executable, plot, "norm", tmp("p_tl.csv"), "-o", tmp("x.png")],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    check(p.returncode == (2 if have else 1), "pkv-plot norm on a timeline: bad input")
+    with open(tmp("p_rq.csv")) as f:
+        n = len(f.read().strip().split("\n")) - 1
+    check(n == 4 * 400, "--requests: one row per completed request of each run (%d)" % n)
+
+
+def test_cost_fields_and_failure():
+    # The cost work's figures reach the stamped JSON and CSV (nested as the
+    # library's JSON: memory.breakdown.*), a policy that completes nothing is
+    # null / an empty cell there (never 0), and --policy all still runs every
+    # policy and exits 1.
+    trace = os.path.join(ROOT, "traces", "conv_small.csv")
+    out, csvp = tmp("fail.json"), tmp("fail.csv")
+    p = run(trace, "--policy", "all", "--kv-mem", "8M", "-q", "--json", out, "--csv", csvp,
+            expect=1)
+    check("completed no request" in p.stderr and "holds no request" in p.stderr,
+          "honest failure: stderr names the cause")
+    with open(out) as f:
+        doc = json.load(f)
+    runs = doc["runs"]
+    check(len(runs) == 8 and len({r["policy"] for r in runs}) == 8,
+          "--policy all: every policy reported (%d runs)" % len(runs))
+    r = runs[0]
+    check(r["failure"] and r["memory"]["waste_frac"] is None and
+          r["memory"]["breakdown"]["free"] is None and r["latency"]["tpot_p50_ms"] is None and
+          r["latency"]["norm_ms_per_token"] is None and r["time"]["prefill_frac"] is None,
+          "honest failure: JSON nulls, not zeros")
+    with open(csvp) as f:
+        rows = list(csv.DictReader(f))
+    check(len(rows) == 8 and rows[0]["memory.waste_frac"] == "" and
+          rows[0]["memory.breakdown.token_states"] == "" and rows[0]["failure"] != "",
+          "honest failure: empty CSV cells, failure text present")
+    ok = run(trace, "--policy", "paged,contiguous-max", "--batching", "static",
+             "--preempt", "swap", "--swap-space", "1G", "--alloc-call-us", "20", "-q",
+             "--json", out, "--csv", csvp)
+    with open(out) as f:
+        doc = json.load(f)
+    c, r = doc["config"], doc["runs"][0]
+    check(c["batching"] == "static" and c["swap_space_bytes"] == 1 << 30 and
+          c["alloc_model"]["alloc"]["base_us"] == 20 and c["chunked_prefill"] == 0,
+          "config holds the cost work's parameters")
+    b = r["memory"]["breakdown"]
+    check(r["failure"] is None and abs(sum(b.values()) - 1) < 1e-6 and
+          r["memory"]["padding_frac"] > 0 and r["padding_tokens"] > 0 and
+          r["alloc"]["model"].startswith("constant") and r["alloc"]["step_seconds"] >= 0 and
+          0 < r["time"]["prefill_frac"] < 1 and "swap_fallbacks" in r,
+          "runs hold breakdown, padding, alloc model, time split and swap")
+    with open(csvp) as f:
+        rows = list(csv.DictReader(f))
+    check(float(rows[0]["memory.breakdown.token_states"]) == b["token_states"] and
+          rows[0]["alloc.model"] == r["alloc"]["model"],
+          "CSV columns are the JSON keys")
+    check("alloc cost model: constant" in ok.stdout and "batching static" in ok.stdout,
+          "table header names the cost model and batching")
+
+
+def test_bad_usage():
+    trace = os.path.join(ROOT, "traces", "conv_small.csv")
+    for args in (["--point", "4/3"], ["--point", "0/3"], ["--jobs", "0"],
+                 ["--slo", "ttft_p99<=2"], ["--slo", "foo<=1s"], ["--slo", "ttft_p99<=1s"],
+                 ["--load-scale", "1,-2"], ["--block-size", "8,,x"], ["--kv-mem", "1Q"],
+                 ["--policy", "paged,nope"], ["--batching", "static", "--chunked-prefill", "512"],
+                 ["--alloc-model", "none", "--alloc-call-us", "5"], ["--alloc-model", "/nonexistent.json"]):
+        run(trace, "-q", *args, expect=2)
+    run("merge", expect=2)
+
+
+def main():
+    global TOOL, ROOT, TMP
+    TOOL, ROOT = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
+    with tempfile.TemporaryDirectory() as d:
+        TMP = d
+        for t in (test_sweep_jobs_and_individual_runs, test_shards_merge, test_slo_hand_computed,
+                  test_stamp, test_sigint_partial, test_progress_line, test_plots,
+                  test_cost_fields_and_failure, test_bad_usage):
+            print("--", t.__name__)
+            t()
+    print("%d failure(s)" % len(FAILS))
+    return 1 if FAILS else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
