@@ -81,6 +81,10 @@ static const field fields[] = {
     F("copy_bytes", T_U64, copy_bytes),
     F("swap_bytes", T_U64, swap_bytes),
     F("partial", T_BOOL, partial),
+    F("schedule", T_STR, schedule),
+    F("schedule_deviations", T_U64, schedule_deviations),
+    F("run.token_hash", T_U64, run.token_hash),
+    F("run.tokens", T_U64, run.tokens),
     // replay_seconds (host wall time) is left out on purpose: it differs from
     // run to run, and it lives in the stamp's wall_seconds instead.
 };
