@@ -185,7 +185,9 @@ Test(replay_calibration, fit_recovers_a_known_machine) {
     for (int i = 0; i < N; i++) {
         x = x * 6364136223846793005ull + 1442695040888963407ull;
         s[i].work_bytes = 1e6 + (double)(x >> 40) * 50;       // 1 .. 50 MB
-        s[i].work_flops = s[i].work_bytes * (0.5 + (double)((x >> 20) % 64)); // both regimes
+        // Intensity 0.5 .. 15.5 flop/byte around the ridge (C / B = 6.7): both
+        // regimes hold a good share of the time, so both rates are determined.
+        s[i].work_flops = s[i].work_bytes * (0.5 + (double)((x >> 20) % 16));
         s[i].alloc_s = (i % 3) * 1e-3;                         // charged calls: not the executor's
         s[i].step_s = (s[i].work_flops / C > s[i].work_bytes / B ? s[i].work_flops / C : s[i].work_bytes / B) +
                       O + s[i].alloc_s;

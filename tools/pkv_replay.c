@@ -142,14 +142,19 @@ static int calibrate(const char *path, const pkv_trace *trace, const pkv_replay_
     size_t steps = 0;
     double as = 0, fs = 0;
     uint64_t ac = 0, fc = 0;
+    // Per-call cost: the calls made inside steps (the arena, one call each way
+    // outside the steps, is left out), alloc and free together.
     for (size_t i = 0; i < n; i++) {
         if (!results[i].ran) continue;
         steps += results[i].timeline.n;
-        as += results[i].report.alloc.backend_alloc_seconds;
-        ac += results[i].report.alloc.backend_alloc_calls;
-        fs += results[i].report.alloc.backend_free_seconds;
-        fc += results[i].report.alloc.backend_free_calls;
+        const pkv_replay_report *r = &results[i].report;
+        if (r->alloc.backend_alloc_calls > 1) {
+            as += r->alloc.step_seconds;
+            ac += r->alloc.backend_alloc_calls - 1 + r->alloc.backend_free_calls - 1;
+        }
     }
+    fs = as;
+    fc = ac;
     pkv_replay_step *all = malloc((steps ? steps : 1) * sizeof *all);
     if (!all) return 1;
     size_t k = 0;

@@ -382,10 +382,11 @@ uint64_t pkv_replay_schedule_events(const pkv_replay_schedule *schedule);
 
 // Fit a calibration to run-mode steps (borrowed, n entries, from on_step of
 // run-mode replays of one model on one machine): achieved bandwidth, compute
-// and per-step overhead minimizing the mean relative error of
+// and per-step overhead minimizing the duration-weighted relative error of
 // max(flops / C, bytes / B) + overhead against each step's measured time
 // (without its charged backend calls). alloc_s / alloc_calls, free_s /
-// free_calls: measured call totals for the per-call cost (0 calls: none).
+// free_calls: measured call totals for the per-call cost (0 calls: none; the
+// tool passes the calls made inside steps, not the arena's).
 // PKV_ERR_INVALID_ARG with fewer than 8 usable steps.
 pkv_status pkv_replay_calibrate(const pkv_replay_step *steps, size_t n, double alloc_s,
                                 uint64_t alloc_calls, double free_s, uint64_t free_calls,

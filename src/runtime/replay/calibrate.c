@@ -5,7 +5,7 @@
 // per-call cost of backend allocations from the run's measured calls; write
 // and read the result as a flat JSON object; apply it to replay params.
 //
-// The fit minimizes the mean relative error of
+// The fit minimizes the duration-weighted relative error of
 //   t(step) = max(flops / C, bytes / B) + overhead
 // over the steps (at most 4096 of them, evenly spaced): a log-spaced grid over
 // (B, C), refined five times around the best point; for each (B, C) the overhead is the median of the residuals (clamped
@@ -50,23 +50,27 @@ typedef struct sample {
     double t, flops, bytes;
 } sample;
 
-// Mean relative error of (B, C) with the overhead (the median residual, at
-// least 0) into *ovh; *med: the median relative error. The mean, not the
-// median, is minimized: a median would ignore a regime that under half of the
-// steps are in (e.g. the memory-bound ones).
+// Duration-weighted relative error of (B, C): sum |pred - t| / sum t, i.e. the
+// error of the total time, which decides makespan and throughput (a plain mean
+// over steps would let thousands of short decode steps outvote the few long
+// prefills). The overhead is the median residual (at least 0), the value that
+// minimizes sum |residual - overhead|. *ovh: the overhead; *med: the median
+// relative error per step.
 static double score(const sample *s, size_t n, double B, double C, double *tmp, double *ovh,
                     double *med) {
     for (size_t i = 0; i < n; i++) tmp[i] = s[i].t - fmax(s[i].flops / C, s[i].bytes / B);
     double o = median(tmp, n);
     if (o < 0) o = 0;
-    double sum = 0;
+    double err = 0, tot = 0;
     for (size_t i = 0; i < n; i++) {
-        tmp[i] = fabs(fmax(s[i].flops / C, s[i].bytes / B) + o - s[i].t) / s[i].t;
-        sum += tmp[i];
+        const double d = fabs(fmax(s[i].flops / C, s[i].bytes / B) + o - s[i].t);
+        err += d;
+        tot += s[i].t;
+        tmp[i] = d / s[i].t;
     }
     *ovh = o;
     if (med) *med = median(tmp, n);
-    return sum / (double)n;
+    return err / tot;
 }
 
 pkv_status pkv_replay_calibrate(const pkv_replay_step *steps, size_t n, double alloc_s,
@@ -138,7 +142,7 @@ pkv_status pkv_replay_calibrate(const pkv_replay_step *steps, size_t n, double a
     out->steps = k;
     out->median_rel_err = med;
     const double a = alloc_calls ? alloc_s / (double)alloc_calls : 0;
-    const double f = free_calls ? free_s / (double)free_calls : 0;
+    const double f = free_calls ? free_s / (double)free_calls : (free_s > 0 ? 0 : a);
     snprintf(out->alloc.name, sizeof out->alloc.name, "calibrated: %.3g us/alloc, %.3g us/free",
              a * 1e6, f * 1e6);
     out->alloc.alloc = (pkv_alloc_call_cost){a, 0, 1};
