@@ -179,6 +179,8 @@ static void usage(FILE *out) {
             "Times pool alloc+free (1, 16, 128 blocks), append of one token and fork of a\n"
             "2k-token sequence, against glibc malloc/free, jemalloc mallocx/dallocx and (with\n"
             "a GPU) cudaMalloc/cudaFree of block-sized buffers, side by side in one run.\n"
+            "bench_alloc --calibrate FILE.json [--backend host|cuda]: fit the per-call cost\n"
+            "model of backend alloc/free that pkv-replay --alloc-model FILE.json reads.\n"
             "\n"
             "  --block-bytes N  bytes per block for malloc rows (default 262144: 16 tokens of\n"
             "                   one Llama-2-7B layer's K and V in fp16, 2x32x128x2x16)\n"
@@ -224,7 +226,12 @@ static int parse(int argc, char **argv, options *o) {
     return 1;
 }
 
+int alloc_calibrate_main(int argc, char **argv); // alloc_calibrate.c
+
 int main(int argc, char **argv) {
+    // --calibrate FILE.json: the allocation cost model for pkv-replay (alloc_calibrate.c).
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--calibrate")) return alloc_calibrate_main(argc, argv);
     options o;
     if (!parse(argc, argv, &o)) return 2;
 

@@ -27,6 +27,7 @@ static pkv_replay_params tiny_params(pkv_policy policy, uint64_t kv_slots) {
     p.max_seq_len = 16;
     p.block_size = 4;
     p.validate = 1;
+    p.alloc_model = pkv_alloc_model_none(); // the cost tests set their own
     return p;
 }
 
@@ -81,7 +82,11 @@ typedef struct expect_run {
 //   reserved at admission; the fork copies R1's 3 prompt tokens: 3 slots).
 //   1: 17 / 8 / (9-5) + (4-3) + (4-0) = 9;  2: 17 / 14 / 3;  3: 9 / 7 / 2;
 //   4: 9 / 8 / 1;  5: 9 / 9 / 0.
-// contiguous-pow2: next power of two of the current length: R0 8, R1 4 + 4.
+// contiguous-pow2 (Orca): next power of two of prompt + output, capped at
+//   max_seq_len 16: R0 pow2(10) = 16, R1 pow2(5) = 8 per sample.
+//   1: 32 / 8 / (9-5) + (4-3) + 4 = 9;  2: 32 / 14 / 3;  3: 16 / 7 / 2;
+//   4: 16 / 8 / 1;  5: 16 / 9 / 0. Copies: the fork's 3.
+// contiguous-pow2-grow: next power of two of the current length: R0 8, R1 4 + 4.
 //   1: 16 / 8 / (8-5) + 1 + 4 = 8;  2: 16 / 14 / 2;  3: 8 / 7 / 1;  4: 8 / 8 / 0;
 //   5: R0 needs 9 > 8 -> 16 slots, grown in place (R1's extents right after it
 //   are free by then): 16 / 9 / 0 (7 slots never filled). Copies: the fork's 3.
@@ -89,7 +94,11 @@ typedef struct expect_run {
 //   2: 48 / 14 / 3;  3: 16 / 7 / 2;  4: 16 / 8 / 1;  5: 16 / 9 / 0.
 // malloc-per-request: the oracle's memory, one backend call per sequence:
 //   3 allocations (R0, R1 x 2), 3 frees.
-// malloc-per-token: extents of the current length. Admission allocates R0 5,
+// malloc-per-token: one call per token, never a copy; the fork's samples point
+//   at R1's prompt. Admission: 5 + 3 calls. 1: 8 / 8 / 0. 2: R0 6, R1 3 + 1 + 1:
+//   11 / 11 / 0 (3 calls); R1 ends, 5 frees. 3, 4, 5: 7, 8, 9 (1 call each);
+//   R0 frees 9 at the end. Allocs 8 + 3 + 3 = 14, frees 5 + 9 = 14.
+// realloc-copy: extents of the current length. Admission allocates R0 5,
 //   R1 3 + 3 (3 calls). 1: 11 / 8 / (3-0) = 3 (the 2nd sample is empty until the
 //   fork). 2: every sequence grows by reallocation (3 allocs, 3 frees, copies of
 //   5 + 3 + 3 slots): 6 + 4 + 4 = 14 / 14 / 0. R1 frees 2. 3, 4, 5: R0 grows to
@@ -99,10 +108,12 @@ typedef struct expect_run {
 static const expect_run expected[] = {
     {PKV_POLICY_PAGED, {{12, 8, 4}, {16, 14, 2}, {8, 7, 1}, {8, 8, 0}, {12, 9, 0}}, 16, 14, 1, 1, 1, 3},
     {PKV_POLICY_CONTIG_ORACLE, {{17, 8, 9}, {17, 14, 3}, {9, 7, 2}, {9, 8, 1}, {9, 9, 0}}, 17, 14, 1, 1, 0, 3},
-    {PKV_POLICY_CONTIG_POW2, {{16, 8, 8}, {16, 14, 2}, {8, 7, 1}, {8, 8, 0}, {16, 9, 0}}, 16, 14, 1, 1, 0, 3},
+    {PKV_POLICY_CONTIG_POW2, {{32, 8, 9}, {32, 14, 3}, {16, 7, 2}, {16, 8, 1}, {16, 9, 0}}, 32, 14, 1, 1, 0, 3},
+    {PKV_POLICY_CONTIG_POW2_GROW, {{16, 8, 8}, {16, 14, 2}, {8, 7, 1}, {8, 8, 0}, {16, 9, 0}}, 16, 14, 1, 1, 0, 3},
     {PKV_POLICY_CONTIG_MAX, {{48, 8, 9}, {48, 14, 3}, {16, 7, 2}, {16, 8, 1}, {16, 9, 0}}, 48, 14, 1, 1, 0, 3},
     {PKV_POLICY_MALLOC_PER_REQUEST, {{17, 8, 9}, {17, 14, 3}, {9, 7, 2}, {9, 8, 1}, {9, 9, 0}}, 17, 14, 3, 3, 0, 3},
-    {PKV_POLICY_MALLOC_PER_TOKEN, {{11, 8, 3}, {14, 14, 0}, {7, 7, 0}, {8, 8, 0}, {9, 9, 0}}, 14, 14, 9, 9, 0, 35},
+    {PKV_POLICY_MALLOC_PER_TOKEN, {{8, 8, 0}, {11, 11, 0}, {7, 7, 0}, {8, 8, 0}, {9, 9, 0}}, 11, 11, 14, 14, 0, 0},
+    {PKV_POLICY_REALLOC_COPY, {{11, 8, 3}, {14, 14, 0}, {7, 7, 0}, {8, 8, 0}, {9, 9, 0}}, 14, 14, 9, 9, 0, 35},
 };
 
 Test(replay_hand, every_policy_matches_the_hand_computation) {
@@ -165,8 +176,8 @@ Test(replay_hand, every_policy_matches_the_hand_computation) {
 Test(replay_hand, modelled_alloc_seconds_are_calls_times_cost) {
     const pkv_trace_request r[2] = {{0, 5, 5, 1, -1, 0, 0}, {0, 3, 2, 2, -1, 0, 1}};
     pkv_trace *t = make_trace(r, 2);
-    pkv_replay_params p = tiny_params(PKV_POLICY_MALLOC_PER_TOKEN, 1000);
-    p.sim_alloc_call_s = 1e-6;
+    pkv_replay_params p = tiny_params(PKV_POLICY_REALLOC_COPY, 1000);
+    p.alloc_model = pkv_alloc_model_constant(1e-6);
     pkv_replay_report rep;
     cr_assert_eq(pkv_replay_run(t, &p, &rep), PKV_OK);
     cr_expect_float_eq(rep.alloc.backend_alloc_seconds, 9e-6, 1e-15);

@@ -21,11 +21,15 @@ static void usage(FILE *f) {
         "  --skip-bad          skip (and count) bad rows instead of failing\n"
         "  --load-scale X      replay X times faster (arrival times divided by X; default 1)\n"
         "Policy and scheduler:\n"
-        "  --policy P          paged (default), contiguous-max, contiguous-pow2,\n"
-        "                      contiguous-oracle, malloc-per-request, malloc-per-token, all\n"
+        "  --policy P          paged (default), contiguous-max, contiguous-pow2 (Orca Pow2),\n"
+        "                      contiguous-oracle, malloc-per-request, malloc-per-token,\n"
+        "                      realloc-copy, contiguous-pow2-grow, all\n"
         "  --block-size N      paged block size in tokens (default 16)\n"
         "  --max-seq-len N     longest sequence; contiguous-max reserves it (default: model's)\n"
         "  --preempt M         recompute (default) or swap\n"
+        "  --swap-space SIZE   host pool for --preempt swap (default 4G); a full pool recomputes\n"
+        "  --batching B        continuous (default) or static (padded batches, HF generate)\n"
+        "  --chunked-prefill N split prompts across steps, N tokens per step (default off)\n"
         "  --max-batch N       max sequences per step (default 256)\n"
         "  --max-tokens N      max prefill + decode tokens per step (default 8192)\n"
         "  --watermark F       fraction of the budget kept free at admission (default 0.01)\n"
@@ -37,8 +41,10 @@ static void usage(FILE *f) {
         "  --kv-mem SIZE       KV budget, e.g. 40G (K/M/G/T = powers of 1024); default\n"
         "                      (GPU memory - weights) x --gpu-util in sim, 64M in run mode\n"
         "  --gpu-util F        utilization factor for the default budget (default 0.9)\n"
-        "  --alloc-call-us X   sim: model each backend alloc/free call as X microseconds\n"
-        "                      (default 0: allocation seconds are not modelled)\n"
+        "  --alloc-model M     sim: cost of backend alloc/free calls: cuda-boyer (default,\n"
+        "                      50 us/call, synchronizing; see DESIGN.md), none, or a FILE.json\n"
+        "                      written by bench_alloc --calibrate\n"
+        "  --alloc-call-us X   sim: a constant X microseconds per call instead\n"
         "  --cuda              run mode on the CUDA backend (default: CPU)\n"
         "  --threads N         run mode CPU attention threads (default: all)\n"
         "  --seed N            run mode weights and token ids (default 1)\n"
@@ -84,12 +90,12 @@ static void on_progress(void *user, double frac) {
 
 static void on_step(void *user, const pkv_replay_step *s) {
     timeline *t = &((ctx *)user)->tl;
-    fprintf(t->f, "%s,%llu,%.6f,%u,%u,%llu,%llu,%llu,%llu,%llu,%llu,%.6f\n", t->policy,
+    fprintf(t->f, "%s,%llu,%.6f,%u,%u,%llu,%llu,%llu,%llu,%llu,%llu,%.6f,%llu,%.6f\n", t->policy,
             (unsigned long long)s->index, s->time_s, s->running, s->waiting,
             (unsigned long long)s->used_bytes, (unsigned long long)s->reserved_bytes,
             (unsigned long long)s->reservation_bytes, (unsigned long long)s->ext_frag_bytes,
             (unsigned long long)s->free_bytes, (unsigned long long)s->capacity_bytes,
-            s->step_s * 1e3);
+            s->step_s * 1e3, (unsigned long long)s->internal_frag_bytes, s->alloc_s * 1e3);
 }
 
 static int parse_u32(const char *s, uint32_t *v, uint32_t min) {
@@ -120,6 +126,8 @@ int main(int argc, char **argv) {
     const char *model = NULL, *gpu = NULL;
     int quiet = 0, have_kv = 0;
     double load_scale = 1;
+    const char *alloc_model = NULL;
+    double alloc_call_us = -1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -197,9 +205,24 @@ int main(int argc, char **argv) {
                 BAD("--gpu-util must be in (0, 1], got '%s'", v);
         } else if (!strcmp(a, "--alloc-call-us")) {
             NEED();
-            if (parse_f(v, &prm.sim_alloc_call_s) || !(prm.sim_alloc_call_s >= 0))
+            if (parse_f(v, &alloc_call_us) || !(alloc_call_us >= 0 && alloc_call_us < 1e12))
                 BAD("--alloc-call-us must be >= 0, got '%s'", v);
-            prm.sim_alloc_call_s *= 1e-6;
+        } else if (!strcmp(a, "--alloc-model")) {
+            NEED();
+            alloc_model = v;
+        } else if (!strcmp(a, "--swap-space")) {
+            NEED();
+            if (pkv_size_parse(v, &prm.swap_space_bytes) != PKV_OK)
+                BAD("--swap-space must be a size like 4G (K/M/G/T = powers of 1024), got '%s'", v);
+        } else if (!strcmp(a, "--batching")) {
+            NEED();
+            if (!strcmp(v, "continuous")) prm.batching = PKV_BATCHING_CONTINUOUS;
+            else if (!strcmp(v, "static")) prm.batching = PKV_BATCHING_STATIC;
+            else BAD("--batching must be continuous or static, got '%s'", v);
+        } else if (!strcmp(a, "--chunked-prefill")) {
+            NEED();
+            if (parse_u32(v, &prm.chunked_prefill, 1))
+                BAD("--chunked-prefill must be a token count >= 1, got '%s'", v);
         } else if (!strcmp(a, "--cuda")) {
             prm.run_cuda = 1;
         } else if (!strcmp(a, "--threads")) {
@@ -233,6 +256,18 @@ int main(int argc, char **argv) {
         usage(stderr);
         return 2;
     }
+    if (alloc_model && alloc_call_us >= 0)
+        BAD("give --alloc-model or --alloc-call-us, not both");
+    if (alloc_call_us >= 0) prm.alloc_model = pkv_alloc_model_constant(alloc_call_us * 1e-6);
+    if (alloc_model && pkv_alloc_model_builtin(alloc_model, &prm.alloc_model) != PKV_OK) {
+        char err[256];
+        pkv_status ms = pkv_alloc_model_load(alloc_model, &prm.alloc_model, err, sizeof err);
+        if (ms != PKV_OK)
+            BAD("--alloc-model: %s", err[0] ? err : pkv_status_str(ms));
+    }
+    if (prm.batching == PKV_BATCHING_STATIC && prm.chunked_prefill)
+        BAD("--chunked-prefill needs --batching continuous");
+    prm.load_scale = load_scale;
     if (!model) model = prm.mode == PKV_REPLAY_RUN ? "tiny" : "llama2-7b";
     if (pkv_model_preset(model, &prm.model) != PKV_OK) BAD("unknown --model '%s'", model);
     if (gpu && pkv_gpu_preset(gpu, &prm.gpu) != PKV_OK)
@@ -242,6 +277,8 @@ int main(int argc, char **argv) {
         if (!have_kv) prm.kv_mem_bytes = 64ull << 20;
         if (strcmp(policy, "paged") != 0)
             BAD("--mode run executes the paged policy only (got --policy %s)", policy);
+        if (prm.chunked_prefill || prm.batching != PKV_BATCHING_CONTINUOUS)
+            BAD("--mode run supports continuous batching without --chunked-prefill only");
         // Learned positions cap the sequence length at the model's context.
         if (prm.max_seq_len == 0 || prm.max_seq_len > prm.model.max_seq_len)
             prm.max_seq_len = prm.model.max_seq_len;
@@ -266,27 +303,8 @@ int main(int argc, char **argv) {
         return st == PKV_ERR_OUT_OF_MEMORY ? 1 : 2;
     }
     const pkv_trace_format loaded_format = pkv_trace_get_format(trace);
-    if (load_scale != 1) {
-        // Same requests, arrivals compressed in time: a heavier load.
-        const size_t n = pkv_trace_count(trace);
-        pkv_trace_request *scaled = malloc(n * sizeof *scaled);
-        pkv_trace *t2 = NULL;
-        if (!scaled) {
-            pkv_trace_destroy(trace);
-            fprintf(stderr, "pkv-replay: out of memory\n");
-            return 1;
-        }
-        memcpy(scaled, pkv_trace_requests(trace), n * sizeof *scaled);
-        for (size_t i = 0; i < n; i++) scaled[i].arrival_s /= load_scale;
-        st = pkv_trace_create(scaled, n, &t2, &err);
-        free(scaled);
-        pkv_trace_destroy(trace);
-        if (st != PKV_OK) {
-            fprintf(stderr, "pkv-replay: %s\n", pkv_status_str(st));
-            return 1;
-        }
-        trace = t2;
-    }
+    // --load-scale divides arrival times inside the replay (prm.load_scale), so
+    // the trace keeps everything it was loaded with (Mooncake hash ids included).
     const int tty = isatty(fileno(stderr)) && !quiet;
     FILE *table_out = json_path && !strcmp(json_path, "-") ? stderr : stdout;
     ctx c = {{NULL, tty, -1}, {NULL, NULL}};
@@ -297,7 +315,7 @@ int main(int argc, char **argv) {
             BAD("cannot write --timeline %s", timeline_path);
         }
         fputs("policy,step,time_s,running,waiting,used_bytes,reserved_bytes,reservation_bytes,"
-              "ext_frag_bytes,free_bytes,capacity_bytes,step_ms\n",
+              "ext_frag_bytes,free_bytes,capacity_bytes,step_ms,internal_frag_bytes,alloc_ms\n",
               c.tl.f);
         prm.on_step = on_step;
     }
@@ -306,15 +324,20 @@ int main(int argc, char **argv) {
     pkv_replay_report reports[PKV_POLICY_COUNT];
     size_t nrep = 0;
     int rc = 0;
+    char chunk[32] = "off";
+    if (prm.chunked_prefill) snprintf(chunk, sizeof chunk, "%u tokens", prm.chunked_prefill);
     fprintf(table_out,
-            "trace %s: %zu requests (%s, %llu skipped, load x%g); mode %s, model %s, %s, KV budget "
-            "%.2f GiB\n",
+            "trace %s: %zu requests (%s, %llu skipped, load x%g)\n"
+            "mode %s, model %s, GPU %s, KV budget %.2f GiB; batching %s, chunked prefill %s; "
+            "preempt %s (host pool %.1f GiB); alloc cost model: %s; step time: %s\n",
             trace_path, pkv_trace_count(trace), pkv_trace_format_name(loaded_format),
             (unsigned long long)pkv_trace_skipped(trace), load_scale,
-            prm.mode == PKV_REPLAY_SIM ? "sim" : "run",
-            prm.model.name,
-            prm.mode == PKV_REPLAY_SIM ? prm.gpu.name : (prm.run_cuda ? "cuda" : "cpu"),
-            (double)budget / (1024.0 * 1024 * 1024));
+            prm.mode == PKV_REPLAY_SIM ? "sim" : "run", prm.model.name,
+            prm.mode == PKV_REPLAY_SIM ? prm.gpu.name : (prm.run_cuda ? "cuda (measured)" : "cpu (measured)"),
+            (double)budget / (1024.0 * 1024 * 1024), pkv_batching_name(prm.batching), chunk,
+            pkv_preempt_mode_name(prm.preempt), (double)prm.swap_space_bytes / (1024.0 * 1024 * 1024),
+            prm.mode == PKV_REPLAY_SIM ? prm.alloc_model.name : "measured",
+            prm.mode == PKV_REPLAY_SIM ? "roofline model" : "measured wall time");
     for (int p = 0; p < PKV_POLICY_COUNT; p++) {
         if (strcmp(policy, "all") != 0 && strcmp(policy, pkv_policy_name((pkv_policy)p)) != 0) continue;
         prm.policy = (pkv_policy)p;
@@ -323,17 +346,20 @@ int main(int argc, char **argv) {
         c.tl.policy = c.prog.policy;
         st = pkv_replay_run(trace, &prm, &reports[nrep]);
         if (st != PKV_OK) {
+            // Every policy runs even when one fails; the others are still reported.
             fprintf(stderr, "pkv-replay: policy %s failed: %s\n", pkv_policy_name(prm.policy),
                     pkv_status_str(st));
-            rc = st == PKV_ERR_INVALID_ARG ? 2 : 1;
-            break;
+            if (!rc) rc = st == PKV_ERR_INVALID_ARG ? 2 : 1;
+            continue;
+        }
+        if (reports[nrep].failure[0]) {
+            fprintf(stderr, "pkv-replay: policy %s completed no request: %s\n",
+                    reports[nrep].policy, reports[nrep].failure);
+            if (!rc) rc = 1;
         }
         nrep++;
     }
     if (nrep) pkv_replay_write_table(table_out, reports, nrep);
-    if (nrep && prm.mode == PKV_REPLAY_SIM)
-        fprintf(table_out, "(sim mode: step times from the roofline model; allocation seconds %s)\n",
-                prm.sim_alloc_call_s > 0 ? "modelled from --alloc-call-us" : "not modelled");
     if (json_path && nrep) {
         FILE *jf = strcmp(json_path, "-") ? fopen(json_path, "w") : stdout;
         if (!jf) {

@@ -8,14 +8,22 @@
 // time from a roofline model of (model preset, GPU preset); PKV_REPLAY_RUN
 // executes the decoder (runtime/model.h) and measures each step's wall time.
 //
-// Policies (one interface, chosen by name): "paged" (pkv_pool + pkv_seqset,
-// block_size tokens per block), "contiguous-max" (max_seq_len per sequence),
-// "contiguous-pow2" (next power of two of the current length, regrown by
-// reallocation), "contiguous-oracle" (exactly the tokens the sequence will hold),
-// "malloc-per-request" (one backend allocation per sequence) and
-// "malloc-per-token" (a new backend allocation and a copy per token). Contiguous
-// and malloc policies place extents in one range of the budget with a
+// Policies (one interface, chosen by name; references in DESIGN.md): "paged"
+// (pkv_pool + pkv_seqset, block_size tokens per block), "contiguous-max"
+// (max_seq_len per sequence), "contiguous-pow2" (Orca's Pow2: the power of two
+// of prompt + output, reserved at admission), "contiguous-oracle" (exactly the
+// tokens the sequence will hold), "malloc-per-request" (one backend allocation
+// per sequence), "malloc-per-token" (one backend allocation per token, no copy,
+// freed when the request ends), "realloc-copy" (a new allocation one token
+// longer and a copy of the whole cache per token) and "contiguous-pow2-grow"
+// (the power of two of the current length, regrown in place or by a copy).
+// Contiguous policies place extents in one range of the budget with a
 // free-extent allocator, so external fragmentation is measured.
+//
+// Costs charged to the step in which they happen (sim mode): backend calls
+// (from a pkv_alloc_model), device copies (roofline bytes), swap in both
+// directions (host link). A run that completes no request reports NaN for every
+// figure that needs one (JSON null) and says why in report.failure.
 //
 // Thread-safety: pkv_replay_run is reentrant; concurrent runs share nothing
 // (the trace is only read).
@@ -41,7 +49,9 @@ typedef enum pkv_policy {
     PKV_POLICY_CONTIG_ORACLE = 3,
     PKV_POLICY_MALLOC_PER_REQUEST = 4,
     PKV_POLICY_MALLOC_PER_TOKEN = 5,
-    PKV_POLICY_COUNT = 6,
+    PKV_POLICY_REALLOC_COPY = 6,
+    PKV_POLICY_CONTIG_POW2_GROW = 7,
+    PKV_POLICY_COUNT = 8,
 } pkv_policy;
 
 // "paged", "contiguous-max", ... ("unknown" for a bad value).
@@ -51,10 +61,53 @@ pkv_status pkv_policy_from_name(const char *name, pkv_policy *policy);
 
 typedef enum pkv_preempt_mode {
     PKV_PREEMPT_RECOMPUTE = 0, // free the request's memory, recompute its tokens later
-    PKV_PREEMPT_SWAP = 1,      // copy its KV to an (unbounded) host pool and back
+    PKV_PREEMPT_SWAP = 1,      // copy its KV to a bounded host pool (swap_space_bytes)
+                               // and back; recompute when the pool is full
 } pkv_preempt_mode;
 
 const char *pkv_preempt_mode_name(pkv_preempt_mode mode); // "recompute" / "swap"
+
+typedef enum pkv_batching {
+    PKV_BATCHING_CONTINUOUS = 0, // iteration-level scheduling (Orca, vLLM)
+    PKV_BATCHING_STATIC = 1,     // a batch padded to its longest prompt and output,
+                                 // nothing admitted until all of it finishes
+} pkv_batching;
+
+const char *pkv_batching_name(pkv_batching batching); // "continuous" / "static"
+
+// Cost of one backend call of `bytes`: base_s + per_byte_s x bytes seconds.
+// sync = 1: the call synchronizes the device (cudaFree, and cudaMalloc when it
+// must), so its time adds to the step's; sync = 0: it overlaps the step's device
+// work and only the part longer than the step shows.
+typedef struct pkv_alloc_call_cost {
+    double base_s;
+    double per_byte_s;
+    int sync;
+} pkv_alloc_call_cost;
+
+// A cost model for backend allocation and free calls (sim mode). Plain data.
+typedef struct pkv_alloc_model {
+    char name[96];            // where it comes from, shown in reports
+    pkv_alloc_call_cost alloc;
+    pkv_alloc_call_cost free;
+} pkv_alloc_model;
+
+// No cost (name "none").
+pkv_alloc_model pkv_alloc_model_none(void);
+// A constant `seconds` per call of either kind, synchronizing (name "constant N us").
+pkv_alloc_model pkv_alloc_model_constant(double seconds);
+// Built-in models: "none", "cuda-boyer" (cudaMalloc measured by Boyer, see
+// docs/DESIGN.md "Allocation cost models"). PKV_ERR_NOT_FOUND otherwise.
+pkv_status pkv_alloc_model_builtin(const char *name, pkv_alloc_model *model);
+// Read a model written by `bench_alloc --calibrate` (JSON, keys in DESIGN.md).
+// On PKV_ERR_FORMAT / PKV_ERR_IO, `err` (optional, err_len bytes) says
+// "path:line: field: problem".
+pkv_status pkv_alloc_model_load(const char *path, pkv_alloc_model *model, char *err,
+                                size_t err_len);
+// Write `model` as the JSON object pkv_alloc_model_load reads (no newline).
+pkv_status pkv_alloc_model_write_json(FILE *out, const pkv_alloc_model *model);
+// Seconds one call of `bytes` costs under `cost`.
+double pkv_alloc_call_seconds(const pkv_alloc_call_cost *cost, uint64_t bytes);
 
 typedef enum pkv_replay_mode {
     PKV_REPLAY_SIM = 0,
@@ -91,6 +144,13 @@ typedef struct pkv_replay_step {
     uint64_t ext_frag_bytes; // free bytes the queue head could not use (0 if none)
     uint64_t free_bytes;     // capacity - reserved
     uint64_t capacity_bytes;
+    // Capacity breakdown (vLLM paper, fig. 2): these five add up to capacity_bytes.
+    // token states = used; reserved = reservation; internal = reserved_bytes -
+    // used - reservation; external = ext_frag; free = free_bytes - external.
+    uint64_t internal_frag_bytes;
+    uint64_t idle_free_bytes;    // free_bytes - ext_frag_bytes
+    double alloc_s;              // backend-call seconds charged to this step
+    uint32_t prefill_tokens;     // tokens prefilled in this step (incl. padding)
 } pkv_replay_step;
 
 typedef struct pkv_replay_params {
@@ -107,9 +167,13 @@ typedef struct pkv_replay_params {
     uint64_t kv_mem_bytes;         // 0 (default): (gpu.mem - weights) x gpu_util
     double gpu_util;               // default 0.9
     uint32_t dtype_bytes;          // bytes per KV and weight element, default 2 (fp16)
-    // Sim mode: modelled seconds per backend allocation/free call. 0 (default)
-    // means "not modelled": alloc.backend_alloc_seconds is then 0 in sim mode.
-    double sim_alloc_call_s;
+    // Sim mode: what backend calls cost; default pkv_alloc_model_builtin("cuda-boyer").
+    pkv_alloc_model alloc_model;
+    uint64_t swap_space_bytes;     // host pool for PKV_PREEMPT_SWAP, default 4 GiB (vLLM)
+    pkv_batching batching;         // default continuous
+    uint32_t chunked_prefill;      // 0 (default): off; else prefill + decode tokens per
+                                   // step, long prompts split across steps
+    double load_scale;             // arrivals divided by this (> 0), default 1
     int prefix_sharing;            // paged, sim mode: prefix cache over the trace's shared
                                    // prefixes (prefix_group, Mooncake hash_ids); default 1
     // Run mode.
@@ -139,7 +203,12 @@ typedef struct pkv_replay_report {
         uint64_t total;        // requests in the trace
         uint64_t completed;
         uint64_t rejected;     // longer than max_seq_len, or larger than the budget alone
+        uint64_t rejected_too_long;  // final length > max_seq_len, or n > max_batch
+        uint64_t rejected_no_memory; // could not run alone in the budget
     } requests;
+    // Empty when a request completed; else why none did, e.g. "KV budget 8 MiB
+    // holds no request of this trace: the smallest needs 40 MiB".
+    char failure[192];
     struct {
         uint64_t capacity_bytes;
         uint64_t peak_reserved_bytes;
@@ -148,13 +217,23 @@ typedef struct pkv_replay_report {
         double internal_frag_frac;  // time-avg never-filled reserved / reserved
         double reservation_frac;    // time-avg filled-later reserved / reserved
         double external_frag_frac;  // time-avg unusable free bytes / capacity
+        struct {                    // time-avg shares of the capacity; they sum to 1
+            double token_states;    // slots holding a token's K/V
+            double reserved;        // reserved, filled later by a live sequence
+            double internal_frag;   // reserved, never filled
+            double external_frag;   // free, but the queue head could not use it
+            double free;            // free and usable
+        } breakdown;
     } memory;
     struct {
         uint64_t backend_alloc_calls;
         uint64_t backend_free_calls;
-        double backend_alloc_seconds; // run: measured; sim: calls x sim_alloc_call_s
+        double backend_alloc_seconds; // run: measured; sim: from alloc_model
         double backend_free_seconds;
+        double step_seconds;          // the part charged to steps (the arena of paged
+                                      // and contiguous-* is set up before the first)
         int seconds_measured;         // 1 in run mode, 0 in sim mode
+        char model[96];               // sim: alloc_model.name; run: "measured"
     } alloc;
     struct {
         double step_p50_ms, step_p90_ms, step_p99_ms, step_max_ms;
@@ -170,21 +249,33 @@ typedef struct pkv_replay_report {
         double mean;  // sequences per step, over steps with work
         uint32_t max;
     } batch;
+    struct {
+        double prefill_frac;       // share of busy time spent in prefill (a mixed step
+                                   // is split in proportion of its modelled parts)
+        double decode_frac;        // 1 - prefill_frac
+        double decode_compute_util; // sim: decode-only steps' flops / (time x peak)
+        double decode_bw_util;      // sim: their bytes / (time x bandwidth); NaN in run
+        double busy_s;              // sum of step durations
+    } time;
+    uint64_t padding_tokens;  // static batching: padding tokens computed
     uint64_t steps;
     uint64_t preemptions;     // requests preempted (each time)
     uint64_t forks;           // child sequences created for n > 1
     uint64_t cow_copies;      // copy-on-write block copies (paged)
     uint64_t prefix_cached_tokens; // paged: prompt tokens served by the prefix cache
     uint64_t copy_bytes;      // KV bytes copied on device: CoW, fork copies, regrowth
-    uint64_t swap_bytes;      // KV bytes moved to and from the host pool
+    uint64_t swap_bytes;      // KV bytes moved to and from the host pool (out + in)
+    uint64_t swap_out_bytes, swap_in_bytes;
+    uint64_t swap_fallbacks;  // preemptions that recomputed because the pool was full
     double replay_seconds;    // host wall time of the replay itself
 } pkv_replay_report;
 
 // Replay `trace` (borrowed) with `params` into *report (caller-owned).
 // PKV_ERR_INVALID_ARG for bad params (named by nothing else: check the ranges
 // above), PKV_ERR_UNSUPPORTED for run mode where the build lacks it, or for a
-// run-mode policy other than paged. Memory pressure never fails a run: requests
-// are preempted, and only requests that can never fit are rejected.
+// run-mode policy other than paged. Memory pressure never fails the call:
+// requests are preempted, requests that can never fit are rejected, and a run
+// that completes none returns PKV_OK with report->failure set.
 pkv_status pkv_replay_run(const pkv_trace *trace, const pkv_replay_params *params,
                           pkv_replay_report *report);
 

@@ -10,7 +10,7 @@
 
 static const char *const policy_names[PKV_POLICY_COUNT] = {
     "paged", "contiguous-max", "contiguous-pow2", "contiguous-oracle",
-    "malloc-per-request", "malloc-per-token",
+    "malloc-per-request", "malloc-per-token", "realloc-copy", "contiguous-pow2-grow",
 };
 
 const char *pkv_policy_name(pkv_policy policy) {
@@ -32,6 +32,14 @@ const char *pkv_preempt_mode_name(pkv_preempt_mode mode) {
     switch (mode) {
     case PKV_PREEMPT_RECOMPUTE: return "recompute";
     case PKV_PREEMPT_SWAP: return "swap";
+    }
+    return "unknown";
+}
+
+const char *pkv_batching_name(pkv_batching b) {
+    switch (b) {
+    case PKV_BATCHING_CONTINUOUS: return "continuous";
+    case PKV_BATCHING_STATIC: return "static";
     }
     return "unknown";
 }
@@ -75,7 +83,11 @@ pkv_replay_params pkv_replay_params_default(void) {
     p.kv_mem_bytes = 0;
     p.gpu_util = 0.9;
     p.dtype_bytes = 2;
-    p.sim_alloc_call_s = 0;
+    pkv_alloc_model_builtin("cuda-boyer", &p.alloc_model);
+    p.swap_space_bytes = 4ull << 30; // vLLM's default swap_space: 4 GiB
+    p.batching = PKV_BATCHING_CONTINUOUS;
+    p.chunked_prefill = 0;
+    p.load_scale = 1;
     p.prefix_sharing = 1;
     p.seed = 1;
     return p;

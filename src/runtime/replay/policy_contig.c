@@ -4,21 +4,25 @@
 // (src/allocator/extent.c) in one range of the budget, so a request that finds
 // enough free slots but no extent long enough is blocked by measured external
 // fragmentation. Extent size per sequence:
-// - contiguous-max:     max_seq_len, reserved at admission;
-// - contiguous-oracle:  final length (prompt + output - 1), reserved at admission;
-// - contiguous-pow2:    next power of two of the current length; when the
-//                       sequence outgrows it, regrown in place if the following
-//                       slots are free, else moved (new extent, copy, free old);
-// - malloc-per-request: final length, one backend allocation per sequence;
-// - malloc-per-token:   current length, and every new token allocates a new
-//                       extent one slot longer, copies, and frees the old one.
+// - contiguous-max:      max_seq_len, reserved at admission;
+// - contiguous-oracle:   final length (prompt + output - 1), reserved at admission;
+// - contiguous-pow2:     Orca's Pow2: next power of two of prompt + output
+//                        (capped at max_seq_len), reserved at admission;
+// - contiguous-pow2-grow: next power of two of the current length; when the
+//                        sequence outgrows it, regrown in place if the following
+//                        slots are free, else moved (new extent, copy, free old);
+// - malloc-per-request:  final length, one backend allocation per sequence;
+// - realloc-copy:        current length, and every new token allocates a new
+//                        extent one slot longer, copies, and frees the old one.
+// (malloc-per-token, token-granular storage, is policy_token.c.)
 // A request's n sequences all get their extents at admission (fork copies the
 // prompt into them), so a fork never needs memory.
 //
-// Backend calls (sim mode): the three contiguous-* policies carve one arena
-// (one alloc, one free); the malloc-* policies make one call per extent they
-// allocate or free. Their placement is modelled with the same first-fit
-// allocator standing in for the device allocator's address space.
+// Backend calls: the contiguous-* policies carve one arena (one alloc, one free,
+// before the first step and after the last); malloc-per-request and
+// realloc-copy make one call per extent they allocate or free, each charged to
+// the step through pkvi_policy_charge. Their placement is modelled with the
+// same first-fit allocator standing in for the device allocator's address space.
 #include <stdlib.h>
 
 #include "src/allocator/extent.h"
@@ -44,35 +48,62 @@ static uint64_t next_pow2(uint64_t x) {
     return p;
 }
 
-// Extent size for a sequence holding len tokens that will reach final_len.
-static uint64_t extent_for(const contig *c, uint32_t len, uint32_t final_len) {
-    switch (c->base.kind) {
-    case PKV_POLICY_CONTIG_MAX: return c->max_seq_len;
-    case PKV_POLICY_CONTIG_POW2: {
-        uint64_t s = next_pow2(len ? len : 1);
-        return s < c->max_seq_len ? s : (len > c->max_seq_len ? len : c->max_seq_len);
-    }
+static uint64_t pow2_capped(uint64_t x, uint32_t max_seq_len) {
+    const uint64_t s = next_pow2(x ? x : 1);
+    return s < max_seq_len ? s : (x > max_seq_len ? x : max_seq_len);
+}
+
+// Extent size for a sequence of `kind` holding len tokens that will reach
+// final_len (the request's prompt + output = final_len + 1).
+static uint64_t extent_of(pkv_policy kind, uint32_t max_seq_len, uint32_t len, uint32_t final_len) {
+    switch (kind) {
+    case PKV_POLICY_CONTIG_MAX: return max_seq_len;
+    case PKV_POLICY_CONTIG_POW2: return pow2_capped((uint64_t)final_len + 1, max_seq_len);
+    case PKV_POLICY_CONTIG_POW2_GROW: return pow2_capped(len, max_seq_len);
     case PKV_POLICY_CONTIG_ORACLE:
     case PKV_POLICY_MALLOC_PER_REQUEST: return final_len;
-    default: return len ? len : 1; // malloc-per-token
+    default: return len ? len : 1; // realloc-copy
     }
 }
 
-static int grows(const contig *c) {
-    return c->base.kind == PKV_POLICY_CONTIG_POW2 || c->base.kind == PKV_POLICY_MALLOC_PER_TOKEN;
+static uint64_t extent_for(const contig *c, uint32_t len, uint32_t final_len) {
+    return extent_of(c->base.kind, c->max_seq_len, len, final_len);
+}
+
+static int kind_grows(pkv_policy kind) {
+    return kind == PKV_POLICY_CONTIG_POW2_GROW || kind == PKV_POLICY_REALLOC_COPY;
+}
+
+static int grows(const contig *c) { return kind_grows(c->base.kind); }
+
+uint64_t pkvi_contig_need(pkv_policy kind, uint32_t max_seq_len, const pkvi_admit *a) {
+    const uint64_t fin = extent_of(kind, max_seq_len, a->final_len, a->final_len);
+    const uint64_t adm = (uint64_t)a->n * extent_of(kind, max_seq_len, a->len, a->final_len);
+    uint64_t peak = (uint64_t)a->n * fin;
+    // A move holds the old extent and the new one; a lone pow2-grow sequence
+    // at the start of an empty budget always grows in place.
+    if (kind == PKV_POLICY_REALLOC_COPY || (kind == PKV_POLICY_CONTIG_POW2_GROW && a->n > 1))
+        peak += fin;
+    return peak > adm ? peak : adm;
 }
 
 static void put_extent(contig *c, uint64_t off, uint64_t size) {
     pkvi_extent_free_units(c->ea, off, size);
     c->reserved -= size;
-    if (c->per_call) c->free_calls++;
+    if (c->per_call) {
+        c->free_calls++;
+        pkvi_policy_charge(&c->base, 1, size);
+    }
 }
 
 static pkv_status get_extent(contig *c, uint64_t size, uint64_t *off) {
     pkv_status st = pkvi_extent_alloc_units(c->ea, size, off);
     if (st != PKV_OK) return st;
     c->reserved += size;
-    if (c->per_call) c->alloc_calls++;
+    if (c->per_call) {
+        c->alloc_calls++;
+        pkvi_policy_charge(&c->base, 0, size);
+    }
     return PKV_OK;
 }
 
@@ -85,10 +116,11 @@ static pkv_status contig_admit(pkvi_policy *pp, uint32_t r, const pkvi_admit *a,
     const uint64_t free_total = pkvi_extent_free_total(c->ea);
     if ((uint64_t)count * size + wm > free_total) return PKV_ERR_OUT_OF_BLOCKS;
     const uint64_t b = c->seq_base[r];
+    const pkvi_charges saved = c->base.charges;
     for (uint32_t i = 0; i < count; i++) {
         if (get_extent(c, size, &c->off[b + i]) != PKV_OK) {
             // Enough free slots, no extent long enough: external fragmentation.
-            // (Only the per-call counters of the rolled-back extents are undone.)
+            // The rolled-back extents cost nothing: an engine checks before it calls.
             for (uint32_t j = 0; j < i; j++) {
                 put_extent(c, c->off[b + j], size);
                 if (c->per_call) {
@@ -96,6 +128,7 @@ static pkv_status contig_admit(pkvi_policy *pp, uint32_t r, const pkvi_admit *a,
                     c->free_calls--;
                 }
             }
+            c->base.charges = saved;
             *ext_frag = free_total;
             return PKV_ERR_OUT_OF_BLOCKS;
         }
@@ -131,16 +164,16 @@ static pkv_status contig_fork(pkvi_policy *pp, uint32_t r, uint32_t n) {
 static pkv_status contig_grow(pkvi_policy *pp, uint32_t r, uint32_t child) {
     contig *c = (contig *)pp;
     const uint64_t i = c->seq_base[r] + child;
-    if (c->len[i] + 1 <= c->size[i] && c->base.kind != PKV_POLICY_MALLOC_PER_TOKEN) {
+    if (c->len[i] + 1 <= c->size[i] && c->base.kind != PKV_POLICY_REALLOC_COPY) {
         c->len[i]++;
         c->used++;
         return PKV_OK;
     }
     if (!grows(c)) return PKV_ERR_INVALID_ARG; // a fixed extent cannot overflow
-    const uint64_t new_size = c->base.kind == PKV_POLICY_MALLOC_PER_TOKEN
+    const uint64_t new_size = c->base.kind == PKV_POLICY_REALLOC_COPY
                                   ? (uint64_t)c->len[i] + 1
                                   : extent_for(c, c->len[i] + 1, 0);
-    if (c->base.kind == PKV_POLICY_CONTIG_POW2 &&
+    if (c->base.kind == PKV_POLICY_CONTIG_POW2_GROW &&
         pkvi_extent_grow(c->ea, c->off[i], c->size[i], new_size) == PKV_OK) {
         c->reserved += new_size - c->size[i];
         c->size[i] = new_size;
@@ -174,9 +207,7 @@ static int contig_fits_alone(const pkvi_policy *pp, const pkvi_admit *a, uint64_
     const contig *c = (const contig *)pp;
     const uint64_t cap = c->base.capacity_slots;
     if ((uint64_t)a->n * extent_for(c, a->len, a->final_len) + wm > cap) return 0;
-    uint64_t peak = (uint64_t)a->n * extent_for(c, a->final_len, a->final_len);
-    if (grows(c)) peak += extent_for(c, a->final_len, a->final_len); // a move needs both
-    return peak <= cap;
+    return pkvi_contig_need(c->base.kind, c->max_seq_len, a) <= cap;
 }
 
 static void contig_sample(const pkvi_policy *pp, uint32_t r, uint32_t nseq, uint32_t len,
@@ -249,7 +280,8 @@ static const pkvi_policy_ops contig_ops = {
 
 pkv_status pkvi_policy_contig_create(const pkvi_policy_config *cfg, pkvi_policy **out) {
     if (!cfg || !out || cfg->bytes_per_token == 0 || cfg->max_seq_len == 0 ||
-        cfg->kind == PKV_POLICY_PAGED || cfg->kind >= PKV_POLICY_COUNT)
+        cfg->kind == PKV_POLICY_PAGED || cfg->kind == PKV_POLICY_MALLOC_PER_TOKEN ||
+        cfg->kind >= PKV_POLICY_COUNT)
         return PKV_ERR_INVALID_ARG;
     const uint64_t slots = cfg->capacity_bytes / cfg->bytes_per_token;
     if (slots == 0) return PKV_ERR_INVALID_ARG;
@@ -260,7 +292,8 @@ pkv_status pkvi_policy_contig_create(const pkvi_policy_config *cfg, pkvi_policy 
     c->base.capacity_slots = slots;
     c->base.granularity = 1;
     c->max_seq_len = cfg->max_seq_len;
-    c->per_call = cfg->kind == PKV_POLICY_MALLOC_PER_REQUEST || cfg->kind == PKV_POLICY_MALLOC_PER_TOKEN;
+    c->per_call = cfg->kind == PKV_POLICY_MALLOC_PER_REQUEST || cfg->kind == PKV_POLICY_REALLOC_COPY;
+    pkvi_policy_init_costs(&c->base, cfg);
     pkv_status st = pkvi_extent_create(slots, PKVI_EXTENT_FIRST_FIT, &c->ea);
     if (st != PKV_OK) {
         contig_destroy(&c->base);

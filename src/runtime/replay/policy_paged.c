@@ -342,6 +342,12 @@ static pkv_status paged_grow(pkvi_policy *pp, uint32_t r, uint32_t child) {
     return PKV_OK;
 }
 
+uint64_t pkvi_paged_need(uint32_t block_size, const pkvi_admit *a) {
+    const uint32_t shared = a->prompt / block_size;
+    const uint64_t blocks = shared + (uint64_t)a->n * (ceil_div(a->final_len, block_size) - shared);
+    return blocks * block_size;
+}
+
 static int paged_fits_alone(const pkvi_policy *pp, const pkvi_admit *a, uint64_t wm) {
     const paged *p = (const paged *)pp;
     const uint64_t wm_blocks = (wm + p->B - 1) / p->B;
@@ -445,6 +451,7 @@ pkv_status pkvi_policy_paged_create(const pkvi_policy_config *c, pkvi_policy **o
     p->base.kind = PKV_POLICY_PAGED;
     p->base.capacity_slots = blocks * c->block_size;
     p->base.granularity = c->block_size;
+    pkvi_policy_init_costs(&p->base, c); // it makes no call in a step: one arena
     p->B = c->block_size;
     p->capacity = (uint32_t)blocks;
     p->max_seqs = c->max_seqs;

@@ -82,13 +82,44 @@ typedef struct pkvi_policy_ops {
     void (*destroy)(pkvi_policy *p);
 } pkvi_policy_ops;
 
+// Seconds of backend calls, from the cost model: pending ones (not yet charged
+// to a step; the engine takes them) and totals.
+typedef struct pkvi_charges {
+    double sync_s, async_s;         // pending: synchronizing / overlapping calls
+    double alloc_total_s, free_total_s;
+} pkvi_charges;
+
 struct pkvi_policy {
     const pkvi_policy_ops *ops;
     pkv_policy kind;
     uint64_t capacity_slots; // budget in token slots
     uint32_t granularity;    // slots per allocation unit (block size for paged, else 1)
     uint32_t last_cached;    // prompt tokens the last admit found already cached
+    const pkv_alloc_model *cost; // borrowed; NULL: calls cost nothing (run mode)
+    uint64_t bytes_per_token;
+    pkvi_charges charges;
 };
+
+// Charge `count` backend calls (is_free: 0 alloc, 1 free) of `slots` token
+// slots each to the pending step.
+static inline void pkvi_policy_charge_calls(pkvi_policy *p, int is_free, uint64_t slots,
+                                            uint64_t count) {
+    if (!p->cost || count == 0) return;
+    const pkv_alloc_call_cost *c = is_free ? &p->cost->free : &p->cost->alloc;
+    const double s = (double)count * pkv_alloc_call_seconds(c, slots * p->bytes_per_token);
+    if (c->sync)
+        p->charges.sync_s += s;
+    else
+        p->charges.async_s += s;
+    if (is_free)
+        p->charges.free_total_s += s;
+    else
+        p->charges.alloc_total_s += s;
+}
+
+static inline void pkvi_policy_charge(pkvi_policy *p, int is_free, uint64_t slots) {
+    pkvi_policy_charge_calls(p, is_free, slots, 1);
+}
 
 typedef struct pkvi_policy_config {
     pkv_policy kind;
@@ -100,11 +131,22 @@ typedef struct pkvi_policy_config {
     const uint32_t *max_seqs; // [num_requests]: the n of each request
     const pkv_trace *trace;   // borrowed: token ids for prefix sharing
     int prefix_sharing;
+    const pkv_alloc_model *cost; // borrowed, may be NULL
 } pkvi_policy_config;
 
-// ---- defined in policy_paged.c / policy_contig.c ----
+static inline void pkvi_policy_init_costs(pkvi_policy *p, const pkvi_policy_config *c) {
+    p->cost = c->cost;
+    p->bytes_per_token = c->bytes_per_token;
+}
+
+// ---- defined in policy_paged.c / policy_contig.c / policy_token.c ----
 pkv_status pkvi_policy_paged_create(const pkvi_policy_config *c, pkvi_policy **out);
 pkv_status pkvi_policy_contig_create(const pkvi_policy_config *c, pkvi_policy **out);
+pkv_status pkvi_policy_token_create(const pkvi_policy_config *c, pkvi_policy **out);
+// Slots a request needs at its peak when it runs alone (watermark excluded).
+uint64_t pkvi_paged_need(uint32_t block_size, const pkvi_admit *a);
+uint64_t pkvi_contig_need(pkv_policy kind, uint32_t max_seq_len, const pkvi_admit *a);
+uint64_t pkvi_token_need(const pkvi_admit *a);
 // The paged policy's seqset (for the run executor's cache), NULL for others.
 pkv_seqset *pkvi_policy_paged_seqset(pkvi_policy *p);
 // Take the CoW copies the last grow calls queued (paged; run executors apply them).
@@ -126,10 +168,19 @@ typedef struct pkvi_step_batch {
     uint32_t num_seqs;
 } pkvi_step_batch;
 
+// What an executor says about a step besides its duration.
+typedef struct pkvi_step_time {
+    double prefill_s, decode_s; // the step split in proportion of its modelled parts
+                                // (run mode: all to prefill if it has one, else decode)
+    double flops, bytes;        // sim: modelled work (0 in run mode)
+} pkvi_step_time;
+
 typedef struct pkvi_executor pkvi_executor;
 struct pkvi_executor {
     int needs_seqs;
-    pkv_status (*step)(pkvi_executor *e, const pkvi_step_batch *b, double *seconds);
+    double peak_flops, mem_bw;  // sim: the GPU's, for utilization (0 in run mode)
+    pkv_status (*step)(pkvi_executor *e, const pkvi_step_batch *b, double *seconds,
+                       pkvi_step_time *parts);
     void (*destroy)(pkvi_executor *e);
 };
 

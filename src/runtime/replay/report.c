@@ -41,9 +41,18 @@ static void write_run(FILE *f, const pkv_replay_report *r) {
     str(f, r->mode);
     fprintf(f, ", \"block_size\": %u, \"kv_bytes_per_token\": %llu,\n", r->block_size,
             (unsigned long long)r->kv_bytes_per_token);
-    fprintf(f, "     \"requests\": {\"total\": %llu, \"completed\": %llu, \"rejected\": %llu},\n",
+    fprintf(f, "     \"requests\": {\"total\": %llu, \"completed\": %llu, \"rejected\": %llu, "
+               "\"rejected_too_long\": %llu, \"rejected_no_memory\": %llu},\n",
             (unsigned long long)r->requests.total, (unsigned long long)r->requests.completed,
-            (unsigned long long)r->requests.rejected);
+            (unsigned long long)r->requests.rejected,
+            (unsigned long long)r->requests.rejected_too_long,
+            (unsigned long long)r->requests.rejected_no_memory);
+    fputs("     \"failure\": ", f);
+    if (r->failure[0])
+        str(f, r->failure);
+    else
+        fputs("null", f);
+    fputs(",\n", f);
     fprintf(f,
             "     \"memory\": {\"capacity_bytes\": %llu, \"peak_reserved_bytes\": %llu, "
             "\"peak_used_bytes\": %llu, \"waste_frac\": ",
@@ -54,13 +63,21 @@ static void write_run(FILE *f, const pkv_replay_report *r) {
     field(f, ", \"internal_frag_frac\": ", r->memory.internal_frag_frac);
     field(f, ", \"reservation_frac\": ", r->memory.reservation_frac);
     field(f, ", \"external_frag_frac\": ", r->memory.external_frag_frac);
-    fprintf(f, "},\n     \"alloc\": {\"backend_alloc_calls\": %llu, \"backend_free_calls\": %llu, "
+    field(f, ",\n                \"breakdown\": {\"token_states\": ", r->memory.breakdown.token_states);
+    field(f, ", \"reserved\": ", r->memory.breakdown.reserved);
+    field(f, ", \"internal_frag\": ", r->memory.breakdown.internal_frag);
+    field(f, ", \"external_frag\": ", r->memory.breakdown.external_frag);
+    field(f, ", \"free\": ", r->memory.breakdown.free);
+    fprintf(f, "}},\n     \"alloc\": {\"backend_alloc_calls\": %llu, \"backend_free_calls\": %llu, "
                "\"backend_alloc_seconds\": ",
             (unsigned long long)r->alloc.backend_alloc_calls,
             (unsigned long long)r->alloc.backend_free_calls);
     num(f, r->alloc.backend_alloc_seconds);
     field(f, ", \"backend_free_seconds\": ", r->alloc.backend_free_seconds);
-    fprintf(f, ", \"seconds_measured\": %s},\n", r->alloc.seconds_measured ? "true" : "false");
+    field(f, ", \"step_seconds\": ", r->alloc.step_seconds);
+    fprintf(f, ", \"seconds_measured\": %s, \"model\": ", r->alloc.seconds_measured ? "true" : "false");
+    str(f, r->alloc.model);
+    fputs("},\n", f);
     field(f, "     \"latency\": {\"step_p50_ms\": ", r->latency.step_p50_ms);
     field(f, ", \"step_p90_ms\": ", r->latency.step_p90_ms);
     field(f, ", \"step_p99_ms\": ", r->latency.step_p99_ms);
@@ -75,6 +92,15 @@ static void write_run(FILE *f, const pkv_replay_report *r) {
     num(f, r->throughput.makespan_s);
     field(f, "},\n     \"batch\": {\"mean\": ", r->batch.mean);
     fprintf(f, ", \"max\": %u},\n", r->batch.max);
+    field(f, "     \"time\": {\"busy_s\": ", r->time.busy_s);
+    field(f, ", \"prefill_frac\": ", r->time.prefill_frac);
+    field(f, ", \"decode_frac\": ", r->time.decode_frac);
+    field(f, ", \"decode_compute_util\": ", r->time.decode_compute_util);
+    field(f, ", \"decode_bw_util\": ", r->time.decode_bw_util);
+    fprintf(f, "},\n     \"swap_out_bytes\": %llu, \"swap_in_bytes\": %llu, \"swap_fallbacks\": %llu, "
+               "\"padding_tokens\": %llu,\n",
+            (unsigned long long)r->swap_out_bytes, (unsigned long long)r->swap_in_bytes,
+            (unsigned long long)r->swap_fallbacks, (unsigned long long)r->padding_tokens);
     fprintf(f,
             "     \"steps\": %llu, \"preemptions\": %llu, \"forks\": %llu, \"cow_copies\": %llu, "
             "\"copy_bytes\": %llu, \"swap_bytes\": %llu, \"prefix_cached_tokens\": %llu, "
@@ -129,9 +155,16 @@ pkv_status pkv_replay_write_json(FILE *f, const char *trace_name, const pkv_trac
     num(f, p->watermark);
     fputs(", \"preempt\": ", f);
     str(f, pkv_preempt_mode_name(p->preempt));
-    fprintf(f, ", \"prefix_sharing\": %s, \"sim_alloc_call_s\": ",
-            p->prefix_sharing ? "true" : "false");
-    num(f, p->sim_alloc_call_s);
+    fprintf(f, ", \"prefix_sharing\": %s, \"swap_space_bytes\": %llu, \"batching\": ",
+            p->prefix_sharing ? "true" : "false", (unsigned long long)p->swap_space_bytes);
+    str(f, pkv_batching_name(p->batching));
+    fprintf(f, ", \"chunked_prefill\": %u, \"load_scale\": ", p->chunked_prefill);
+    num(f, p->load_scale);
+    fputs(",\n            \"alloc_model\": ", f);
+    if (p->mode == PKV_REPLAY_SIM)
+        pkv_alloc_model_write_json(f, &p->alloc_model);
+    else
+        fputs("null", f);
     fputs("},\n \"runs\": [\n", f);
     for (size_t i = 0; i < n; i++) {
         write_run(f, &reports[i]);
@@ -141,40 +174,64 @@ pkv_status pkv_replay_write_json(FILE *f, const char *trace_name, const pkv_trac
     return ferror(f) ? PKV_ERR_IO : PKV_OK;
 }
 
-static void human_bytes(char *buf, size_t cap, uint64_t b) {
-    const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-    double v = (double)b;
-    int u = 0;
-    while (v >= 1024 && u < 4) {
-        v /= 1024;
-        u++;
-    }
-    snprintf(buf, cap, u ? "%.1f %s" : "%.0f %s", v, units[u]);
+// A number with `prec` decimals, or "n/a" when it is undefined (NaN).
+static void cell(FILE *f, int width, int prec, double v) {
+    if (isfinite(v))
+        fprintf(f, " %*.*f", width, prec, v);
+    else
+        fprintf(f, " %*s", width, "n/a");
 }
+
+static const double GiB = 1024.0 * 1024.0 * 1024.0;
 
 pkv_status pkv_replay_write_table(FILE *f, const pkv_replay_report *r, size_t n) {
     if (!f || (!r && n)) return PKV_ERR_INVALID_ARG;
-    fprintf(f, "%-18s %13s %10s %10s %6s %6s %6s %6s %9s %9s %8s %8s %8s %9s %7s %6s %6s\n",
-            "policy", "done", "peak_rsv", "peak_used", "waste", "intern", "resv", "extern",
-            "allocs", "frees", "step_p50", "step_p99", "ttft_p50", "tok/s", "batch", "preempt",
-            "cow");
+    fprintf(f, "%-20s %13s %8s %8s %7s %10s %9s %8s %8s %8s %8s %9s %6s %7s\n", "policy", "done",
+            "rsv GiB", "used GiB", "waste%", "allocs", "alloc s", "step p50", "step p99",
+            "TTFT p50", "TPOT p50", "tok/s", "batch", "preempt");
+    fprintf(f, "%-20s %13s %8s %8s %7s %10s %9s %8s %8s %8s %8s %9s %6s %7s\n", "", "", "peak",
+            "peak", "", "(calls)", "in steps", "ms", "ms", "s", "ms", "", "mean", "");
     for (size_t i = 0; i < n; i++) {
-        char rsv[16], used[16], done[24];
-        human_bytes(rsv, sizeof rsv, r[i].memory.peak_reserved_bytes);
-        human_bytes(used, sizeof used, r[i].memory.peak_used_bytes);
+        char done[24];
         snprintf(done, sizeof done, "%llu/%llu", (unsigned long long)r[i].requests.completed,
                  (unsigned long long)r[i].requests.total);
-        fprintf(f,
-                "%-18s %13s %10s %10s %5.1f%% %5.1f%% %5.1f%% %5.1f%% %9llu %9llu %8.2f %8.2f "
-                "%8.1f %9.0f %7.1f %6llu %6llu\n",
-                r[i].policy, done, rsv, used, 100 * r[i].memory.waste_frac,
-                100 * r[i].memory.internal_frag_frac, 100 * r[i].memory.reservation_frac,
-                100 * r[i].memory.external_frag_frac,
-                (unsigned long long)r[i].alloc.backend_alloc_calls,
-                (unsigned long long)r[i].alloc.backend_free_calls, r[i].latency.step_p50_ms,
-                r[i].latency.step_p99_ms, r[i].latency.ttft_p50_ms,
-                r[i].throughput.output_tokens_per_s, r[i].batch.mean,
-                (unsigned long long)r[i].preemptions, (unsigned long long)r[i].cow_copies);
+        fprintf(f, "%-20s %13s", r[i].policy, done);
+        cell(f, 8, 2, (double)r[i].memory.peak_reserved_bytes / GiB);
+        cell(f, 8, 2, (double)r[i].memory.peak_used_bytes / GiB);
+        cell(f, 7, 1, 100 * r[i].memory.waste_frac);
+        fprintf(f, " %10llu", (unsigned long long)r[i].alloc.backend_alloc_calls);
+        cell(f, 9, 3, r[i].alloc.step_seconds);
+        cell(f, 8, 2, r[i].latency.step_p50_ms);
+        cell(f, 8, 2, r[i].latency.step_p99_ms);
+        cell(f, 8, 2, r[i].latency.ttft_p50_ms / 1e3);
+        cell(f, 8, 2, r[i].latency.tpot_p50_ms);
+        cell(f, 9, 0, r[i].throughput.output_tokens_per_s);
+        cell(f, 6, 1, r[i].batch.mean);
+        fprintf(f, " %7llu\n", (unsigned long long)r[i].preemptions);
     }
+    // The capacity breakdown (vLLM paper, fig. 2) and where the time goes.
+    fprintf(f, "\n%-20s %7s %7s %7s %7s %7s | %8s %8s %8s %8s | %8s %8s %8s\n", "% of KV budget",
+            "tokens", "reservd", "intern", "extern", "free", "prefill%", "decode%", "dec cmp%",
+            "dec bw%", "copy GiB", "swap out", "swap in");
+    for (size_t i = 0; i < n; i++) {
+        fprintf(f, "%-20s", r[i].policy);
+        cell(f, 7, 1, 100 * r[i].memory.breakdown.token_states);
+        cell(f, 7, 1, 100 * r[i].memory.breakdown.reserved);
+        cell(f, 7, 1, 100 * r[i].memory.breakdown.internal_frag);
+        cell(f, 7, 1, 100 * r[i].memory.breakdown.external_frag);
+        cell(f, 7, 1, 100 * r[i].memory.breakdown.free);
+        fputs(" |", f);
+        cell(f, 8, 1, 100 * r[i].time.prefill_frac);
+        cell(f, 8, 1, 100 * r[i].time.decode_frac);
+        cell(f, 8, 2, 100 * r[i].time.decode_compute_util);
+        cell(f, 8, 1, 100 * r[i].time.decode_bw_util);
+        fputs(" |", f);
+        cell(f, 8, 2, (double)r[i].copy_bytes / GiB);
+        cell(f, 8, 2, (double)r[i].swap_out_bytes / GiB);
+        cell(f, 8, 2, (double)r[i].swap_in_bytes / GiB);
+        fputc('\n', f);
+    }
+    for (size_t i = 0; i < n; i++)
+        if (r[i].failure[0]) fprintf(f, "%s: completed nothing: %s\n", r[i].policy, r[i].failure);
     return ferror(f) ? PKV_ERR_IO : PKV_OK;
 }

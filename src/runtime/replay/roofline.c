@@ -51,21 +51,42 @@ typedef struct roofline {
     double peak_flops, mem_bw, host_bw;
 } roofline;
 
-static pkv_status roofline_step(pkvi_executor *e, const pkvi_step_batch *b, double *seconds) {
+// Roofline time of `tokens` new tokens reading `kv_tokens` of KV with `pairs`
+// attention pairs and `copy` device bytes; the work into *flops, *bytes.
+static double roof(const roofline *m, double tokens, double pairs, double kv_tokens, double copy,
+                   double *flops, double *bytes) {
+    *flops = m->flops_per_token * tokens + m->attn_flops_per_pair * pairs;
+    *bytes = m->weight_bytes + m->kv_bytes_per_token * kv_tokens + 2.0 * copy;
+    const double tc = *flops / m->peak_flops, tm = *bytes / m->mem_bw;
+    return tc > tm ? tc : tm;
+}
+
+static pkv_status roofline_step(pkvi_executor *e, const pkvi_step_batch *b, double *seconds,
+                                pkvi_step_time *parts) {
     const roofline *m = (const roofline *)e;
     const double tokens = (double)b->prefill_tokens + (double)b->num_decode_seqs;
-    double t = 0;
+    double t = 0, f = 0, by = 0;
+    memset(parts, 0, sizeof *parts);
     if (tokens > 0) {
         const double pairs = b->prefill_attn_pairs + (double)b->decode_ctx_tokens;
-        const double flops = m->flops_per_token * tokens + m->attn_flops_per_pair * pairs;
         const double kv_tokens = (double)b->decode_ctx_tokens + (double)b->prefill_ctx_tokens + tokens;
-        const double bytes = m->weight_bytes + m->kv_bytes_per_token * kv_tokens +
-                             2.0 * (double)b->copy_bytes;
-        const double tc = flops / m->peak_flops, tm = bytes / m->mem_bw;
-        t = tc > tm ? tc : tm;
+        t = roof(m, tokens, pairs, kv_tokens, (double)b->copy_bytes, &f, &by);
+        // The split: each part's time had it run alone, scaled to the step.
+        double fp, bp, fd, bd, tp = 0, td = 0;
+        if (b->prefill_tokens)
+            tp = roof(m, (double)b->prefill_tokens, b->prefill_attn_pairs,
+                      (double)b->prefill_ctx_tokens + (double)b->prefill_tokens, 0, &fp, &bp);
+        if (b->num_decode_seqs)
+            td = roof(m, (double)b->num_decode_seqs, (double)b->decode_ctx_tokens,
+                      (double)b->decode_ctx_tokens + (double)b->num_decode_seqs, 0, &fd, &bd);
+        parts->prefill_s = tp;
+        parts->decode_s = td;
     } else if (b->copy_bytes) {
-        t = 2.0 * (double)b->copy_bytes / m->mem_bw;
+        by = 2.0 * (double)b->copy_bytes;
+        t = by / m->mem_bw;
     }
+    parts->flops = f;
+    parts->bytes = by;
     t += (double)b->swap_bytes / m->host_bw;
     *seconds = t;
     return PKV_OK;
@@ -84,6 +105,8 @@ pkv_status pkvi_executor_roofline_create(const pkv_replay_params *p, pkvi_execut
     if (!m) return PKV_ERR_OUT_OF_MEMORY;
     m->base.needs_seqs = 0;
     m->base.step = roofline_step;
+    m->base.peak_flops = p->gpu.peak_flops;
+    m->base.mem_bw = p->gpu.mem_bw;
     m->base.destroy = roofline_destroy;
     m->weight_bytes = (double)params * p->dtype_bytes;
     m->flops_per_token = 2.0 * (double)params;

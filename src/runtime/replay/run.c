@@ -6,6 +6,7 @@
 // replay measures memory and time, not text. Backend counters come from the
 // real pkv_backend, so the one arena allocation is measured, not modelled.
 #include <stdlib.h>
+#include <string.h>
 
 #include "pkv/backend.h"
 #include "pkv/cache.h"
@@ -77,7 +78,8 @@ static pkv_status sync_device(const run_exec *x) {
 
 // Decode sequences come first in the batch (new_tokens == 1, pushed while
 // growing), then prefills; b->num_decode_seqs says where prefills start.
-static pkv_status run_step(pkvi_executor *e, const pkvi_step_batch *b, double *seconds) {
+static pkv_status run_step(pkvi_executor *e, const pkvi_step_batch *b, double *seconds,
+                           pkvi_step_time *parts) {
     run_exec *x = (run_exec *)e;
     const uint32_t nd = b->num_decode_seqs, np = b->num_seqs - nd;
     uint64_t ptok = 0;
@@ -111,6 +113,11 @@ static pkv_status run_step(pkvi_executor *e, const pkvi_step_batch *b, double *s
     }
     if ((st = sync_device(x)) != PKV_OK) return st;
     *seconds = pkvi_now_seconds() - t0;
+    memset(parts, 0, sizeof *parts); // measured: no model to split a mixed step by
+    if (b->prefill_tokens)
+        parts->prefill_s = *seconds;
+    else
+        parts->decode_s = *seconds;
     return PKV_OK;
 }
 
