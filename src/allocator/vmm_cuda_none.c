@@ -5,7 +5,6 @@
 pkv_status pkv_vmm_space_create_cuda(int device, const pkv_vmm_params *params,
                                      pkv_vmm_space **out) {
     (void)device;
-    (void)params;
     if (out) *out = NULL;
-    return out ? PKV_ERR_UNSUPPORTED : PKV_ERR_INVALID_ARG;
+    return out && params ? PKV_ERR_UNSUPPORTED : PKV_ERR_INVALID_ARG;
 }
