@@ -37,6 +37,7 @@ static void usage(FILE *f) {
         "  --vmm-page SIZE     vmm: physical page per layer K or V buffer, a multiple of 4K\n"
         "                      (default 2M as vAttention; 64K models its smaller pages)\n"
         "  --vmm-map-ahead     vmm: map the next page one step ahead, overlapping the step\n"
+        "  --vmm-defer-reclaim vmm: keep a finished request's pages mapped for the next one\n"
         "Mode and hardware:\n"
         "  --mode M            sim (default: roofline model) or run (execute the decoder)\n"
         "  --model NAME        model preset (sim default llama2-7b, run default tiny)\n"
@@ -193,6 +194,8 @@ int main(int argc, char **argv) {
                 BAD("--vmm-page must be a multiple of 4K, e.g. 64K or 2M, got '%s'", v);
         } else if (!strcmp(a, "--vmm-map-ahead")) {
             prm.vmm_map_ahead = 1;
+        } else if (!strcmp(a, "--vmm-defer-reclaim")) {
+            prm.vmm_defer_reclaim = 1;
         } else if (!strcmp(a, "--mode")) {
             NEED();
             if (!strcmp(v, "sim")) prm.mode = PKV_REPLAY_SIM;

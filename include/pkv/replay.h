@@ -181,6 +181,8 @@ typedef struct pkv_replay_params {
                                    // layer), a multiple of 4 KiB; default 2 MiB
     int vmm_map_ahead;             // vmm: map the next page during the step before it is
                                    // needed (vAttention's overlap); default 0
+    int vmm_defer_reclaim;         // vmm: a finished request's pages stay mapped for the
+                                   // next request (vAttention's deferred reclamation); 0
     // Run mode.
     int run_cuda;                  // 1: CUDA backend, 0 (default): host
     uint32_t run_threads;          // CPU threads, 0 = all

@@ -950,6 +950,7 @@ pkv_status pkv_replay_run(const pkv_trace *trace, const pkv_replay_params *param
         .vmm_page_bytes = prm.vmm_page_bytes,
         .vmm_buffers = 2 * prm.model.num_layers,
         .vmm_map_ahead = prm.vmm_map_ahead,
+        .vmm_defer_reclaim = prm.vmm_defer_reclaim,
     };
     st = prm.policy == PKV_POLICY_PAGED             ? pkvi_policy_paged_create(&pc, &e.pol)
          : prm.policy == PKV_POLICY_MALLOC_PER_TOKEN ? pkvi_policy_token_create(&pc, &e.pol)

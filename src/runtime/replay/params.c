@@ -92,6 +92,7 @@ pkv_replay_params pkv_replay_params_default(void) {
     p.prefix_sharing = 1;
     p.vmm_page_bytes = (uint64_t)2 << 20;
     p.vmm_map_ahead = 0;
+    p.vmm_defer_reclaim = 0;
     p.seed = 1;
     return p;
 }

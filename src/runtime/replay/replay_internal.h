@@ -136,6 +136,7 @@ typedef struct pkvi_policy_config {
     uint64_t vmm_page_bytes;
     uint32_t vmm_buffers;
     int vmm_map_ahead;
+    int vmm_defer_reclaim;
 } pkvi_policy_config;
 
 static inline void pkvi_policy_init_costs(pkvi_policy *p, const pkvi_policy_config *c) {
