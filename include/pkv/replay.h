@@ -2,7 +2,7 @@
 // Trace replay: run a request trace through a continuous-batching scheduler
 // with one KV-cache policy and report memory, allocation and latency figures
 // whose exact meaning is given in DESIGN.md ("What the numbers mean") and in
-// docs/bench_replay.md.
+// docs/BENCHMARKS.md, section 4.
 //
 // Modes: PKV_REPLAY_SIM runs only the memory manager and scheduler, with step
 // time from a roofline model of (model preset, GPU preset); PKV_REPLAY_RUN
@@ -231,6 +231,8 @@ typedef struct pkv_replay_report {
             double external_frag;   // free, but the queue head could not use it
             double free;            // free and usable
         } breakdown;
+        double padding_frac;        // static batching: time-avg share of the capacity
+                                    // holding padding tokens (part of token_states)
     } memory;
     struct {
         uint64_t backend_alloc_calls;

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 // Replay output: the JSON document ({"trace", "config", "runs"}; key names and
-// nesting are a contract documented in docs/BENCHMARKS.md) and the text table.
+// nesting are a contract: docs/DESIGN.md "What the numbers mean") and the
+// text tables (units in the headers; n/a where a figure is undefined).
 #include <math.h>
 #include <string.h>
 
@@ -68,7 +69,8 @@ static void write_run(FILE *f, const pkv_replay_report *r) {
     field(f, ", \"internal_frag\": ", r->memory.breakdown.internal_frag);
     field(f, ", \"external_frag\": ", r->memory.breakdown.external_frag);
     field(f, ", \"free\": ", r->memory.breakdown.free);
-    fprintf(f, "}},\n     \"alloc\": {\"backend_alloc_calls\": %llu, \"backend_free_calls\": %llu, "
+    field(f, "}, \"padding_frac\": ", r->memory.padding_frac);
+    fprintf(f, "},\n     \"alloc\": {\"backend_alloc_calls\": %llu, \"backend_free_calls\": %llu, "
                "\"backend_alloc_seconds\": ",
             (unsigned long long)r->alloc.backend_alloc_calls,
             (unsigned long long)r->alloc.backend_free_calls);
@@ -234,7 +236,12 @@ pkv_status pkv_replay_write_table(FILE *f, const pkv_replay_report *r, size_t n)
         cell(f, 8, 2, (double)r[i].swap_in_bytes / GiB);
         fputc('\n', f);
     }
-    for (size_t i = 0; i < n; i++)
+    for (size_t i = 0; i < n; i++) {
         if (r[i].failure[0]) fprintf(f, "%s: completed nothing: %s\n", r[i].policy, r[i].failure);
+        if (r[i].padding_tokens)
+            fprintf(f, "%s: static batching computed %llu padding tokens; padding held %.1f%% of "
+                       "the KV budget (time-averaged, inside token states)\n",
+                    r[i].policy, (unsigned long long)r[i].padding_tokens, 100 * r[i].memory.padding_frac);
+    }
     return ferror(f) ? PKV_ERR_IO : PKV_OK;
 }

@@ -1,0 +1,141 @@
+// SPDX-License-Identifier: MIT
+// The replay engine's state, shared by its files: engine.c (the step loop:
+// arrivals, decode, preempt, time, retire, and the report), admit.c (admission
+// under continuous or static batching, and prefill, chunked or whole) and
+// replay.c (pkv_replay_run: parameters, policy and executor set-up). Not
+// installed.
+#ifndef PKV_RUNTIME_REPLAY_ENGINE_H
+#define PKV_RUNTIME_REPLAY_ENGINE_H
+
+#include <stdint.h>
+
+#include "replay_internal.h"
+
+enum { RS_PENDING = 0, RS_WAITING, RS_RUNNING, RS_DONE, RS_REJECTED };
+
+typedef struct req_state {
+    uint32_t emitted;  // tokens emitted so far
+    uint32_t nseq;     // live sequences (0 when not admitted)
+    uint8_t status;
+    uint8_t restore;   // 1: preempted, comes back with nseq sequences
+    uint8_t swapped;   // restore by swap-in rather than recompute
+    uint8_t fresh;     // its prefill (or swap-in) completed in the current step
+    uint8_t prefilling; // admitted, prompt not fully computed yet (chunked)
+    uint32_t pad_prompt, pad_output; // static batching: padded lengths (0: none)
+    uint32_t pf_len;   // tokens sequence 0 holds once the prefill completes
+    uint32_t pf_done;  // tokens of sequence 0 computed (or cached) so far
+    uint64_t pf_extra; // restored samples' own tokens, computed with the last chunk
+    double pf_extra_pairs;
+    uint64_t pf_extra_ctx;
+    uint64_t swap_bytes; // bytes it holds in the host pool
+    double first_token_s;
+} req_state;
+
+typedef struct dvec {
+    double *v;
+    size_t n, cap;
+} dvec;
+
+// Time-weighted sums over steps (weights: step durations).
+typedef struct accum {
+    double w;                 // sum of dt over steps with reserved memory
+    double waste, internal, reservation, ext;
+    double wb;                // sum of dt over all steps (breakdown)
+    double b_tok, b_resv, b_int, b_ext, b_free, b_pad;
+    double prefill_s, decode_s, busy_s;
+    double dec_s, dec_flops, dec_bytes; // decode-only steps
+    double alloc_step_s;
+} accum;
+
+typedef struct engine {
+    const pkv_replay_params *prm;
+    const pkv_trace_request *reqs;
+    uint32_t n;
+    pkvi_policy *pol;
+    pkvi_executor *ex;
+    uint64_t bpt;        // KV bytes per token
+    uint32_t max_len;    // max_seq_len
+    uint64_t wm_slots;   // watermark in slots
+    double t;            // the clock
+    req_state *st;
+    uint32_t *running;   // admission order, oldest first
+    uint32_t run_count;
+    uint64_t run_seqs;   // sum of n over running requests (batch limit)
+    uint32_t *wq;        // ring buffer of waiting requests, [n + 1]
+    uint32_t wq_head, wq_len;
+    pkvi_step_seq *seqs; // run-mode step sequences
+    uint32_t seqs_cap, num_seqs;
+    // The step being built.
+    pkvi_step_batch b;
+    int preempted;
+    uint64_t ext_frag;
+    uint64_t budget_left; // chunked prefill: tokens left in this step
+    // Totals.
+    uint32_t ai;          // next arrival
+    uint64_t finished, steps, batch_sum;
+    uint32_t batch_max;
+    uint64_t peak_used, peak_reserved, copy_slots_seen;
+    uint64_t preemptions, forks, padding_tokens;
+    uint64_t swap_used, swap_out, swap_in, swap_fallbacks;
+    uint64_t rejected, rejected_long, rejected_mem, completed, output_tokens;
+    uint64_t min_need_slots;  // smallest need among requests rejected for memory
+    uint32_t min_long_len;    // shortest final length among too-long rejects
+    double last_finish;
+    dvec step_s, ttft, tpot;
+    accum acc;
+} engine;
+
+static inline double arrival(const engine *e, uint32_t r) {
+    return e->reqs[r].arrival_s / e->prm->load_scale;
+}
+
+static inline void wq_push_back(engine *e, uint32_t r) {
+    e->wq[(e->wq_head + e->wq_len) % (e->n + 1)] = r;
+    e->wq_len++;
+}
+
+static inline void wq_push_front(engine *e, uint32_t r) {
+    e->wq_head = (e->wq_head + e->n) % (e->n + 1);
+    e->wq[e->wq_head] = r;
+    e->wq_len++;
+}
+
+static inline uint32_t wq_front(const engine *e) { return e->wq[e->wq_head]; }
+static inline uint32_t wq_at(const engine *e, uint32_t i) { return e->wq[(e->wq_head + i) % (e->n + 1)]; }
+
+static inline void wq_pop_front(engine *e) {
+    e->wq_head = (e->wq_head + 1) % (e->n + 1);
+    e->wq_len--;
+}
+
+// Lengths as the engine runs them: static batching pads them.
+static inline uint32_t prompt_of(const engine *e, uint32_t r) {
+    return e->st[r].pad_prompt ? e->st[r].pad_prompt : e->reqs[r].prompt_tokens;
+}
+static inline uint32_t output_of(const engine *e, uint32_t r) {
+    return e->st[r].pad_output ? e->st[r].pad_output : e->reqs[r].output_tokens;
+}
+static inline uint32_t final_len(const engine *e, uint32_t r) { return prompt_of(e, r) + output_of(e, r) - 1; }
+static inline uint32_t width(const engine *e, uint32_t r) { return output_of(e, r) > 1 ? e->reqs[r].n : 1; }
+
+// ---- defined in admit.c ----
+// What request r needs when it is (re)admitted now.
+void pkvi_engine_make_admit(const engine *e, uint32_t r, pkvi_admit *a);
+// Peak slots a request needs alone under policy `kind` (watermark excluded).
+uint64_t pkvi_engine_need_slots(const engine *e, pkv_policy kind, const pkvi_admit *a);
+// Slots a request's KV occupies (what a swap moves).
+uint64_t pkvi_engine_request_slots(const engine *e, uint32_t r, uint32_t nseq, uint32_t len);
+// Chunked prefill: running requests still prefilling compute their next chunk.
+pkv_status pkvi_engine_prefill(engine *e);
+// Admit waiting requests (continuous or static batching) and start their prefill.
+pkv_status pkvi_engine_admit(engine *e);
+
+// ---- defined in engine.c ----
+// Add a sequence to the step's list (run-mode executors); -1 when out of memory.
+int pkvi_engine_push_seq(engine *e, pkv_seq_id id, uint32_t new_tokens, uint32_t ctx);
+// Replay the whole trace into *rep; budget (bytes) for the failure message.
+pkv_status pkvi_engine_run(engine *e, uint64_t budget, pkv_replay_report *rep);
+// A run that completed nothing: NaN figures, and why into rep->failure.
+void pkvi_engine_report_failed(const engine *e, uint64_t budget, pkv_replay_report *rep);
+
+#endif // PKV_RUNTIME_REPLAY_ENGINE_H
