@@ -354,3 +354,121 @@ Test(vmm, contiguous_attention_runs_unchanged_on_a_vmm_cache) {
         pkv_vmm_space_destroy(s);
     }
 }
+
+// ---- the bookkeeping alone, over a fake implementation that fails on demand ----
+
+#include "src/allocator/vmm_impl.h"
+
+typedef struct fake {
+    int maps, unmaps;        // calls so far
+    int fail_map_at;         // the map call (1-based) that fails; 0 = none
+    int fail_unmap_at;
+} fake;
+
+static pkv_status fake_reserve(pkv_vmm_space *s, uint64_t bytes, uint64_t align, void **base) {
+    (void)s;
+    (void)bytes;
+    *base = (void *)(uintptr_t)align; // never dereferenced
+    return PKV_OK;
+}
+static void fake_unreserve(pkv_vmm_space *s, void *base, uint64_t bytes) {
+    (void)s;
+    (void)base;
+    (void)bytes;
+}
+static pkv_status fake_map(pkv_vmm_space *s, void *addr, uint32_t id) {
+    fake *f = s->impl;
+    (void)addr;
+    (void)id;
+    return ++f->maps == f->fail_map_at ? PKV_ERR_BACKEND : PKV_OK;
+}
+static pkv_status fake_unmap(pkv_vmm_space *s, void *addr, uint32_t id) {
+    fake *f = s->impl;
+    (void)addr;
+    (void)id;
+    return ++f->unmaps == f->fail_unmap_at ? PKV_ERR_BACKEND : PKV_OK;
+}
+static const pkvi_vmm_ops fake_ops = {
+    .name = "fake", .reserve = fake_reserve, .unreserve = fake_unreserve,
+    .map = fake_map, .unmap = fake_unmap,
+};
+
+static pkv_vmm_space *make_fake(fake *f, uint64_t max_pages) {
+    pkv_vmm_params p = pkv_vmm_params_default();
+    p.max_pages = max_pages;
+    p.num_slots = 2;
+    p.num_buffers = 3;
+    p.page_bytes = 4096;
+    p.buffer_bytes = 8 * 4096;
+    pkv_vmm_space *s = NULL;
+    cr_assert_eq(pkvi_vmm_space_new(&fake_ops, f, 4096, &p, &s), PKV_OK);
+    return s;
+}
+
+// A map that fails halfway through a growth rolls the whole call back: the slot
+// keeps its size, every page is free or mapped once, nothing is lost.
+Test(vmm, failed_map_rolls_back_the_call) {
+    fake f = {0};
+    pkv_vmm_space *s = make_fake(&f, 0);
+    uint32_t a;
+    pkv_vmm_slot_acquire(s, &a);
+    cr_assert_eq(pkv_vmm_slot_resize(s, a, 4096), PKV_OK); // 3 maps
+    f.fail_map_at = f.maps + 5; // growing to 3 pages: the 2nd buffer of page 2 fails
+    cr_assert_eq(pkv_vmm_slot_resize(s, a, 3 * 4096), PKV_ERR_BACKEND);
+    cr_assert_eq(pkv_vmm_slot_pages(s, a), 1, "the slot keeps its previous size");
+    cr_assert_eq(pkv_vmm_validate(s), PKV_OK);
+    pkv_vmm_stats st;
+    pkv_vmm_get_stats(s, &st);
+    cr_assert_eq(st.pages_mapped, 3);
+    cr_assert_eq(st.unmap_calls, 4, "the 4 pages the failed call mapped were unmapped");
+    cr_assert_eq(st.pages_lost, 0);
+    cr_assert_eq(pkv_vmm_slot_resize(s, a, 3 * 4096), PKV_OK, "and it can grow again");
+    pkv_vmm_space_destroy(s);
+}
+
+// A page whose unmap fails is never handed out again (it may still be mapped).
+Test(vmm, failed_unmap_loses_the_page_not_the_invariant) {
+    fake f = {0};
+    pkv_vmm_space *s = make_fake(&f, 13);
+    uint32_t a, b;
+    pkv_vmm_slot_acquire(s, &a);
+    pkv_vmm_slot_acquire(s, &b);
+    cr_assert_eq(pkv_vmm_slot_resize(s, a, 2 * 4096), PKV_OK); // 6 pages
+    const int64_t lost = pkv_vmm_page_physical(s, a, 0, 1); // unmapped first: last page, buffer 0
+    f.fail_unmap_at = 1;
+    cr_assert_eq(pkv_vmm_slot_release(s, a), PKV_ERR_BACKEND);
+    pkv_vmm_stats st;
+    pkv_vmm_get_stats(s, &st);
+    cr_assert_eq(st.pages_lost, 1);
+    cr_assert_eq(st.pages_mapped, 0);
+    cr_assert_eq(pkv_vmm_validate(s), PKV_OK);
+    // Budget 13, 1 lost: b takes all 12 others (4 pages x 3 buffers), not 15, and
+    // the lost one is not among them.
+    cr_assert_eq(pkv_vmm_slot_resize(s, b, 5 * 4096), PKV_ERR_OUT_OF_BLOCKS);
+    cr_assert_eq(pkv_vmm_slot_resize(s, b, 4 * 4096), PKV_OK);
+    for (uint32_t buf = 0; buf < 3; buf++)
+        for (uint64_t pg = 0; pg < 4; pg++)
+            cr_assert_neq(pkv_vmm_page_physical(s, b, buf, pg), lost);
+    pkv_vmm_space_destroy(s);
+}
+
+// The invariant check fails on a double map and on a leaked page.
+Test(vmm, validate_catches_double_maps_and_leaks) {
+    fake f = {0};
+    pkv_vmm_space *s = make_fake(&f, 0);
+    uint32_t a;
+    pkv_vmm_slot_acquire(s, &a);
+    cr_assert_eq(pkv_vmm_slot_resize(s, a, 2 * 4096), PKV_OK);
+    cr_assert_eq(pkv_vmm_slot_resize(s, a, 4096), PKV_OK); // 3 pages on the free stack
+    cr_assert_eq(pkv_vmm_validate(s), PKV_OK);
+    int32_t *row0 = s->page_table; // (slot 0, buffer 0)
+    const int32_t keep = row0[0];
+    row0[0] = s->page_table[s->info.pages_per_row]; // buffer 1's first page
+    cr_assert_eq(pkv_vmm_validate(s), PKV_ERR_CORRUPT, "one page mapped twice");
+    row0[0] = keep;
+    s->num_free--; // a free page forgotten
+    cr_assert_eq(pkv_vmm_validate(s), PKV_ERR_CORRUPT, "a leaked page");
+    s->num_free++;
+    cr_assert_eq(pkv_vmm_validate(s), PKV_OK);
+    pkv_vmm_space_destroy(s);
+}

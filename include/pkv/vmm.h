@@ -138,15 +138,18 @@ pkv_status pkv_vmm_slot_acquire(pkv_vmm_space *space, uint32_t *slot);
 // PKV_ERR_OUT_OF_BLOCKS when the physical budget cannot cover the growth;
 // PKV_ERR_INVALID_ARG when bytes exceed the row's virtual reservation
 // (buffer_bytes: the request outgrew its max length) or the slot is not taken;
-// PKV_ERR_BACKEND when the system/driver call fails (pages mapped by the failed call
-// are unmapped again, so the slot keeps its previous size).
+// PKV_ERR_BACKEND (or PKV_ERR_OUT_OF_MEMORY when the system has no memory to
+// commit) when a map call fails: pages mapped by the failed call are unmapped again,
+// so the slot keeps its previous size. When shrinking, a failed unmap still shrinks
+// the slot; that page is counted in pages_lost and never handed out again.
 pkv_status pkv_vmm_slot_resize(pkv_vmm_space *space, uint32_t slot, uint64_t bytes);
 
 // Pages mapped per buffer for `slot` (0 for a free slot or a bad index).
 uint64_t pkv_vmm_slot_pages(const pkv_vmm_space *space, uint32_t slot);
 
 // Unmap every page of `slot` and free the slot. PKV_ERR_INVALID_ARG for a slot that
-// is not taken.
+// is not taken; PKV_ERR_BACKEND when an unmap failed (the slot is freed anyway and the
+// page counted in pages_lost).
 pkv_status pkv_vmm_slot_release(pkv_vmm_space *space, uint32_t slot);
 
 // Physical page behind page `page` of row (slot, buffer), or -1 when unmapped or

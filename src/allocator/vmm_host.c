@@ -93,9 +93,15 @@ static pkv_status mprotect_map(pkv_vmm_space *s, void *addr, uint32_t id) {
 #ifdef MADV_HUGEPAGE
     if (h->page >= ((uint64_t)2 << 20)) (void)madvise(addr, (size_t)h->page, MADV_HUGEPAGE);
 #endif
-    // Commit now rather than at first touch, so the cost lands in this call.
+    // Commit now rather than at first touch, so the cost lands in this call. Only a
+    // kernel without MADV_POPULATE_WRITE (EINVAL, before 5.14) falls back to touching:
+    // any other failure (ENOMEM) is reported, not turned into a fault later.
 #ifdef MADV_POPULATE_WRITE
     if (madvise(addr, (size_t)h->page, MADV_POPULATE_WRITE) == 0) return PKV_OK;
+    if (errno != EINVAL) {
+        (void)mprotect(addr, (size_t)h->page, PROT_NONE);
+        return PKV_ERR_OUT_OF_MEMORY;
+    }
 #endif
     volatile char *c = addr; // older kernels: touch every system page
     for (uint64_t off = 0; off < h->page; off += h->sys_page) c[off] = 0;
