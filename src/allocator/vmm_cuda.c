@@ -52,6 +52,14 @@ static pkv_status cu_status(CUresult r) {
     return PKV_ERR_BACKEND;
 }
 
+// The calls run on whatever thread uses the space: make the device's primary
+// context current first (cheap when it already is), as the CUDA backend does.
+static pkv_status use_device(const cuda_impl *c) {
+    if (cudaSetDevice(c->device) == cudaSuccess) return PKV_OK;
+    cudaGetLastError();
+    return PKV_ERR_NO_DEVICE;
+}
+
 static int get_fn(const char *name, void **fn) {
     enum cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
     *fn = NULL;
@@ -82,7 +90,9 @@ static pkv_status cuda_prepare(pkv_vmm_space *s) {
 static pkv_status cuda_reserve(pkv_vmm_space *s, uint64_t bytes, uint64_t align, void **base) {
     cuda_impl *c = s->impl;
     CUdeviceptr p = 0;
-    pkv_status st = cu_status(c->fn.reserve(&p, (size_t)bytes, (size_t)align, 0, 0));
+    pkv_status st = use_device(c);
+    if (st != PKV_OK) return st;
+    st = cu_status(c->fn.reserve(&p, (size_t)bytes, (size_t)align, 0, 0));
     *base = (void *)(uintptr_t)p;
     return st;
 }
@@ -94,6 +104,8 @@ static void cuda_unreserve(pkv_vmm_space *s, void *base, uint64_t bytes) {
 
 static pkv_status cuda_create_page(pkv_vmm_space *s, uint32_t id) {
     cuda_impl *c = s->impl;
+    pkv_status st = use_device(c);
+    if (st != PKV_OK) return st;
     return cu_status(c->fn.create(&c->handles[id], (size_t)s->info.page_bytes, &c->prop, 0));
 }
 
@@ -106,7 +118,9 @@ static pkv_status cuda_map(pkv_vmm_space *s, void *addr, uint32_t id) {
     cuda_impl *c = s->impl;
     CUdeviceptr p = (CUdeviceptr)(uintptr_t)addr;
     size_t n = (size_t)s->info.page_bytes;
-    pkv_status st = cu_status(c->fn.map(p, n, 0, c->handles[id], 0));
+    pkv_status st = use_device(c);
+    if (st != PKV_OK) return st;
+    st = cu_status(c->fn.map(p, n, 0, c->handles[id], 0));
     if (st != PKV_OK) return st;
     st = cu_status(c->fn.set_access(p, n, &c->access, 1));
     if (st != PKV_OK) (void)c->fn.unmap(p, n);
@@ -116,6 +130,8 @@ static pkv_status cuda_map(pkv_vmm_space *s, void *addr, uint32_t id) {
 static pkv_status cuda_unmap(pkv_vmm_space *s, void *addr, uint32_t id) {
     cuda_impl *c = s->impl;
     (void)id;
+    pkv_status st = use_device(c);
+    if (st != PKV_OK) return st;
     return cu_status(c->fn.unmap((CUdeviceptr)(uintptr_t)addr, (size_t)s->info.page_bytes));
 }
 
