@@ -89,7 +89,8 @@ static void assert_same_schedule(const steps *a, const steps *b, const char *nam
 }
 
 static int per_call(pkv_policy k) {
-    return k == PKV_POLICY_MALLOC_PER_REQUEST || k == PKV_POLICY_MALLOC_PER_TOKEN || k == PKV_POLICY_REALLOC_COPY;
+    return k == PKV_POLICY_MALLOC_PER_REQUEST || k == PKV_POLICY_MALLOC_PER_TOKEN || k == PKV_POLICY_REALLOC_COPY ||
+           k == PKV_POLICY_VMM; // vmm: a map call per page and buffer
 }
 
 static void every_policy(int cuda) {

@@ -72,9 +72,14 @@ typedef struct pkv_policy_admit {
 } pkv_policy_admit;
 
 typedef enum pkv_backend_call {
-    PKV_BACKEND_CALL_ALLOC = 0, // cudaMalloc, malloc, ...
-    PKV_BACKEND_CALL_FREE = 1,  // cudaFree, free, ...
+    PKV_BACKEND_CALL_ALLOC = 0, // cudaMalloc, malloc, cuMemMap, ...
+    PKV_BACKEND_CALL_FREE = 1,  // cudaFree, free, cuMemUnmap, ...
+    // Flag, OR-ed with one of the above: issued off the critical path (a
+    // background thread), so it overlaps the step even if the call synchronizes.
+    PKV_BACKEND_CALL_OVERLAPPED = 0x10,
 } pkv_backend_call;
+
+struct pkv_replay_params; // pkv/replay.h
 
 // Services the engine gives a policy. Plain data; ctx is the engine's.
 typedef struct pkv_policy_host {
@@ -97,6 +102,9 @@ typedef struct pkv_policy_config {
     const pkv_trace *trace;   // token ids / prefix groups, for prefix sharing
     int prefix_sharing;       // 1: the policy may share prompt prefixes across requests
     int run_mode;             // 1: the decoder executes the steps (layout must be real)
+    // Every parameter of the replay (options of a policy's own, e.g. the vmm
+    // page size, live there); read-only.
+    const struct pkv_replay_params *params;
     pkv_policy_host host;
 } pkv_policy_config;
 
@@ -122,9 +130,10 @@ typedef struct pkv_policy_vtable {
     uint32_t abi_version; // PKV_POLICY_ABI_VERSION the policy was compiled against
     const char *name;     // shown in reports (at most 31 bytes)
 
-    // Build a policy for cfg; *info says its capacity. PKV_ERR_INVALID_ARG if the
-    // budget holds not one allocation unit. *state is owned by the engine and
-    // released with destroy.
+    // Build a policy for cfg; *info says its capacity. PKV_ERR_OUT_OF_BLOCKS if the
+    // budget holds not one allocation unit (the engine then rejects every request
+    // for memory); PKV_ERR_INVALID_ARG for a config it cannot serve. *state is
+    // owned by the engine and released with destroy.
     pkv_status (*create)(const pkv_policy_config *cfg, pkv_policy_info *info, void **state);
     void (*destroy)(void *state); // NULL does nothing
 

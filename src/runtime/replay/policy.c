@@ -18,6 +18,7 @@ const pkv_policy_vtable *pkv_policy_builtin(int policy) {
     case PKV_POLICY_MALLOC_PER_TOKEN: return &pkvi_policy_token_vtable;
     case PKV_POLICY_REALLOC_COPY: return &pkvi_policy_realloc_copy_vtable;
     case PKV_POLICY_CONTIG_POW2_GROW: return &pkvi_policy_contig_pow2_grow_vtable;
+    case PKV_POLICY_VMM: return &pkvi_policy_vmm_vtable;
     default: return NULL;
     }
 }
@@ -54,7 +55,9 @@ pkv_status pkv_policy_vtable_check(const pkv_policy_vtable *vt, char *why, size_
 // pkv_policy_host.backend_calls: count, price, and leave pending for the step.
 static void host_backend_calls(void *ctx, pkv_backend_call kind, uint64_t bytes, uint64_t count) {
     pkvi_policy *p = ctx;
-    const int is_free = kind == PKV_BACKEND_CALL_FREE;
+    const int is_free = (kind & PKV_BACKEND_CALL_FREE) != 0;
+    const int overlapped = (kind & PKV_BACKEND_CALL_OVERLAPPED) != 0;
+    kind = is_free ? PKV_BACKEND_CALL_FREE : PKV_BACKEND_CALL_ALLOC;
     if (is_free)
         p->free_calls += count;
     else
@@ -71,7 +74,7 @@ static void host_backend_calls(void *ctx, pkv_backend_call kind, uint64_t bytes,
     if (!p->cost || count == 0) return;
     const pkv_alloc_call_cost *c = is_free ? &p->cost->free : &p->cost->alloc;
     const double s = (double)count * pkv_alloc_call_seconds(c, bytes);
-    if (c->sync)
+    if (c->sync && !overlapped)
         p->charges.sync_s += s;
     else
         p->charges.async_s += s;

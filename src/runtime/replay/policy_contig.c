@@ -250,7 +250,7 @@ static pkv_status contig_create(pkv_policy kind, const pkv_policy_config *cfg,
     if (!cfg || !info || !out || cfg->bytes_per_token == 0 || cfg->max_seq_len == 0)
         return PKV_ERR_INVALID_ARG;
     const uint64_t slots = cfg->capacity_bytes / cfg->bytes_per_token;
-    if (slots == 0) return PKV_ERR_INVALID_ARG;
+    if (slots == 0) return PKV_ERR_OUT_OF_BLOCKS;
     contig *c = calloc(1, sizeof *c);
     if (!c) return PKV_ERR_OUT_OF_MEMORY;
     c->kind = kind;

@@ -446,7 +446,8 @@ static pkv_status paged_create(const pkv_policy_config *c, pkv_policy_info *info
     if (!c || !info || !out || c->block_size == 0 || c->block_size > 65536 || c->bytes_per_token == 0)
         return PKV_ERR_INVALID_ARG;
     const uint64_t blocks = c->capacity_bytes / (c->bytes_per_token * c->block_size);
-    if (blocks == 0 || blocks > PKV_POOL_MAX_BLOCKS) return PKV_ERR_INVALID_ARG;
+    if (blocks == 0) return PKV_ERR_OUT_OF_BLOCKS;
+    if (blocks > PKV_POOL_MAX_BLOCKS) return PKV_ERR_INVALID_ARG;
     paged *p = calloc(1, sizeof *p);
     if (!p) return PKV_ERR_OUT_OF_MEMORY;
     p->capacity_slots = blocks * c->block_size;

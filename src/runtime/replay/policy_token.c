@@ -139,7 +139,7 @@ static void token_destroy(void *pp) {
 static pkv_status token_create(const pkv_policy_config *cfg, pkv_policy_info *info, void **out) {
     if (!cfg || !info || !out || cfg->bytes_per_token == 0) return PKV_ERR_INVALID_ARG;
     const uint64_t slots = cfg->capacity_bytes / cfg->bytes_per_token;
-    if (slots == 0) return PKV_ERR_INVALID_ARG;
+    if (slots == 0) return PKV_ERR_OUT_OF_BLOCKS;
     token_policy *t = calloc(1, sizeof *t);
     if (!t) return PKV_ERR_OUT_OF_MEMORY;
     t->capacity_slots = slots;

@@ -22,7 +22,9 @@ static int params_ok(const pkv_replay_params *p) {
            p->alloc_model.free.per_byte_s >= 0 && p->sim_eff.bw_frac > 0 && p->sim_eff.bw_frac <= 1 &&
            p->sim_eff.compute_frac > 0 && p->sim_eff.compute_frac <= 1 &&
            p->sim_eff.step_overhead_s >= 0 && isfinite(p->sim_eff.step_overhead_s) &&
-           pkv_model_config_validate(&p->model) == PKV_OK;
+           pkv_model_config_validate(&p->model) == PKV_OK &&
+           (p->policy != PKV_POLICY_VMM ||
+            (p->vmm_page_bytes >= 4096 && p->vmm_page_bytes % 4096 == 0));
 }
 
 // A budget below one allocation unit: no policy can exist, every request is
@@ -117,10 +119,11 @@ static pkv_status replay(const pkv_trace *trace, const pkv_replay_params *params
         .trace = trace,
         .prefix_sharing = prm.prefix_sharing && prm.mode == PKV_REPLAY_SIM,
         .run_mode = prm.mode == PKV_REPLAY_RUN,
+        .params = &prm,
     };
     e.pol = &e.polh;
     st = pkvi_policy_open(e.pol, vt, &pc, prm.mode == PKV_REPLAY_SIM ? &prm.alloc_model : NULL);
-    if (st == PKV_ERR_INVALID_ARG && budget / e.bpt < (prm.block_size > 1 ? prm.block_size : 1)) {
+    if (st == PKV_ERR_OUT_OF_BLOCKS) {
         // A budget below one allocation unit: every request is rejected for memory.
         report->block_size = budget / e.bpt >= 1 ? prm.block_size : 1;
         report_no_capacity(&e, budget, report);

@@ -55,6 +55,7 @@ extern const pkv_policy_vtable pkvi_policy_malloc_per_request_vtable;
 extern const pkv_policy_vtable pkvi_policy_realloc_copy_vtable;
 extern const pkv_policy_vtable pkvi_policy_contig_pow2_grow_vtable;
 extern const pkv_policy_vtable pkvi_policy_token_vtable;
+extern const pkv_policy_vtable pkvi_policy_vmm_vtable; // policy_vmm.c (vAttention)
 
 // ---- step executors ----
 
