@@ -44,6 +44,7 @@ typedef struct opts {
     uint64_t max_bytes; // skip grid points whose K/V (per layout) exceed this
     double min_time;    // seconds of timed calls per point and layout
     int json;
+    const char *json_out; // also write the JSON here (same run as the table)
     int gpu;
 } opts;
 
@@ -70,6 +71,7 @@ static void usage(FILE *f) {
             "  --quick           batch 1,16; context 128,1024,4096; min-time 0.05\n"
             "  --gpu             time the CUDA kernels instead (needs a CUDA build and device)\n"
             "  --json            one JSON object on stdout instead of the table\n"
+            "  --json-out FILE   also write that JSON object to FILE (same run as the table)\n"
             "  --help            this text\n"
             "Exit: 0 ok, 1 runtime failure, 2 bad usage.\n");
 }
@@ -188,6 +190,8 @@ static int parse_args(int argc, char **argv, opts *o) {
             } else if (strcmp(a, "--max-mib") == 0) {
                 bad = parse_u32(v, &x);
                 o->max_bytes = (uint64_t)x << 20;
+            } else if (strcmp(a, "--json-out") == 0) {
+                o->json_out = v;
             } else if (strcmp(a, "--min-time") == 0) {
                 char *end = NULL;
                 o->min_time = strtod(v, &end);
@@ -583,6 +587,34 @@ static int run_gpu_point(const opts *o, const host_data *h, pkv_dtype dt, uint32
 }
 #endif
 
+static void print_json(FILE *f, const opts *op, const char *mode, int nt, double copy_bw,
+                       const result *res, const uint32_t *splits, uint32_t nres) {
+    const opts o = *op;
+    fprintf(f, "{\"bench\":\"attention\",\"mode\":\"%s\",\"threads\":%d,\"heads\":%u,"
+           "\"kv_heads\":%u,\"head_dim\":%u,\"block\":%u,\"copy_bandwidth_gbs\":%.3f,"
+           "\"points\":[",
+           mode, o.gpu ? 0 : nt, o.heads, o.kv_heads, o.dim, o.block, copy_bw / 1e9);
+    int first = 1;
+    for (uint32_t i = 0; i < nres; i++) {
+        const result *r = &res[i];
+        if (r->skipped) {
+            continue;
+        }
+        fprintf(f, "%s{\"dtype\":\"%s\",\"batch\":%u,\"context\":%u,\"kv_bytes\":%.0f,"
+               "\"paged_us\":%.3f,\"contig_us\":%.3f,\"paged_median_us\":%.3f,"
+               "\"contig_median_us\":%.3f,\"ratio\":%.4f,\"paged_gbs\":%.3f,"
+               "\"contig_gbs\":%.3f,\"paged_frac_copy\":%.4f,\"contig_frac_copy\":%.4f,"
+               "\"splits\":%u}",
+               first ? "" : ",", pkv_dtype_name(r->dt), r->batch, r->ctx, r->kv_bytes,
+               r->tp * 1e6, r->tc * 1e6, r->mp * 1e6, r->mc * 1e6, r->tp / r->tc,
+               r->kv_bytes / r->tp / 1e9,
+               r->kv_bytes / r->tc / 1e9, r->kv_bytes / r->tp / copy_bw,
+               r->kv_bytes / r->tc / copy_bw, splits[i]);
+        first = 0;
+    }
+    fprintf(f, "]}\n");
+}
+
 int main(int argc, char **argv) {
     opts o;
     int pr = parse_args(argc, argv, &o);
@@ -684,30 +716,17 @@ int main(int argc, char **argv) {
         fprintf(stderr, "\r%60s\r", "");
     }
     const char *mode = o.gpu ? "gpu" : "cpu";
-    if (o.json) {
-        printf("{\"bench\":\"attention\",\"mode\":\"%s\",\"threads\":%d,\"heads\":%u,"
-               "\"kv_heads\":%u,\"head_dim\":%u,\"block\":%u,\"copy_bandwidth_gbs\":%.3f,"
-               "\"points\":[",
-               mode, o.gpu ? 0 : nt, o.heads, o.kv_heads, o.dim, o.block, copy_bw / 1e9);
-        int first = 1;
-        for (uint32_t i = 0; i < nres; i++) {
-            const result *r = &res[i];
-            if (r->skipped) {
-                continue;
-            }
-            printf("%s{\"dtype\":\"%s\",\"batch\":%u,\"context\":%u,\"kv_bytes\":%.0f,"
-                   "\"paged_us\":%.3f,\"contig_us\":%.3f,\"paged_median_us\":%.3f,"
-                   "\"contig_median_us\":%.3f,\"ratio\":%.4f,\"paged_gbs\":%.3f,"
-                   "\"contig_gbs\":%.3f,\"paged_frac_copy\":%.4f,\"contig_frac_copy\":%.4f,"
-                   "\"splits\":%u}",
-                   first ? "" : ",", pkv_dtype_name(r->dt), r->batch, r->ctx, r->kv_bytes,
-                   r->tp * 1e6, r->tc * 1e6, r->mp * 1e6, r->mc * 1e6, r->tp / r->tc,
-                   r->kv_bytes / r->tp / 1e9,
-                   r->kv_bytes / r->tc / 1e9, r->kv_bytes / r->tp / copy_bw,
-                   r->kv_bytes / r->tc / copy_bw, splits[i]);
-            first = 0;
+    if (o.json_out != NULL) {
+        FILE *jf = fopen(o.json_out, "w");
+        if (jf == NULL) {
+            fprintf(stderr, "bench_attention: cannot write %s\n", o.json_out);
+            return 1;
         }
-        printf("]}\n");
+        print_json(jf, &o, mode, nt, copy_bw, res, splits, nres);
+        fclose(jf);
+    }
+    if (o.json) {
+        print_json(stdout, &o, mode, nt, copy_bw, res, splits, nres);
         return 0;
     }
     printf("decode attention (%s, %d threads): %u heads, %u kv heads, head_dim %u, block %u\n",

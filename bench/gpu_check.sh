@@ -1,122 +1,230 @@
 #!/bin/sh
 # SPDX-License-Identifier: MIT
-# GPU check: on a machine with an NVIDIA GPU, build with CUDA, run the whole test
-# suite (the cuda suite compares CUDA with the CPU on the same inputs; the unit
-# suite then exercises the CUDA backend too), record the registers/spills of every
-# attention kernel, run the attention benchmark in GPU mode (paged vs contiguous,
-# fraction of device-to-device copy bandwidth), the allocator benchmark (pool vs
-# cudaMalloc) and the decoder on the CUDA backend against the CPU.
-# Writes everything under OUT_DIR and a summary in OUT_DIR/report.md (the file to
-# read when only a few files come back from the machine).
-# Budget: under 5 minutes on a 16-core machine (the build dominates).
+# GPU check for one H200 (sm_90) lent for a few minutes. It needs no Criterion,
+# OpenBLAS or jemalloc (the GPU machine has none): it builds only what runs on
+# the GPU, for sm_90 only, then
+#   1. pkv-check: every CUDA kernel and the CUDA decoder against the CPU (verdict);
+#   2. registers / spills / global loads in flight per kernel (bench/sass_loads.py);
+#   3. compute-sanitizer memcheck and racecheck on pkv-check's small grid;
+#   4. bench_attention --gpu, GQA 32/8 and MHA 32/32, batch 1-256, context 1k-32k,
+#      fp16, table and JSON from the same run;
+#   5. bench_alloc: pool against cudaMalloc/cudaFree (the allocation cost rows);
+#   6. the decoder's per-op profile on the CUDA backend.
+# Every step has a timeout and the whole run a deadline (DEADLINE_S, default
+# 330 s after the start, under 6 minutes); a step that fails or times out is
+# recorded and the next one runs. OUT_DIR/report.md is written as the steps
+# go, so it exists whatever happens; every step's output is in OUT_DIR/*.log.
 #
-# usage: bench/gpu_check.sh OUT_DIR [BUILD_DIR]
-# exit: 0 all ran and tests passed, 1 a step failed, 2 bad usage / no GPU.
+# usage: bench/gpu_check.sh [--dry-run] OUT_DIR [BUILD_DIR]   (from the repo root)
+#   --dry-run  no GPU needed: the same setup and build, the static SASS step,
+#              and every GPU step replaced by its program's --help (it must be
+#              built and take its options). Run in CI with pkg-config unable to
+#              find Criterion, OpenBLAS and jemalloc.
+# exit: 0 every step passed, 1 a step failed or timed out, 2 bad usage or no GPU.
 set -u
 
+dry=0
+if [ "${1:-}" = "--dry-run" ]; then
+    dry=1
+    shift
+fi
 if [ $# -lt 1 ] || [ "$1" = "--help" ] || [ "$1" = "-h" ]; then
-    echo "usage: $0 OUT_DIR [BUILD_DIR]   (run from the repository root)" >&2
+    sed -n '3,27p' "$0" | sed 's/^# \{0,1\}//' >&2
     exit 2
 fi
 out=$1
 build=${2:-build-gpucheck}
-mkdir -p "$out" || exit 1
+mkdir -p "$out" || exit 2
 report="$out/report.md"
+start=$(date +%s)
+deadline=$((start + ${DEADLINE_S:-330}))
 status=0
+jobs=$(nproc 2>/dev/null || echo 4)
+[ -x /usr/local/cuda/bin/nvcc ] && PATH="$PATH:/usr/local/cuda/bin" && export PATH
 
-if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >"$out/gpu.txt" 2>&1; then
-    echo "no NVIDIA GPU visible (nvidia-smi failed); nothing to check" >&2
-    exit 2
+if [ $dry -eq 0 ]; then
+    if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >"$out/gpu.txt" 2>&1; then
+        echo "gpu_check: no NVIDIA GPU visible (nvidia-smi failed); use --dry-run here" >&2
+        exit 2
+    fi
+    nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem,driver_version \
+        --format=csv >>"$out/gpu.txt" 2>&1
+else
+    echo "dry run: no GPU used" >"$out/gpu.txt"
 fi
-nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem,driver_version \
-    --format=csv >>"$out/gpu.txt" 2>&1
 
+# The report is assembled from three parts after every step (and on exit), so
+# that a run killed at any point still leaves a readable report.md.
 {
-    echo "# Attention GPU check"
+    echo "# GPU check$( [ $dry -eq 1 ] && echo ' (dry run: GPU steps stubbed)')"
     echo
     echo "- date: $(date -u '+%Y-%m-%d %H:%M UTC')"
     echo "- commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
     echo "- GPU: $(sed -n 1p "$out/gpu.txt")"
     echo "- nvcc: $(nvcc --version 2>/dev/null | tail -1)"
     echo
-} >"$report"
+    echo "| step | result | seconds | log |"
+    echo "|---|---|---|---|"
+} >"$out/.head.md"
+: >"$out/.steps.md"
+: >"$out/.sections.md"
+assemble() {
+    cat "$out/.head.md" "$out/.steps.md" "$out/.sections.md" >"$report"
+}
+assemble
 
-jobs=$(nproc 2>/dev/null || echo 4)
-start=$(date +%s)
-if [ ! -d "$build" ]; then
-    meson setup "$build" -Dcuda=enabled -Dbuildtype=release >"$out/setup.log" 2>&1 || {
-        echo "meson setup failed: see setup.log" >>"$report"; exit 1; }
-fi
-# -Xptxas -v output of the attention .cu files is kept for the register table.
-ninja -C "$build" -j "$jobs" >"$out/build.log" 2>&1 || {
-    echo "build failed: see build.log" >>"$report"; exit 1; }
-echo "- build: $(( $(date +%s) - start )) s" >>"$report"
+# step NAME TIMEOUT_S CMD...: run CMD under a timeout (bounded by the deadline),
+# output in OUT/NAME.log, one row in the report. Returns CMD's status.
+step() {
+    name=$1
+    limit=$2
+    shift 2
+    now=$(date +%s)
+    left=$((deadline - now))
+    if [ $left -lt 5 ]; then
+        echo "| $name | SKIPPED (deadline) | 0 | - |" >>"$out/.steps.md"
+        assemble
+        status=1
+        return 1
+    fi
+    [ "$limit" -gt "$left" ] && limit=$left
+    t0=$(date +%s)
+    timeout -k 5 "$limit" "$@" >"$out/$name.log" 2>&1
+    rc=$?
+    secs=$(($(date +%s) - t0))
+    if [ $rc -eq 0 ]; then
+        res=PASS
+    elif [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
+        res="TIMEOUT (${limit} s)"
+    else
+        res="FAIL (exit $rc)"
+    fi
+    [ $rc -ne 0 ] && status=1
+    echo "| $name | $res | $secs | $name.log |" >>"$out/.steps.md"
+    assemble
+    return $rc
+}
 
-# Registers and spills per kernel, from the compiled objects.
-if command -v cuobjdump >/dev/null 2>&1; then
-    for o in "$build"/libpagedkv.a.p/src_attention_attn_*.cu.o \
-             "$build"/libpagedkv.so*.p/src_attention_attn_*.cu.o; do
-        [ -f "$o" ] && cuobjdump -res-usage "$o" 2>/dev/null
-    done >"$out/res_usage.txt"
+# gpu NAME TIMEOUT_S CMD...: a step that needs the GPU. In a dry run the program
+# (the first word that is a file, after any compute-sanitizer prefix) is run with
+# --help instead: it must exist and parse its options.
+gpu() {
+    name=$1
+    limit=$2
+    shift 2
+    if [ $dry -eq 0 ]; then
+        step "$name" "$limit" "$@"
+        return $?
+    fi
+    prog=
+    for w in "$@"; do
+        if [ -f "$w" ] && [ -x "$w" ]; then
+            prog=$w
+            break
+        fi
+    done
+    if [ -z "$prog" ]; then
+        echo "| $name | FAIL (dry run: no built program in: $*) | 0 | - |" >>"$out/.steps.md"
+        status=1
+        return 1
+    fi
+    echo "dry run: would run: $*" >"$out/$name.cmd"
+    step "$name" 20 "$prog" --help
+}
+
+section() {
     {
         echo
-        echo "## Registers per thread (cuobjdump -res-usage)"
+        echo "## $1"
+        echo
+        [ -n "${2:-}" ] && echo "command: \`$2\`" && echo
         echo '```'
-        grep -E "Function|REG" "$out/res_usage.txt" | paste - - | \
-            sed -E 's/.*Function ([^ :]+).*REG:([0-9]+).*STACK:([0-9]+).*/\2 regs, stack \3: \1/' | \
-            sort -u | head -60
+        if [ -f "$out/$3" ]; then
+            head -c "${4:-20000}" "$out/$3"
+        else
+            echo "(no output)"
+        fi
         echo '```'
-    } >>"$report"
+    } >>"$out/.sections.md"
+    assemble
+}
+
+finished=0
+finish() {
+    [ $finished -eq 1 ] && return
+    finished=1
+    {
+        echo
+        echo "- total: $(($(date +%s) - start)) s"
+        echo "- verdict: $([ $status -eq 0 ] && echo PASS || echo FAIL)"
+    } >>"$out/.steps.md"
+    assemble
+}
+trap finish EXIT
+trap 'status=1; echo "| (interrupted) | FAIL | - | - |" >>"$out/.steps.md"; finish; exit 1' INT TERM
+
+# ---- setup and build: sm_90 only, no test framework, no optional libraries ----
+if [ ! -f "$build/build.ninja" ]; then
+    step setup 90 meson setup "$build" -Dcuda=enabled -Dgpu_archs=90 -Dbuildtype=release \
+        -Dtests=false -Dcriterion=disabled -Dblas=auto -Djemalloc=auto -Dbench=true
+fi
+# Only the programs this script runs (and the library under them).
+step build 200 ninja -C "$build" -j "$jobs" tools/pkv-check bench/bench_attention \
+    bench/bench_alloc tools/pkv-generate
+check="$build/tools/pkv-check"
+battn="$build/bench/bench_attention"
+
+# ---- 1. correctness first: a kernel that is wrong is not worth timing ----
+gpu pkv_check 90 "$check"
+section "pkv-check: CUDA against the CPU" "pkv-check" pkv_check.log
+
+# ---- 2. static: registers, spills, loads in flight (runs here too) ----
+if command -v cuobjdump >/dev/null 2>&1; then
+    # The library's CUDA objects (meson keeps them under libpagedkv.so*.p or
+    # libpagedkv.a.p), each file once.
+    objs=$(find "$build" -maxdepth 2 -path '*libpagedkv*' \( -name 'src_attention_attn_*.cu.o' \
+        -o -name 'src_runtime_model_ops_cuda.cu.o' \) | awk -F/ '!seen[$NF]++')
+    step sass 60 python3 bench/sass_loads.py --arch sm_90 $objs
+    section "Registers, spills and global loads in flight per thread (sm_90 SASS)" \
+        "bench/sass_loads.py --arch sm_90 <objects>" sass.log
+else
+    echo "| sass | SKIPPED (no cuobjdump) | 0 | - |" >>"$out/.steps.md"
 fi
 
-echo >>"$report"
-echo "## Tests (all suites, with a device present)" >>"$report"
-if timeout 240 meson test -C "$build" --print-errorlogs --num-processes "$jobs" >"$out/tests.log" 2>&1; then
-    echo "- meson test: PASS" >>"$report"
+# ---- 3. memory and race checker on the small grid ----
+if command -v compute-sanitizer >/dev/null 2>&1 || [ $dry -eq 1 ]; then
+    san=$(command -v compute-sanitizer || echo compute-sanitizer)
+    gpu memcheck 75 "$san" --tool memcheck --error-exitcode 9 "$check" --quick \
+        --only decode --only splitk --only prefill --only write --only copy --only bad
+    section "compute-sanitizer memcheck (pkv-check --quick)" "" memcheck.log 4000
+    gpu racecheck 75 "$san" --tool racecheck --error-exitcode 9 "$check" --quick \
+        --only splitk --only prefill --only write --only copy --only bad
+    section "compute-sanitizer racecheck (pkv-check --quick)" "" racecheck.log 4000
 else
-    echo "- meson test: FAIL (see tests.log)" >>"$report"
+    echo "| memcheck, racecheck | SKIPPED (no compute-sanitizer) | 0 | - |" >>"$out/.steps.md"
     status=1
 fi
-grep -E "^ *[0-9]+/[0-9]+ " "$out/tests.log" | sed 's/^/    /' >>"$report"
-"$build/tests/test_attention_cuda" --verbose >"$out/test_attention_cuda.log" 2>&1
 
-echo >>"$report"
-echo "## Attention benchmark (GPU mode)" >>"$report"
-cmd="$build/bench/bench_attention --gpu --batch 1,8,64 --context 1024,4096,16384 --max-mib 4096 --min-time 0.2"
-echo "command: \`$cmd\`" >>"$report"
-echo '```' >>"$report"
-if timeout 120 $cmd >"$out/bench_attention_gpu.txt" 2>"$out/bench_attention_gpu.err"; then
-    cat "$out/bench_attention_gpu.txt" >>"$report"
-    $cmd --json >"$out/bench_attention_gpu.json" 2>/dev/null || true
-else
-    echo "benchmark failed:" >>"$report"
-    cat "$out/bench_attention_gpu.err" >>"$report"
-    status=1
-fi
-echo '```' >>"$report"
+# ---- 4. decode attention bandwidth, GQA 32/8 then MHA ----
+grid="--gpu --dtype fp16 --batch 1,16,64,256 --context 1024,4096,16384,32768 --max-mib 2048 --min-time 0.1"
+# shellcheck disable=SC2086
+gpu bench_gqa 75 "$battn" $grid --heads 32 --kv-heads 8 --json-out "$out/bench_gqa.json"
+section "Decode attention, GQA 32/8 (Llama-3-8B heads), fp16" \
+    "bench_attention $grid --heads 32 --kv-heads 8" bench_gqa.log
+# shellcheck disable=SC2086
+gpu bench_mha 75 "$battn" $grid --heads 32 --kv-heads 32 --json-out "$out/bench_mha.json"
+section "Decode attention, MHA 32/32, fp16" "bench_attention $grid --heads 32 --kv-heads 32" \
+    bench_mha.log
 
-echo >>"$report"
-echo "## Allocator: pool against cudaMalloc" >>"$report"
-echo '```' >>"$report"
-timeout 60 "$build/bench/bench_alloc" --quick >>"$report" 2>&1 || status=1
-echo '```' >>"$report"
+# ---- 5. allocation cost rows: pool against cudaMalloc/cudaFree ----
+gpu bench_alloc 45 "$build/bench/bench_alloc" --quick
+section "Allocator: pool against cudaMalloc/cudaFree" "bench_alloc --quick" bench_alloc.log
 
-echo >>"$report"
-echo "## Decoder: CUDA backend against the CPU (same weights, greedy)" >>"$report"
-gen="$build/tools/pkv-generate --model tiny --max-new 32 --seed 3 1 2 3 4 5 6 7 8"
-cpu_tokens=$($gen --backend cpu 2>&1 | grep '^tokens:')
-cuda_tokens=$($gen --backend cuda 2>&1 | grep '^tokens:')
-echo "- cpu:  $cpu_tokens" >>"$report"
-echo "- cuda: $cuda_tokens" >>"$report"
-if [ -n "$cuda_tokens" ] && [ "$cpu_tokens" = "$cuda_tokens" ]; then
-    echo "- same tokens: yes" >>"$report"
-else
-    echo "- same tokens: NO" >>"$report"
-    status=1
-fi
-echo '```' >>"$report"
-timeout 60 $gen --backend cuda --profile >>"$report" 2>&1 || status=1
-echo '```' >>"$report"
-echo "- total: $(( $(date +%s) - start )) s" >>"$report"
+# ---- 6. the decoder on the CUDA backend, per-op profile ----
+gpu decoder_profile 45 "$build/tools/pkv-generate" --model tiny --max-new 32 --seed 3 \
+    --backend cuda --profile 1 2 3 4 5 6 7 8
+section "Decoder on CUDA (tiny, 32 greedy tokens, --profile)" "" decoder_profile.log
+
+finish
 cat "$report"
 exit $status

@@ -982,3 +982,23 @@ Test(attention_plan, split_k_heuristic) {
     cr_assert_eq(bytes, (size_t)3 * 32 * 5 * (128 + 2) * 4);
     cr_assert_eq(pkv_attn_cuda_workspace_bytes(&sh, 3, 0, &bytes), PKV_ERR_INVALID_ARG);
 }
+
+// Issue 15, defect 12: 2^16 sequences x 2^16 heads x 2^16 splits x head_dim 16382
+// is exactly 2^64 bytes; it wrapped to 0 and came back OK.
+Test(attention, workspace_bytes_refuses_sizes_that_wrap) {
+    pkv_attn_shape sh = {65536, 1, 16382, PKV_DTYPE_F16, 0.1f, 0};
+    size_t bytes = 123;
+    cr_assert_eq(pkv_attn_cuda_workspace_bytes(&sh, 65536, 65536, &bytes), PKV_ERR_INVALID_ARG,
+                 "a size of 2^64 bytes must be refused");
+    cr_assert_eq(bytes, 123, "nothing written on error");
+    cr_assert_eq(pkv_attn_cuda_workspace_bytes(&sh, 65536, UINT32_MAX, &bytes),
+                 PKV_ERR_INVALID_ARG);
+    // Just below the wrap: (2^16 - 1) splits fit in 64 bits (not in a 32-bit size_t).
+    pkv_status st = pkv_attn_cuda_workspace_bytes(&sh, 65536, 65535, &bytes);
+    if (sizeof(size_t) >= 8) {
+        cr_assert_eq(st, PKV_OK);
+        cr_assert_eq((uint64_t)bytes, 65536ull * 65536ull * 65535ull * (16382ull + 2) * 4);
+    } else {
+        cr_assert_eq(st, PKV_ERR_INVALID_ARG);
+    }
+}

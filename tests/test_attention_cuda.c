@@ -48,6 +48,8 @@ Test(attention_cuda, entry_points_exist_and_check_arguments) {
                  PKV_ERR_UNSUPPORTED);
     cr_assert_eq(pkv_attn_copy_blocks_cuda(PKV_DTYPE_F16, NULL, 1, 0, 0, 0, 1, NULL, 0, NULL),
                  PKV_ERR_UNSUPPORTED);
+    cr_assert_eq(pkv_attn_prefill_paged_cuda_ex(&sh, 1, lens, 1, dummy, &kv, dummy, NULL),
+                 PKV_ERR_UNSUPPORTED);
 #endif
 }
 
@@ -209,6 +211,16 @@ static void run_case(pkv_dtype dt, uint32_t heads, uint32_t kvh, uint32_t dim, u
     snprintf(what, sizeof what, "%s %s heads %u/%u dim %u block %u splits %u",
              prefill ? "prefill" : "decode", pkv_dtype_name(dt), heads, kvh, dim, bs, splits);
     compare(dt, cpu, gpu, qn, what);
+    if (prefill) {
+        // The _ex call takes the row count from the host: same bytes, no read-back.
+        void *again = calloc(qn, es);
+        cr_assert_eq(cudaMemset(dout, 0, qn * es), cudaSuccess);
+        cr_assert_eq(pkv_attn_prefill_paged_cuda_ex(&sh, nseq, dind, rows, dq, &dkv, dout, NULL),
+                     PKV_OK);
+        cr_assert_eq(cudaMemcpy(again, dout, qn * es, cudaMemcpyDeviceToHost), cudaSuccess);
+        cr_assert_eq(memcmp(again, gpu, qn * es), 0, "%s: prefill_ex differs", what);
+        free(again);
+    }
     if (!prefill) {
         // The contiguous twin on the same data laid out [seq][kv_head][max_len][dim].
         uint32_t max_len = max_blocks * bs;
@@ -396,6 +408,46 @@ Test(attention_cuda, bad_device_tables_poison_only_their_sequence) {
     cudaFree(dq);
     cudaFree(dout);
     free(kc);
+}
+
+// A CUDA error pending before the call (a failed cudaMalloc: someone else's) is
+// still pending after a successful decode: the library clears only its own.
+Test(attention_cuda, a_callers_pending_error_is_left_pending) {
+    need_device();
+    float kc[16 * 64];
+    for (int i = 0; i < 16 * 64; i++) {
+        kc[i] = (float)rng_unit();
+    }
+    int32_t table[1] = {0};
+    int32_t lens[1] = {9};
+    float q[64];
+    for (int i = 0; i < 64; i++) {
+        q[i] = (float)rng_unit();
+    }
+    pkv_attn_shape sh = {1, 1, 64, PKV_DTYPE_F32, 0.125f, 0};
+    pkv_attn_paged_kv kv = {kc, kc, 16 * 64, 16 * 64, 64, 16, 1, table, 1, lens};
+    float cpu[64];
+    cr_assert_eq(pkv_attn_decode_paged_cpu(&sh, 1, q, &kv, cpu), PKV_OK);
+    pkv_attn_paged_kv dkv = kv;
+    dkv.k_cache = dkv.v_cache = dev_copy(kc, sizeof kc);
+    dkv.block_tables = dev_copy(table, sizeof table);
+    dkv.seq_lens = dev_copy(lens, sizeof lens);
+    void *dq = dev_copy(q, sizeof q);
+    void *dout = dev_copy(NULL, sizeof q);
+    (void)cudaGetLastError();
+    void *huge = NULL;
+    cudaError_t pending = cudaMalloc(&huge, (size_t)1 << 62);
+    cr_assert_neq(pending, cudaSuccess, "a 4 EiB allocation cannot succeed");
+    cr_assert_eq(pkv_attn_decode_paged_cuda(&sh, 1, dq, &dkv, dout, NULL), PKV_OK);
+    cr_assert_eq(cudaGetLastError(), pending, "the caller's error must still be pending");
+    float gpu[64];
+    cr_assert_eq(cudaMemcpy(gpu, dout, sizeof gpu, cudaMemcpyDeviceToHost), cudaSuccess);
+    compare(PKV_DTYPE_F32, cpu, gpu, 64, "after a pending error");
+    cudaFree((void *)dkv.k_cache);
+    cudaFree((void *)dkv.block_tables);
+    cudaFree((void *)dkv.seq_lens);
+    cudaFree(dq);
+    cudaFree(dout);
 }
 
 #else // !PKV_HAVE_CUDA

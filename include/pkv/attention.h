@@ -132,7 +132,10 @@ pkv_status pkv_attn_prefill_paged_cpu(const pkv_attn_shape *shape, uint32_t num_
 // CUDA twins: same arguments and semantics, device pointers (q, out, caches, every
 // table), `stream` is a cudaStream_t (NULL = default). They launch asynchronously
 // on `stream`, except pkv_attn_prefill_paged_cuda, which reads the packed row count
-// q_indptr[num_seqs] back from the device and so synchronizes `stream` once.
+// q_indptr[num_seqs] back from the device and so synchronizes `stream` once
+// (pkv_attn_prefill_paged_cuda_ex takes it from the caller instead). A launch
+// error is reported as PKV_ERR_BACKEND and cleared; an error that was already
+// pending before the call (someone else's) is left pending, untouched.
 // q, out, the caches and every stride must allow 16-byte vector access (16-byte
 // aligned rows), else PKV_ERR_UNSUPPORTED. Out-of-range slots in
 // pkv_attn_cache_write_cuda are skipped (the CPU call refuses them).
@@ -150,6 +153,14 @@ pkv_status pkv_attn_cache_write_cuda(const pkv_attn_shape *shape, uint32_t num_t
 pkv_status pkv_attn_prefill_paged_cuda(const pkv_attn_shape *shape, uint32_t num_seqs,
                                        const int32_t *q_indptr, const void *q,
                                        const pkv_attn_paged_kv *kv, void *out, void *stream);
+// Prefill without the read-back: num_rows is the packed row count q_indptr[num_seqs]
+// (the caller knows it: the tokens it packed), so the call only enqueues work on
+// `stream` and never synchronizes. Rows of a prompt whose device-side q_indptr
+// disagrees with num_rows come back NaN (or are not written, past num_rows).
+pkv_status pkv_attn_prefill_paged_cuda_ex(const pkv_attn_shape *shape, uint32_t num_seqs,
+                                          const int32_t *q_indptr, uint32_t num_rows,
+                                          const void *q, const pkv_attn_paged_kv *kv, void *out,
+                                          void *stream);
 
 // Batched block copy (copy-on-write, swap inside one arena) for caches laid out as
 // blocks at a fixed stride: for every layer l < num_layers and every pair i, the
@@ -187,13 +198,16 @@ typedef struct pkv_attn_cuda_opts {
 // on a GPU with num_sms SMs. 1 when the batch already gives every SM two thread
 // blocks or the context is short; otherwise enough partitions (of at least 512
 // tokens each, at most 64) to reach two thread blocks per SM. Pure host
-// arithmetic, available in every build.
+// arithmetic, available in every build. (The *_cuda_ex calls with num_splits 0
+// use the same rule with the decode kernel's real occupancy, from
+// cudaOccupancyMaxActiveBlocksPerMultiprocessor, in place of 2.)
 pkv_status pkv_attn_cuda_num_splits(const pkv_attn_shape *shape, uint32_t num_seqs,
                                     uint32_t max_context, uint32_t num_sms,
                                     uint32_t *num_splits);
 
 // Device bytes of workspace that a split-K decode with num_splits partitions needs
 // (fp32 partial outputs plus running max and sum per partition and head).
+// PKV_ERR_INVALID_ARG when that size does not fit in a size_t (never wraps).
 pkv_status pkv_attn_cuda_workspace_bytes(const pkv_attn_shape *shape, uint32_t num_seqs,
                                          uint32_t num_splits, size_t *bytes);
 

@@ -9,6 +9,10 @@
 
 #define THREADS 256
 
+// Kernels and launch helpers have internal linkage: no generic symbol leaves the
+// library (only the extern "C" pkv_* entry points below).
+namespace {
+
 // Unit = the copy granule (uint4, uint32_t or uint16_t); sizes below are in units.
 template <typename Unit>
 __global__ void __launch_bounds__(THREADS)
@@ -35,7 +39,7 @@ __global__ void __launch_bounds__(THREADS)
 }
 
 template <typename Unit>
-static void launch_write(uint32_t n, const void *k, const void *v, const int64_t *slots,
+void launch_write(uint32_t n, const void *k, const void *v, const int64_t *slots,
                          void *kc, void *vc, uint64_t bs_u, uint64_t hs_u, uint64_t ts_u,
                          uint32_t block_size, uint64_t num_slots, uint32_t kvh,
                          uint32_t row_units, cudaStream_t st) {
@@ -45,6 +49,8 @@ static void launch_write(uint32_t n, const void *k, const void *v, const int64_t
         static_cast<Unit *>(kc), static_cast<Unit *>(vc), bs_u, hs_u, ts_u, block_size,
         num_slots, kvh, row_units);
 }
+
+} // namespace
 
 extern "C" pkv_status pkv_attn_cache_write_cuda(const pkv_attn_shape *shape, uint32_t num_tokens,
                                                 const void *k, const void *v,
@@ -78,7 +84,7 @@ extern "C" pkv_status pkv_attn_cache_write_cuda(const pkv_attn_shape *shape, uin
     const uint32_t row_units = (uint32_t)(row_bytes / unit);
     const uint64_t num_slots = (uint64_t)num_blocks * block_size;
     cudaStream_t cs = static_cast<cudaStream_t>(stream);
-    cudaGetLastError();
+    const cudaError_t before = pkvi_launch_begin();
     if (vec) {
         launch_write<uint4>(num_tokens, k, v, slots, k_cache, v_cache, block_stride / per,
                             head_stride / per, token_stride / per, block_size, num_slots,
@@ -92,8 +98,10 @@ extern "C" pkv_status pkv_attn_cache_write_cuda(const pkv_attn_shape *shape, uin
                                head_stride, token_stride, block_size, num_slots,
                                shape->num_kv_heads, row_units, cs);
     }
-    return pkvi_launch_status();
+    return pkvi_launch_status(before);
 }
+
+namespace {
 
 template <typename Unit>
 __global__ void __launch_bounds__(THREADS)
@@ -113,7 +121,7 @@ __global__ void __launch_bounds__(THREADS)
 }
 
 template <typename Unit>
-static void launch_copy(void *base, uint32_t layers, uint64_t ls, uint64_t bs, uint64_t units,
+void launch_copy(void *base, uint32_t layers, uint64_t ls, uint64_t bs, uint64_t units,
                         uint32_t num_blocks, const pkv_block_copy *copies, uint32_t n,
                         cudaStream_t st) {
     // Grid: x = copy pairs, y = layers; threads stride over the block's units.
@@ -121,6 +129,8 @@ static void launch_copy(void *base, uint32_t layers, uint64_t ls, uint64_t bs, u
     copy_blocks_kernel<Unit><<<grid, THREADS, 0, st>>>(static_cast<Unit *>(base), ls, bs, units,
                                                        num_blocks, copies);
 }
+
+} // namespace
 
 extern "C" pkv_status pkv_attn_copy_blocks_cuda(pkv_dtype dtype, void *base, uint32_t num_layers,
                                                 uint64_t layer_stride, uint64_t block_stride,
@@ -142,7 +152,7 @@ extern "C" pkv_status pkv_attn_copy_blocks_cuda(pkv_dtype dtype, void *base, uin
     const bool vec = pkvi_aligned16(base) && pkvi_stride16(layer_stride, es) &&
                      pkvi_stride16(block_stride, es) && pkvi_stride16(block_elems, es);
     cudaStream_t cs = static_cast<cudaStream_t>(stream);
-    cudaGetLastError();
+    const cudaError_t before = pkvi_launch_begin();
     if (vec) {
         const uint64_t per = 16 / es;
         launch_copy<uint4>(base, num_layers, layer_stride / per, block_stride / per,
@@ -154,5 +164,5 @@ extern "C" pkv_status pkv_attn_copy_blocks_cuda(pkv_dtype dtype, void *base, uin
         launch_copy<uint16_t>(base, num_layers, layer_stride, block_stride, block_elems,
                               num_blocks, copies, num_copies, cs);
     }
-    return pkvi_launch_status();
+    return pkvi_launch_status(before);
 }

@@ -26,6 +26,9 @@
 
 #define TILE_T 32u    // tokens scored before one softmax rescale
 #define MAX_GROUP 32u // query heads per work item (a larger GQA group is cut)
+#ifndef PF_TILES
+#define PF_TILES 2u   // software prefetch distance, in tiles
+#endif
 
 typedef struct work_state {
     float q[PKV_ATTN_CPU_MAX_HEAD_DIM];   // [group][head_dim], already scaled
@@ -52,6 +55,17 @@ static inline void prefetch(const void *p) {
 #else
     (void)p;
 #endif
+}
+
+// Prefetch rows[i .. min(i + 4, end) - 1], every 64-byte line of each.
+static inline void prefetch_rows(const void *const *rows, uint32_t i, uint32_t end,
+                                 size_t row_bytes) {
+    uint32_t stop = i + 4 < end ? i + 4 : end;
+    for (uint32_t r = i; r < stop; r++) {
+        for (size_t off = 0; off < row_bytes; off += 64) {
+            prefetch((const char *)rows[r] + off);
+        }
+    }
 }
 
 // Row addresses of tokens t0..t0+n-1: the only place paged and contiguous differ.
@@ -103,32 +117,27 @@ PKVI_CLONES static void attend(const pkv_attn_shape *shape, const kv_view *kv, u
     const int fused = f16c && dt != PKV_DTYPE_F32;
     (void)fused;
     const size_t row_bytes = (size_t)d * pkv_dtype_size(dt);
-    uint32_t n = len < TILE_T ? len : TILE_T;
-    row_addrs(kv, 0, n, kr, vr);
     for (uint32_t t0 = 0; t0 < len; t0 += TILE_T) {
-        n = len - t0 < TILE_T ? len - t0 : TILE_T;
-        if (t0 > 0) {
-            for (uint32_t i = 0; i < n; i++) {
-                kr[i] = kn[i];
-                vr[i] = vn[i];
-            }
-        }
-        // Prefetch the next tile's rows: with blocks scattered in memory the
-        // hardware prefetcher loses the stream at every block boundary.
-        if (t0 + TILE_T < len) {
-            uint32_t nn = len - t0 - TILE_T < TILE_T ? len - t0 - TILE_T : TILE_T;
-            row_addrs(kv, t0 + TILE_T, nn, kn, vn);
-            for (uint32_t i = 0; i < nn; i++) {
-                for (size_t off = 0; off < row_bytes; off += 64) {
-                    prefetch((const char *)kn[i] + off);
-                    prefetch((const char *)vn[i] + off);
-                }
-            }
+        const uint32_t n = len - t0 < TILE_T ? len - t0 : TILE_T;
+        row_addrs(kv, t0, n, kr, vr);
+        // Software prefetch of the rows PF_TILES tiles ahead (the block table is
+        // known): with blocks scattered in memory the hardware prefetcher loses the
+        // stream at every block boundary (a 16-token fp16 head block is one 4 KiB
+        // page). The prefetches are spread over this tile's row loops, K rows during
+        // the scores and V rows during the values, four rows at a time: issued all
+        // at once at the tile start (the previous scheme) they overflow the core's
+        // miss queue and are dropped (docs/BENCHMARKS.md, section 2).
+        uint32_t nn = 0;
+        const uint32_t tp = t0 + PF_TILES * TILE_T;
+        if (tp < len) {
+            nn = len - tp < TILE_T ? len - tp : TILE_T;
+            row_addrs(kv, tp, nn, kn, vn);
         }
         uint32_t i = 0;
         // Rows four at a time while four converted rows fit the row buffer.
 #if PKVI_X86
         for (; fused && i + 4 <= n; i += 4) {
+            prefetch_rows(kn, i, nn, row_bytes);
             const uint16_t *k4[4] = {kr[i], kr[i + 1], kr[i + 2], kr[i + 3]};
             for (uint32_t g = 0; g < group; g++) {
                 float s4[4];
@@ -140,6 +149,7 @@ PKVI_CLONES static void attend(const pkv_attn_shape *shape, const kv_view *kv, u
         }
 #endif
         for (; quad && i + 4 <= n; i += 4) {
+            prefetch_rows(kn, i, nn, row_bytes);
             const float *k4[4];
             for (uint32_t r = 0; r < 4; r++) {
                 k4[r] = row_f32(dt, kr[i + r], d, w.row + (size_t)r * d, f16c);
@@ -153,6 +163,7 @@ PKVI_CLONES static void attend(const pkv_attn_shape *shape, const kv_view *kv, u
             }
         }
         for (; i < n; i++) {
+            prefetch_rows(kn, i, i + 1 < nn ? i + 1 : nn, row_bytes);
             const float *k = row_f32(dt, kr[i], d, w.row, f16c);
             for (uint32_t g = 0; g < group; g++) {
                 w.p[g][i] = dot(w.q + (size_t)g * d, k, d);
@@ -181,6 +192,7 @@ PKVI_CLONES static void attend(const pkv_attn_shape *shape, const kv_view *kv, u
         i = 0;
 #if PKVI_X86
         for (; fused && i + 4 <= n; i += 4) {
+            prefetch_rows(vn, i, nn, row_bytes);
             const uint16_t *v4[4] = {vr[i], vr[i + 1], vr[i + 2], vr[i + 3]};
             for (uint32_t g = 0; g < group; g++) {
                 const float p4[4] = {w.p[g][i], w.p[g][i + 1], w.p[g][i + 2], w.p[g][i + 3]};
@@ -189,6 +201,7 @@ PKVI_CLONES static void attend(const pkv_attn_shape *shape, const kv_view *kv, u
         }
 #endif
         for (; quad && i + 4 <= n; i += 4) {
+            prefetch_rows(vn, i, nn, row_bytes);
             const float *v4[4];
             for (uint32_t r = 0; r < 4; r++) {
                 v4[r] = row_f32(dt, vr[i + r], d, w.row + (size_t)r * d, f16c);
@@ -199,6 +212,7 @@ PKVI_CLONES static void attend(const pkv_attn_shape *shape, const kv_view *kv, u
             }
         }
         for (; i < n; i++) {
+            prefetch_rows(vn, i, i + 1 < nn ? i + 1 : nn, row_bytes);
             const float *v = row_f32(dt, vr[i], d, w.row, f16c);
             for (uint32_t g = 0; g < group; g++) {
                 axpy(w.acc + (size_t)g * d, w.p[g][i], v, d);

@@ -90,9 +90,22 @@ static inline bool pkvi_stride16(uint64_t elems, size_t es) {
     return (elems * es) % 16u == 0;
 }
 
-// The status of the last launch on this thread (and clear it).
-static inline pkv_status pkvi_launch_status(void) {
-    return cudaGetLastError() == cudaSuccess ? PKV_OK : PKV_ERR_BACKEND;
+// Launch errors without touching a caller's pending error: take
+// pkvi_launch_begin() before the launches and pass it to pkvi_launch_status()
+// after them. With nothing pending before, an error pending after is ours: it is
+// cleared and reported. With an error already pending (someone else's, not ours
+// to clear), it is left for its owner; a launch of ours that fails then is only
+// seen at the next synchronizing call, like an execution error.
+static inline cudaError_t pkvi_launch_begin(void) {
+    return cudaPeekAtLastError();
+}
+
+static inline pkv_status pkvi_launch_status(cudaError_t before) {
+    if (before != cudaSuccess || cudaPeekAtLastError() == cudaSuccess) {
+        return PKV_OK;
+    }
+    (void)cudaGetLastError();
+    return PKV_ERR_BACKEND;
 }
 
 #endif // PKV_ATTN_CUDA_CUH

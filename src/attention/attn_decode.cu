@@ -5,6 +5,11 @@
 // head, head group, context partition); it reads every K/V row of its partition
 // once with 16-byte vector loads and scores it against all query heads of the
 // group (GQA), with an online softmax across tiles of TILE tokens.
+// Built for bandwidth (docs/KERNELS.md): the block ids of a tile are resolved once
+// into shared memory, the next tile's fetched while this one is scored; every
+// thread issues U independent 16-byte loads (U rows) before it uses any, with no
+// branch between them; q lives in registers; the dot products of U rows x G
+// heads are reduced across a row's lanes by one butterfly transpose-reduction.
 // Invariant: every block id and length read from device memory is bound-checked
 // before the row it names is touched; a sequence with a bad one gets NaN rows.
 #include <math.h>
@@ -15,6 +20,11 @@
 #define THREADS 128
 #define TILE 128 // tokens scored between two softmax rescales
 #define GMAX PKVI_ATTN_CUDA_MAX_GROUP
+
+// Kernels and helpers have internal linkage: no generic symbol leaves the library
+// (plain functions are static too: nvcc's host object gives functions of an
+// anonymous namespace external linkage).
+namespace {
 
 // Everything a launch needs; passed by value (kernel parameter space).
 struct dec_args {
@@ -45,22 +55,66 @@ struct dec_args {
     float *ws_ml;             // [num_seqs][num_heads][parts][2] running max, sum
 };
 
-// Address of token t's row (head offset already in base), or NULL for a block id
-// outside the cache.
-template <typename T>
-__device__ __forceinline__ const T *row_at(const dec_args &a, const char *base,
-                                           const int32_t *table, uint32_t t) {
-    const T *b = reinterpret_cast<const T *>(base);
-    if (table == nullptr) {
-        return b + (uint64_t)t * a.token_stride;
+// Rows (16-byte loads) each thread keeps in flight per step: 8, or 4 for G = 8
+// whose q and accumulators already take 128 registers.
+template <int G> struct rows_per_step {
+    static constexpr int u = G >= 8 ? 4 : 8;
+};
+
+// Butterfly transpose-reduction: the N values of every lane are summed over each
+// aligned group of L lanes (N, L powers of two) with N - N/L shuffles instead of
+// N log2(L). Step O sends half of the C values still held to the partner lane and
+// keeps the other half, so afterwards lane l of a group holds the sums of values
+// l * N/L .. l * N/L + N/L - 1 in v[0..N/L-1] (N >= L), or of value l / (L/N)
+// in v[0] (N < L, the last log2(L/N) steps are plain sums).
+template <int N, int C, int O> struct tsum {
+    static __device__ __forceinline__ void run(float (&v)[N], int lane) {
+        const bool hi = (lane & O) != 0;
+        if constexpr (C > 1) {
+#pragma unroll
+            for (int k = 0; k < C / 2; k++) {
+                const float send = hi ? v[k] : v[k + C / 2];
+                const float keep = hi ? v[k + C / 2] : v[k];
+                v[k] = keep + __shfl_xor_sync(0xffffffffu, send, O);
+            }
+        } else {
+            v[0] += __shfl_xor_sync(0xffffffffu, v[0], O);
+        }
+        if constexpr (O > 1) {
+            tsum<N, (C > 1 ? C / 2 : 1), O / 2>::run(v, lane);
+        }
     }
-    int32_t blk = table[t >> a.block_shift];
+};
+
+// Block ids of the tile [t0, t0 + n) into ids[0..] (thread j loads entry j), each
+// checked: an id outside the cache becomes 0 (a valid address, never used for
+// output) and sets *bad. Only blocks holding tokens of the tile are read.
+__device__ __forceinline__ int32_t tile_block_id(const dec_args &a, const int32_t *table,
+                                                 uint32_t t0, uint32_t n, int j, bool *bad) {
+    const uint32_t b0 = t0 >> a.block_shift;
+    const uint32_t nb = ((t0 + n - 1) >> a.block_shift) - b0 + 1;
+    if ((uint32_t)j >= nb) {
+        return 0;
+    }
+    const int32_t blk = table[b0 + (uint32_t)j];
     if (blk < 0 || (uint32_t)blk >= a.num_blocks) {
-        return nullptr;
+        *bad = true;
+        return 0;
+    }
+    return blk;
+}
+
+// Element offset of token t's row from the head's base: through the tile's block
+// ids (paged) or directly (contiguous). Branch-free for the loads that follow.
+__device__ __forceinline__ uint64_t row_off(const dec_args &a, bool paged, const int32_t *ids,
+                                            uint32_t t0, uint32_t t) {
+    if (!paged) {
+        return (uint64_t)t * a.token_stride;
     }
     // int32 block id widened before the multiply: caches exceed 2^31 elements.
+    const uint64_t blk = (uint64_t)ids[(t >> a.block_shift) - (t0 >> a.block_shift)];
     uint64_t in = t & ((1u << a.block_shift) - 1u);
-    return b + (uint64_t)blk * a.block_stride + in * a.token_stride;
+    return blk * a.block_stride + in * a.token_stride;
 }
 
 // G: query heads per thread block rounded up to a power of two (1, 2, 4, 8), so
@@ -71,12 +125,18 @@ __global__ void __launch_bounds__(THREADS, 1) decode_kernel(const __grid_constan
     constexpr int VPR = D / VEC;                 // loads per row
     constexpr int LPR = VPR < 32 ? VPR : 32;     // lanes per row
     constexpr int NV = VPR / LPR;                // loads per lane per row
-    constexpr int NRG = THREADS / LPR;           // rows in flight per block
+    constexpr int NRG = THREADS / LPR;           // row groups (rows per load slot)
     constexpr int EL = NV * VEC;                 // row elements per lane
-    __shared__ float s_q[G][D];               // scaled queries
-    __shared__ float s_p[G][TILE];            // scores, then probabilities
+    constexpr int U = rows_per_step<G>::u;       // rows per thread per step
+    constexpr int N = G * U;                     // dot products per lane per step
+    constexpr int STEP = U * NRG;                // rows per block per step
+    static_assert(THREADS >= TILE, "one thread per block id of a tile");
+    __shared__ float s_p[2][G][TILE];            // scores, then probabilities (2 tiles)
+    __shared__ int32_t s_ids[2][TILE];           // block ids of this tile and the next
     __shared__ float s_m[G], s_l[G], s_alpha[G];
     __shared__ float s_red[NRG][D];
+    static_assert(sizeof(s_p) + sizeof(s_ids) + sizeof(s_red) + 3 * sizeof(s_m) <= 48 * 1024,
+                  "static shared memory is capped at 48 KiB");
 
     const int tid = threadIdx.x;
     const int rg = tid / LPR;
@@ -126,27 +186,50 @@ __global__ void __launch_bounds__(THREADS, 1) decode_kernel(const __grid_constan
     }
     const uint32_t end = min((uint64_t)len, (uint64_t)start + a.part_len);
 
+    // q in registers, pre-scaled: this lane's elements of every head of the group.
+    float qf[G][EL];
     const T *q = reinterpret_cast<const T *>(a.q) + ((uint64_t)row * a.num_heads + h0) * D;
-    for (uint32_t i = tid; i < a.hpc * D; i += THREADS) {
-        s_q[i / D][i % D] = pkvi_to_f32<T>(q[i]) * a.scale;
+#pragma unroll
+    for (int g = 0; g < G; g++) {
+#pragma unroll
+        for (int j = 0; j < NV; j++) {
+            float f[VEC];
+            if (g < (int)a.hpc) {
+                uint4 u = __ldg(reinterpret_cast<const uint4 *>(q + g * D + (j * LPR + ln) * VEC));
+                pkvi_unpack<T>(u, f);
+            } else {
+#pragma unroll
+                for (int e = 0; e < VEC; e++) {
+                    f[e] = 0.0f;
+                }
+            }
+#pragma unroll
+            for (int e = 0; e < VEC; e++) {
+                qf[g][j * VEC + e] = f[e] * a.scale;
+            }
+        }
     }
     if (tid < G) {
         s_m[tid] = -INFINITY;
         s_l[tid] = 0.0f;
     }
+    const bool paged = a.tables != nullptr;
     const int32_t *table = nullptr;
     const char *kb;
     const char *vb;
     const size_t es = sizeof(T);
-    if (a.tables != nullptr) {
+    if (paged) {
         table = a.tables + (uint64_t)s * a.max_blocks;
         kb = a.k + (uint64_t)kvh * a.head_stride * es;
         vb = a.v + (uint64_t)kvh * a.head_stride * es;
+        s_ids[0][tid] = tile_block_id(a, table, start, min((uint32_t)TILE, end - start), tid, &bad);
     } else {
         uint64_t off = ((uint64_t)s * a.seq_stride + (uint64_t)kvh * a.head_stride) * es;
         kb = a.k + off;
         vb = a.v + off;
     }
+    const T *kt = reinterpret_cast<const T *>(kb);
+    const T *vt = reinterpret_cast<const T *>(vb);
     float acc[G][EL];
 #pragma unroll
     for (int g = 0; g < G; g++) {
@@ -157,55 +240,73 @@ __global__ void __launch_bounds__(THREADS, 1) decode_kernel(const __grid_constan
     }
     __syncthreads();
 
-    for (uint32_t t0 = start; t0 < end; t0 += TILE) {
+    int buf = 0;
+    for (uint32_t t0 = start; t0 < end; t0 += TILE, buf ^= 1) {
         const uint32_t n = min((uint32_t)TILE, end - t0);
-        // Scores: each group of LPR lanes takes one K row, dots it with every head.
-        // The loop bound is the same for every lane, so that the shuffles inside
-        // always see the full warp; lanes past the tile compute on zeros.
-        // Unrolled by two so that the next rows' loads are issued before this
-        // row's shuffles (more bytes in flight per thread block).
-#pragma unroll 2
-        for (uint32_t i0 = 0; i0 < n; i0 += NRG) {
-            const uint32_t i = i0 + rg;
-            const T *kr = i < n ? row_at<T>(a, kb, table, t0 + i) : nullptr;
-            float kf[EL];
-            if (kr == nullptr) {
-                bad = bad || i < n;
+        const int32_t *ids = s_ids[buf];
+        // The next tile's block ids: loaded now, stored after the first barrier,
+        // so their latency hides behind this tile's scores.
+        int32_t next_id = 0;
+        const uint32_t t1 = t0 + TILE;
+        if (paged && t1 < end) {
+            next_id = tile_block_id(a, table, t1, min((uint32_t)TILE, end - t1), tid, &bad);
+        }
+        // Scores. Step: each thread loads U rows (rg, rg + NRG, ...) before using
+        // any; rows past the tile load row n - 1 instead (no branch) and are not
+        // stored. The loop bound is uniform, so the shuffles see the full warp.
+        for (uint32_t i0 = 0; i0 < n; i0 += STEP) {
+            uint4 kr[U][NV];
 #pragma unroll
-                for (int e = 0; e < EL; e++) {
-                    kf[e] = 0.0f;
-                }
-            } else {
+            for (int u = 0; u < U; u++) {
+                const uint32_t i = min(i0 + rg + (uint32_t)(u * NRG), n - 1);
+                const T *r = kt + row_off(a, paged, ids, t0, t0 + i);
 #pragma unroll
                 for (int j = 0; j < NV; j++) {
-                    uint4 u = __ldg(reinterpret_cast<const uint4 *>(kr + (j * LPR + ln) * VEC));
-                    pkvi_unpack<T>(u, kf + j * VEC);
+                    kr[u][j] = __ldg(reinterpret_cast<const uint4 *>(r + (j * LPR + ln) * VEC));
                 }
             }
+            float dot[N];
 #pragma unroll
-            for (int g = 0; g < G; g++) {
-                if (g < (int)a.hpc) {
-                    float dot = 0.0f;
+            for (int u = 0; u < U; u++) {
+                float kf[EL];
 #pragma unroll
-                    for (int j = 0; j < NV; j++) {
+                for (int j = 0; j < NV; j++) {
+                    pkvi_unpack<T>(kr[u][j], kf + j * VEC);
+                }
 #pragma unroll
-                        for (int e = 0; e < VEC; e++) {
-                            dot += kf[j * VEC + e] * s_q[g][(j * LPR + ln) * VEC + e];
-                        }
+                for (int g = 0; g < G; g++) {
+                    float d = 0.0f;
+#pragma unroll
+                    for (int e = 0; e < EL; e++) {
+                        d += kf[e] * qf[g][e];
                     }
-                    dot = pkvi_group_sum(dot, LPR);
-                    if (ln == 0 && i < n) {
-                        s_p[g][i] = dot;
-                    }
+                    dot[g * U + u] = d;
+                }
+            }
+            tsum<N, N, LPR / 2>::run(dot, ln);
+            // This lane now holds the sums of values ln * N / LPR + k (see tsum).
+            constexpr int HELD = N >= LPR ? N / LPR : 1;   // sums per lane
+            constexpr int SPREAD = N >= LPR ? 1 : LPR / N; // lanes per sum
+            const bool owner = ln % SPREAD == 0;
+#pragma unroll
+            for (int k = 0; k < HELD; k++) {
+                const int idx = ln / SPREAD * HELD + k;
+                const int g = idx / U;
+                const uint32_t i = i0 + rg + (uint32_t)((idx % U) * NRG);
+                if (owner && i < n) {
+                    s_p[buf][g][i] = dot[k];
                 }
             }
         }
         __syncthreads();
+        if (paged && t1 < end) {
+            s_ids[buf ^ 1][tid] = next_id; // every reader of this buffer is past the barrier
+        }
         // Online softmax: one warp per head.
         for (uint32_t g = warp; g < a.hpc; g += THREADS / 32) {
             float mx = -INFINITY;
             for (uint32_t i = lane; i < n; i += 32) {
-                mx = fmaxf(mx, s_p[g][i]);
+                mx = fmaxf(mx, s_p[buf][g][i]);
             }
             mx = pkvi_warp_max(mx);
             const float m_old = s_m[g];
@@ -213,12 +314,11 @@ __global__ void __launch_bounds__(THREADS, 1) decode_kernel(const __grid_constan
             const float alpha = m_old == -INFINITY ? 0.0f : expf(m_old - m_new);
             float sum = 0.0f;
             for (uint32_t i = lane; i < n; i += 32) {
-                float p = expf(s_p[g][i] - m_new);
-                s_p[g][i] = p;
+                float p = expf(s_p[buf][g][i] - m_new);
+                s_p[buf][g][i] = p;
                 sum += p;
             }
             sum = pkvi_group_sum(sum, 32);
-            __syncwarp();
             if (lane == 0) {
                 s_l[g] = s_l[g] * alpha + sum;
                 s_m[g] = m_new;
@@ -226,7 +326,9 @@ __global__ void __launch_bounds__(THREADS, 1) decode_kernel(const __grid_constan
             }
         }
         __syncthreads();
-        // Values: rescale, then accumulate this tile's rows.
+        // Values: rescale, then accumulate this tile's rows, U loads in flight.
+        // No barrier after this phase: the next tile writes the other s_p and
+        // s_ids buffers, and its first barrier orders s_alpha.
 #pragma unroll
         for (int g = 0; g < G; g++) {
             if (g < (int)a.hpc) {
@@ -237,31 +339,37 @@ __global__ void __launch_bounds__(THREADS, 1) decode_kernel(const __grid_constan
                 }
             }
         }
-#pragma unroll 2
-        for (uint32_t i = rg; i < n; i += NRG) {
-            const T *vr = row_at<T>(a, vb, table, t0 + i);
-            if (vr == nullptr) {
-                bad = true;
-                continue;
-            }
-            float vf[EL];
+        for (uint32_t i0 = 0; i0 < n; i0 += STEP) {
+            uint4 vr[U][NV];
 #pragma unroll
-            for (int j = 0; j < NV; j++) {
-                uint4 u = __ldg(reinterpret_cast<const uint4 *>(vr + (j * LPR + ln) * VEC));
-                pkvi_unpack<T>(u, vf + j * VEC);
+            for (int u = 0; u < U; u++) {
+                const uint32_t i = min(i0 + rg + (uint32_t)(u * NRG), n - 1);
+                const T *r = vt + row_off(a, paged, ids, t0, t0 + i);
+#pragma unroll
+                for (int j = 0; j < NV; j++) {
+                    vr[u][j] = __ldg(reinterpret_cast<const uint4 *>(r + (j * LPR + ln) * VEC));
+                }
             }
 #pragma unroll
-            for (int g = 0; g < G; g++) {
-                if (g < (int)a.hpc) {
-                    const float p = s_p[g][i];
+            for (int u = 0; u < U; u++) {
+                const uint32_t i = i0 + rg + (uint32_t)(u * NRG);
+                float vf[EL];
 #pragma unroll
-                    for (int e = 0; e < EL; e++) {
-                        acc[g][e] += p * vf[e];
+                for (int j = 0; j < NV; j++) {
+                    pkvi_unpack<T>(vr[u][j], vf + j * VEC);
+                }
+#pragma unroll
+                for (int g = 0; g < G; g++) {
+                    if (g < (int)a.hpc) {
+                        const float p = i < n ? s_p[buf][g][i] : 0.0f;
+#pragma unroll
+                        for (int e = 0; e < EL; e++) {
+                            acc[g][e] += p * vf[e];
+                        }
                     }
                 }
             }
         }
-        __syncthreads(); // s_p is rewritten by the next tile
     }
 
     const bool any_bad = __syncthreads_or(bad) != 0;
@@ -303,9 +411,11 @@ __global__ void __launch_bounds__(THREADS, 1) decode_kernel(const __grid_constan
 }
 
 // Merge split-K partitions: out = sum_p w_p o_p / sum_p w_p, w_p = l_p exp(m_p - M).
-template <typename T, int D> __global__ void __launch_bounds__(THREADS) merge_kernel(const __grid_constant__ dec_args a) {
-    const uint32_t s = blockIdx.x;
-    const uint64_t hrow = (uint64_t)s * a.num_heads + blockIdx.y;
+// Grid: one block per (query row, query head), flattened into x (no 65535 limit).
+template <typename T, int D>
+__global__ void __launch_bounds__(THREADS) merge_kernel(const __grid_constant__ dec_args a) {
+    const uint64_t hrow = blockIdx.x;
+    const uint32_t s = (uint32_t)(hrow / a.num_heads);
     const int64_t len = a.lens[s];
     T *out = reinterpret_cast<T *>(a.out) + hrow * D;
     const float nan = __int_as_float(0x7fc00000);
@@ -337,84 +447,37 @@ template <typename T, int D> __global__ void __launch_bounds__(THREADS) merge_ke
     }
 }
 
-template <typename T, int D>
-static pkv_status launch_t(const dec_args &a, uint32_t rows, uint32_t kv_heads,
-                           cudaStream_t stream) {
-    // Grid: x = query rows (sequences in decode), y = kv heads x head groups,
-    // z = context partitions; THREADS threads each.
-    dim3 grid(rows, kv_heads * a.gpk, a.parts);
-    if (a.hpc == 1) {
-        decode_kernel<T, D, 1><<<grid, THREADS, 0, stream>>>(a);
-    } else if (a.hpc == 2) {
-        decode_kernel<T, D, 2><<<grid, THREADS, 0, stream>>>(a);
-    } else if (a.hpc <= 4) {
-        decode_kernel<T, D, 4><<<grid, THREADS, 0, stream>>>(a);
-    } else {
-        decode_kernel<T, D, GMAX><<<grid, THREADS, 0, stream>>>(a);
-    }
-    if (a.parts > 1) {
-        // Grid: one block per (sequence, query head), threads over head_dim.
-        dim3 mgrid(rows, a.num_heads);
-        merge_kernel<T, D><<<mgrid, THREADS, 0, stream>>>(a);
-    }
-    return pkvi_launch_status();
-}
+// The split-K plan of one call: the decode kernel's occupancy decides how many
+// thread blocks fill the GPU (with opts->num_splits 0).
+struct split_req {
+    const pkv_attn_cuda_opts *opts; // NULL: no split
+    uint32_t max_context;
+};
 
-template <typename T>
-static pkv_status launch_d(const dec_args &a, uint32_t d, uint32_t rows, uint32_t kvh,
-                           cudaStream_t st) {
-    switch (d) {
-    case 64:
-        return launch_t<T, 64>(a, rows, kvh, st);
-    case 128:
-        return launch_t<T, 128>(a, rows, kvh, st);
-    default:
-        return launch_t<T, 256>(a, rows, kvh, st);
-    }
-}
-
-static pkv_status launch(const pkv_attn_shape *sh, const dec_args &a, uint32_t rows,
-                         cudaStream_t st) {
-    if (rows > (uint32_t)INT32_MAX || (uint64_t)sh->num_kv_heads * a.gpk > 65535u) {
-        return PKV_ERR_UNSUPPORTED; // beyond the grid limits
-    }
-    cudaGetLastError(); // a stale error from someone else's call is not ours
-    switch (sh->dtype) {
-    case PKV_DTYPE_F32:
-        return launch_d<float>(a, sh->head_dim, rows, sh->num_kv_heads, st);
-    case PKV_DTYPE_F16:
-        return launch_d<__half>(a, sh->head_dim, rows, sh->num_kv_heads, st);
-    default:
-        return launch_d<__nv_bfloat16>(a, sh->head_dim, rows, sh->num_kv_heads, st);
-    }
-}
-
-// Fill the shape part of the arguments and the split-K plan.
-static pkv_status plan(const pkv_attn_shape *sh, uint32_t num_seqs, uint32_t max_context,
-                       const pkv_attn_cuda_opts *opts, dec_args *a) {
-    pkvi_attn_cuda_groups(sh, &a->hpc, &a->gpk);
-    a->num_seqs = num_seqs;
-    a->num_heads = sh->num_heads;
-    a->group = sh->num_heads / sh->num_kv_heads;
-    a->scale = sh->scale;
-    a->cap = max_context;
+template <typename K>
+pkv_status plan(const pkv_attn_shape *sh, uint32_t num_seqs, const split_req &req, K kernel,
+                dec_args *a) {
+    const pkv_attn_cuda_opts *opts = req.opts;
     uint32_t n = 1;
     if (opts != nullptr && opts->workspace != nullptr && opts->num_splits != 1) {
+        if (!pkvi_aligned16(opts->workspace)) {
+            return PKV_ERR_INVALID_ARG;
+        }
         n = opts->num_splits;
         if (n == 0) {
-            uint32_t sms = opts->num_sms;
-            if (sms == 0) {
-                int dev = 0;
-                int count = 0;
-                if (cudaGetDevice(&dev) != cudaSuccess ||
-                    cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, dev) !=
-                        cudaSuccess) {
-                    cudaGetLastError();
-                    return PKV_ERR_NO_DEVICE;
-                }
-                sms = (uint32_t)count;
+            int sms = (int)opts->num_sms;
+            int per_sm = 0;
+            int dev = 0;
+            if ((sms == 0 &&
+                 (cudaGetDevice(&dev) != cudaSuccess ||
+                  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) !=
+                      cudaSuccess)) ||
+                cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, THREADS, 0) !=
+                    cudaSuccess) {
+                return PKV_ERR_NO_DEVICE; // these calls set no sticky error
             }
-            pkv_status st = pkv_attn_cuda_num_splits(sh, num_seqs, max_context, sms, &n);
+            pkv_status st = pkvi_attn_num_splits(sh, num_seqs, req.max_context, (uint32_t)sms,
+                                                 per_sm > 0 ? (uint32_t)per_sm : 1u, &n);
             if (st != PKV_OK) {
                 return st;
             }
@@ -427,16 +490,84 @@ static pkv_status plan(const pkv_attn_shape *sh, uint32_t num_seqs, uint32_t max
                          need > opts->workspace_bytes)) {
             n--;
         }
-        if (!pkvi_aligned16(opts->workspace)) {
-            return PKV_ERR_INVALID_ARG;
-        }
     }
-    pkvi_attn_partition(max_context, n, &a->part_len, &a->parts);
+    pkvi_attn_partition(req.max_context, n, &a->part_len, &a->parts);
     if (a->parts > 1) {
         a->ws_o = static_cast<float *>(opts->workspace);
         a->ws_ml = a->ws_o + (uint64_t)num_seqs * sh->num_heads * a->parts * sh->head_dim;
     }
     return PKV_OK;
+}
+
+template <typename T, int D, int G>
+pkv_status launch_g(const pkv_attn_shape *sh, dec_args a, uint32_t rows, const split_req &req,
+                    cudaStream_t stream) {
+    pkv_status st = plan(sh, a.num_seqs, req, decode_kernel<T, D, G>, &a);
+    if (st != PKV_OK) {
+        return st;
+    }
+    if ((uint64_t)rows * a.num_heads > (uint64_t)INT32_MAX) {
+        return PKV_ERR_UNSUPPORTED; // merge grid beyond 2^31 - 1 blocks
+    }
+    const cudaError_t before = pkvi_launch_begin();
+    // Grid: x = query rows (sequences in decode), y = kv heads x head groups,
+    // z = context partitions; THREADS threads each.
+    dim3 grid(rows, sh->num_kv_heads * a.gpk, a.parts);
+    decode_kernel<T, D, G><<<grid, THREADS, 0, stream>>>(a);
+    if (a.parts > 1) {
+        // Grid: one block per (row, query head), threads over head_dim.
+        merge_kernel<T, D><<<(unsigned)(rows * a.num_heads), THREADS, 0, stream>>>(a);
+    }
+    return pkvi_launch_status(before);
+}
+
+template <typename T, int D>
+pkv_status launch_t(const pkv_attn_shape *sh, const dec_args &a, uint32_t rows,
+                    const split_req &req, cudaStream_t stream) {
+    if (a.hpc == 1) {
+        return launch_g<T, D, 1>(sh, a, rows, req, stream);
+    } else if (a.hpc == 2) {
+        return launch_g<T, D, 2>(sh, a, rows, req, stream);
+    } else if (a.hpc <= 4) {
+        return launch_g<T, D, 4>(sh, a, rows, req, stream);
+    }
+    return launch_g<T, D, GMAX>(sh, a, rows, req, stream);
+}
+
+template <typename T>
+pkv_status launch_d(const pkv_attn_shape *sh, const dec_args &a, uint32_t rows,
+                    const split_req &req, cudaStream_t st) {
+    switch (sh->head_dim) {
+    case 64:
+        return launch_t<T, 64>(sh, a, rows, req, st);
+    case 128:
+        return launch_t<T, 128>(sh, a, rows, req, st);
+    default:
+        return launch_t<T, 256>(sh, a, rows, req, st);
+    }
+}
+
+// Shape fields, the grid limits, then the dtype dispatch (which plans split-K
+// with the chosen kernel's occupancy and launches).
+static pkv_status launch(const pkv_attn_shape *sh, dec_args a, uint32_t num_seqs,
+                         uint32_t rows, const split_req &req, cudaStream_t st) {
+    pkvi_attn_cuda_groups(sh, &a.hpc, &a.gpk);
+    a.num_seqs = num_seqs;
+    a.num_heads = sh->num_heads;
+    a.group = sh->num_heads / sh->num_kv_heads;
+    a.scale = sh->scale;
+    a.cap = req.max_context;
+    if (rows > (uint32_t)INT32_MAX || (uint64_t)sh->num_kv_heads * a.gpk > 65535u) {
+        return PKV_ERR_UNSUPPORTED; // beyond the grid limits
+    }
+    switch (sh->dtype) {
+    case PKV_DTYPE_F32:
+        return launch_d<float>(sh, a, rows, req, st);
+    case PKV_DTYPE_F16:
+        return launch_d<__half>(sh, a, rows, req, st);
+    default:
+        return launch_d<__nv_bfloat16>(sh, a, rows, req, st);
+    }
 }
 
 static pkv_status check_paged(const pkv_attn_shape *sh, const void *q,
@@ -467,26 +598,28 @@ static pkv_status check_paged(const pkv_attn_shape *sh, const void *q,
     return PKV_OK;
 }
 
-static void paged_args(const pkv_attn_shape *sh, const void *q, const pkv_attn_paged_kv *kv,
-                       void *out, dec_args *a) {
-    a->q = q;
-    a->out = out;
-    a->k = static_cast<const char *>(kv->k_cache);
-    a->v = static_cast<const char *>(kv->v_cache);
-    a->tables = kv->block_tables;
-    a->lens = kv->seq_lens;
-    a->block_stride = kv->block_stride;
-    a->head_stride = kv->head_stride;
-    a->token_stride = kv->token_stride;
-    a->max_blocks = kv->max_blocks_per_seq;
-    a->num_blocks = kv->num_blocks;
+static dec_args paged_args(const void *q, const pkv_attn_paged_kv *kv, void *out) {
+    dec_args a = {};
+    a.q = q;
+    a.out = out;
+    a.k = static_cast<const char *>(kv->k_cache);
+    a.v = static_cast<const char *>(kv->v_cache);
+    a.tables = kv->block_tables;
+    a.lens = kv->seq_lens;
+    a.block_stride = kv->block_stride;
+    a.head_stride = kv->head_stride;
+    a.token_stride = kv->token_stride;
+    a.max_blocks = kv->max_blocks_per_seq;
+    a.num_blocks = kv->num_blocks;
     uint32_t shift = 0;
     while ((1u << shift) < kv->block_size) {
         shift++;
     }
-    a->block_shift = shift;
-    (void)sh;
+    a.block_shift = shift;
+    return a;
 }
+
+} // namespace
 
 extern "C" pkv_status pkv_attn_decode_paged_cuda_ex(const pkv_attn_shape *shape,
                                                     uint32_t num_seqs, const void *q,
@@ -497,13 +630,9 @@ extern "C" pkv_status pkv_attn_decode_paged_cuda_ex(const pkv_attn_shape *shape,
     if (st != PKV_OK || num_seqs == 0) {
         return st;
     }
-    dec_args a = {};
-    paged_args(shape, q, kv, out, &a);
-    st = plan(shape, num_seqs, kv->max_blocks_per_seq * kv->block_size, opts, &a);
-    if (st != PKV_OK) {
-        return st;
-    }
-    return launch(shape, a, num_seqs, static_cast<cudaStream_t>(stream));
+    split_req req = {opts, kv->max_blocks_per_seq * kv->block_size};
+    return launch(shape, paged_args(q, kv, out), num_seqs, num_seqs, req,
+                  static_cast<cudaStream_t>(stream));
 }
 
 extern "C" pkv_status pkv_attn_decode_paged_cuda(const pkv_attn_shape *shape, uint32_t num_seqs,
@@ -546,11 +675,8 @@ extern "C" pkv_status pkv_attn_decode_contig_cuda_ex(const pkv_attn_shape *shape
     a.seq_stride = kv->seq_stride;
     a.head_stride = kv->head_stride;
     a.token_stride = kv->token_stride;
-    st = plan(shape, num_seqs, kv->max_seq_len, opts, &a);
-    if (st != PKV_OK) {
-        return st;
-    }
-    return launch(shape, a, num_seqs, static_cast<cudaStream_t>(stream));
+    split_req req = {opts, kv->max_seq_len};
+    return launch(shape, a, num_seqs, num_seqs, req, static_cast<cudaStream_t>(stream));
 }
 
 extern "C" pkv_status pkv_attn_decode_contig_cuda(const pkv_attn_shape *shape,
@@ -561,6 +687,27 @@ extern "C" pkv_status pkv_attn_decode_contig_cuda(const pkv_attn_shape *shape,
 }
 
 // Prefill: one thread block per (prompt token, kv head, head group), no split-K.
+extern "C" pkv_status pkv_attn_prefill_paged_cuda_ex(const pkv_attn_shape *shape,
+                                                     uint32_t num_seqs, const int32_t *q_indptr,
+                                                     uint32_t num_rows, const void *q,
+                                                     const pkv_attn_paged_kv *kv, void *out,
+                                                     void *stream) {
+    pkv_status st = check_paged(shape, q, kv, out);
+    if (st != PKV_OK) {
+        return st;
+    }
+    if (q_indptr == nullptr) {
+        return PKV_ERR_INVALID_ARG;
+    }
+    if (num_seqs == 0 || num_rows == 0) {
+        return PKV_OK;
+    }
+    dec_args a = paged_args(q, kv, out);
+    a.q_indptr = q_indptr;
+    split_req req = {nullptr, kv->max_blocks_per_seq * kv->block_size};
+    return launch(shape, a, num_seqs, num_rows, req, static_cast<cudaStream_t>(stream));
+}
+
 // The grid needs the packed row count, q_indptr[num_seqs], which lives on the
 // device: it is read back once, synchronizing `stream`.
 extern "C" pkv_status pkv_attn_prefill_paged_cuda(const pkv_attn_shape *shape,
@@ -579,25 +726,14 @@ extern "C" pkv_status pkv_attn_prefill_paged_cuda(const pkv_attn_shape *shape,
     }
     cudaStream_t cs = static_cast<cudaStream_t>(stream);
     int32_t rows = 0;
-    cudaGetLastError();
     if (cudaMemcpyAsync(&rows, q_indptr + num_seqs, sizeof rows, cudaMemcpyDeviceToHost, cs) !=
             cudaSuccess ||
         cudaStreamSynchronize(cs) != cudaSuccess) {
-        cudaGetLastError();
         return PKV_ERR_BACKEND;
     }
     if (rows < 0) {
         return PKV_ERR_INVALID_ARG;
     }
-    if (rows == 0) {
-        return PKV_OK;
-    }
-    dec_args a = {};
-    paged_args(shape, q, kv, out, &a);
-    a.q_indptr = q_indptr;
-    st = plan(shape, num_seqs, kv->max_blocks_per_seq * kv->block_size, nullptr, &a);
-    if (st != PKV_OK) {
-        return st;
-    }
-    return launch(shape, a, (uint32_t)rows, cs);
+    return pkv_attn_prefill_paged_cuda_ex(shape, num_seqs, q_indptr, (uint32_t)rows, q, kv, out,
+                                          stream);
 }

@@ -56,6 +56,12 @@ void pkvi_attn_cuda_groups(const pkv_attn_shape *shape, uint32_t *heads_per_cta,
 // multiple of 256), and the number of partitions that it actually gives.
 void pkvi_attn_partition(uint32_t max_context, uint32_t num_splits, uint32_t *part_len,
                          uint32_t *parts);
+// Context partitions so that num_seqs x kv heads x head groups x partitions thread
+// blocks fill blocks_per_sm x num_sms (one full wave at the kernel's occupancy);
+// pkv_attn_cuda_num_splits is this with blocks_per_sm = 2.
+pkv_status pkvi_attn_num_splits(const pkv_attn_shape *shape, uint32_t num_seqs,
+                                uint32_t max_context, uint32_t num_sms, uint32_t blocks_per_sm,
+                                uint32_t *num_splits);
 
 #ifdef __cplusplus
 }

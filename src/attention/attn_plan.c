@@ -32,12 +32,12 @@ void pkvi_attn_partition(uint32_t max_context, uint32_t num_splits, uint32_t *pa
     *parts = (max_context + len - 1) / len;
 }
 
-pkv_status pkv_attn_cuda_num_splits(const pkv_attn_shape *shape, uint32_t num_seqs,
-                                    uint32_t max_context, uint32_t num_sms,
-                                    uint32_t *num_splits) {
+pkv_status pkvi_attn_num_splits(const pkv_attn_shape *shape, uint32_t num_seqs,
+                                uint32_t max_context, uint32_t num_sms, uint32_t blocks_per_sm,
+                                uint32_t *num_splits) {
     if (shape == NULL || num_splits == NULL || shape->num_kv_heads == 0 ||
         shape->num_heads == 0 || shape->num_heads % shape->num_kv_heads != 0 ||
-        num_sms == 0 || max_context == 0) {
+        num_sms == 0 || blocks_per_sm == 0 || max_context == 0) {
         return PKV_ERR_INVALID_ARG;
     }
     uint32_t hpc;
@@ -45,7 +45,7 @@ pkv_status pkv_attn_cuda_num_splits(const pkv_attn_shape *shape, uint32_t num_se
     pkvi_attn_cuda_groups(shape, &hpc, &gpk);
     // Thread blocks without splitting: one per (sequence, kv head, head group).
     uint64_t ctas = (uint64_t)num_seqs * shape->num_kv_heads * gpk;
-    uint64_t target = 2ull * num_sms;
+    uint64_t target = (uint64_t)blocks_per_sm * num_sms; // one full wave
     uint32_t max_by_len = max_context / PKVI_ATTN_MIN_PARTITION;
     if (ctas == 0 || ctas >= target || max_by_len < 2) {
         *num_splits = 1;
@@ -65,6 +65,12 @@ pkv_status pkv_attn_cuda_num_splits(const pkv_attn_shape *shape, uint32_t num_se
     return PKV_OK;
 }
 
+pkv_status pkv_attn_cuda_num_splits(const pkv_attn_shape *shape, uint32_t num_seqs,
+                                    uint32_t max_context, uint32_t num_sms,
+                                    uint32_t *num_splits) {
+    return pkvi_attn_num_splits(shape, num_seqs, max_context, num_sms, 2, num_splits);
+}
+
 pkv_status pkv_attn_cuda_workspace_bytes(const pkv_attn_shape *shape, uint32_t num_seqs,
                                          uint32_t num_splits, size_t *bytes) {
     if (shape == NULL || bytes == NULL || shape->head_dim == 0 || shape->num_heads == 0 ||
@@ -76,7 +82,17 @@ pkv_status pkv_attn_cuda_workspace_bytes(const pkv_attn_shape *shape, uint32_t n
         return PKV_OK;
     }
     // Per (sequence, head, partition): head_dim fp32 outputs, a max and a sum.
-    uint64_t per = (uint64_t)shape->head_dim + 2u;
-    *bytes = (size_t)((uint64_t)num_seqs * shape->num_heads * num_splits * per * sizeof(float));
+    // Each product is checked: 2^16 sequences x 2^16 heads x 2^16 splits x a
+    // large head_dim wraps 64 bits (and a 32-bit size_t much sooner).
+    uint64_t per = ((uint64_t)shape->head_dim + 2u) * sizeof(float);
+    uint64_t n = (uint64_t)num_seqs * shape->num_heads; // < 2^64: two 32-bit factors
+    if (n != 0 && (num_splits > UINT64_MAX / n || per > UINT64_MAX / (n * num_splits))) {
+        return PKV_ERR_INVALID_ARG;
+    }
+    uint64_t total = n * num_splits * per;
+    if (total > (uint64_t)SIZE_MAX) {
+        return PKV_ERR_INVALID_ARG;
+    }
+    *bytes = (size_t)total;
     return PKV_OK;
 }

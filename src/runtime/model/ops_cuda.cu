@@ -17,7 +17,36 @@
 typedef struct cuda_state {
     cublasHandle_t blas;
     cudaStream_t stream;
+    // Split-K workspace of the decode attention (flash-decoding): grown on the
+    // first call that needs more, reused by every layer (one stream, in order).
+    void *ws;
+    size_t ws_bytes;
 } cuda_state;
+
+// At most this much device memory for split-K partials; past it the kernel's
+// plan uses fewer splits (large batches need none).
+#define WS_CAP ((size_t)64 << 20)
+
+// Decode-attention options with a workspace for the heuristic's splits.
+static pkv_attn_cuda_opts split_opts(cuda_state *s, const pkv_attn_shape *sh, uint32_t num_seqs) {
+    pkv_attn_cuda_opts o = {NULL, 0, 0, 0};
+    size_t need = 0;
+    if (pkv_attn_cuda_workspace_bytes(sh, num_seqs, 64, &need) != PKV_OK || need > WS_CAP)
+        need = WS_CAP;
+    if (need > s->ws_bytes) {
+        void *p = NULL;
+        if (cudaMalloc(&p, need) != cudaSuccess) {
+            cudaGetLastError(); // our failed allocation; run without split-K
+            return o;
+        }
+        cudaFree(s->ws); // synchronizes: rare (only when the batch grows)
+        s->ws = p;
+        s->ws_bytes = need;
+    }
+    o.workspace = s->ws;
+    o.workspace_bytes = s->ws_bytes;
+    return o;
+}
 
 static cuda_state *st_of(pkv_model *m) { return (cuda_state *)m->dev; }
 
@@ -59,6 +88,7 @@ static void cuda_fini(pkv_model *m) {
     cuda_state *s = st_of(m);
     if (!s) return;
     cudaStreamSynchronize(s->stream);
+    cudaFree(s->ws);
     cublasDestroy(s->blas);
     cudaStreamDestroy(s->stream);
     free(s);
@@ -353,7 +383,19 @@ static pkv_status contig_prefill(pkv_model *m, const pkvi_call *call, const pkvi
     pkv_status st = launched();
     if (st != PKV_OK || call->all_single) return st;
     size_t shmem = ((size_t)hd + kv->max_len) * sizeof(float);
-    if (shmem > 48 * 1024) return PKV_ERR_UNSUPPORTED; // scores must fit shared memory
+    // Past the default 48 KiB of dynamic shared memory the kernel's limit must be
+    // raised, up to the device's opt-in maximum (227 KiB on Hopper: ~58k tokens).
+    if (shmem > 48 * 1024) {
+        int dev = 0, optin = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess ||
+            cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) !=
+                cudaSuccess)
+            return PKV_ERR_BACKEND;
+        if (shmem > (size_t)optin) return PKV_ERR_UNSUPPORTED; // scores must fit shared memory
+        if (cudaFuncSetAttribute(causal_contig_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)shmem) != cudaSuccess)
+            return PKV_ERR_BACKEND;
+    }
     // Grid: (token, query head), THREADS threads over keys, then over head_dim.
     causal_contig_kernel<T><<<dim3(call->num_tokens, c->num_heads), THREADS, shmem, stream>>>(
         c->num_heads, kvh, hd, kv->max_len, 1.0f / sqrtf((float)hd), s->tseq, s->pos, s->rows,
@@ -387,9 +429,13 @@ static pkv_status attend(pkv_model *m, uint32_t layer, const pkvi_call *call,
         pkv_attn_paged_kv pk = {kc, vc, kv->block_stride, kv->head_stride, kv->token_stride,
                                 kv->block_size, kv->num_blocks, s->table, kv->max_blocks,
                                 s->lens};
-        if (call->all_single)
-            return pkv_attn_decode_paged_cuda(&sh, call->num_seqs, q, &pk, att, stream);
-        return pkv_attn_prefill_paged_cuda(&sh, call->num_seqs, s->indptr, q, &pk, att, stream);
+        if (call->all_single) {
+            pkv_attn_cuda_opts o = split_opts(st_of(m), &sh, call->num_seqs);
+            return pkv_attn_decode_paged_cuda_ex(&sh, call->num_seqs, q, &pk, att, &o, stream);
+        }
+        // The packed row count is the call's token count: no read-back, no sync.
+        return pkv_attn_prefill_paged_cuda_ex(&sh, call->num_seqs, s->indptr, call->num_tokens, q,
+                                              &pk, att, stream);
     }
     const uint32_t hd = c->head_dim, kvh = c->num_kv_heads;
     const uint64_t head_stride = (uint64_t)kv->max_len * hd, seq_stride = head_stride * kvh,
@@ -404,7 +450,8 @@ static pkv_status attend(pkv_model *m, uint32_t layer, const pkvi_call *call,
     if (call->consecutive) {
         pkv_attn_contig_kv ck = {kc + seq_stride * call->row0 * es, vc + seq_stride * call->row0 * es,
                                  seq_stride, head_stride, hd, kv->max_len, s->lens};
-        return pkv_attn_decode_contig_cuda(&sh, call->num_seqs, q, &ck, att, stream);
+        pkv_attn_cuda_opts o = split_opts(st_of(m), &sh, call->num_seqs);
+        return pkv_attn_decode_contig_cuda_ex(&sh, call->num_seqs, q, &ck, att, &o, stream);
     }
     for (uint32_t i = 0; i < call->num_seqs; i++) {
         uint64_t row = (uint64_t)m->meta.rows[i];

@@ -1,0 +1,3 @@
+// SPDX-License-Identifier: MIT
+// Stand-in for the CUDA header of this name: the CPU emulator (../pkvemu.h).
+#include "../pkvemu.h"
