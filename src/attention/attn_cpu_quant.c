@@ -98,11 +98,14 @@ QAVX2 QINLINE __m256 load8(const uint8_t *p, int kind) {
     if (kind == KIND_E5M2) {
         return _mm256_cvtph_ps(_mm_slli_epi16(x, 8));
     }
-    __m128i sign = _mm_slli_epi16(_mm_and_si128(x, _mm_set1_epi16(0x80)), 8);
-    __m128i mag = _mm_slli_epi16(_mm_and_si128(x, _mm_set1_epi16(0x7f)), 7);
-    __m128i nan = _mm_and_si128(_mm_cmpeq_epi16(mag, _mm_set1_epi16(0x3f80)),
-                                _mm_set1_epi16(0x7e00));
-    return _mm256_cvtph_ps(_mm_or_si128(_mm_or_si128(sign, mag), nan));
+    // s.eeee.mmm -> s.0.eeee.mmm.0000000: shift up 8, arithmetic shift down 1
+    // (the sign lands on bits 15 and 14), clear bit 14. The e4m3 NaN (eeee.mmm all
+    // ones) becomes 0x3f80 there; or-ing 0x7e00 into it makes an fp16 NaN.
+    __m128i h = _mm_and_si128(_mm_srai_epi16(_mm_slli_epi16(x, 8), 1), _mm_set1_epi16(-16385));
+    __m128i nan = _mm_and_si128(
+        _mm_cmpeq_epi16(_mm_and_si128(h, _mm_set1_epi16(0x7fff)), _mm_set1_epi16(0x3f80)),
+        _mm_set1_epi16(0x7e00));
+    return _mm256_cvtph_ps(_mm_or_si128(h, nan));
 }
 
 QAVX2 QINLINE float hsum(__m256 v) {
@@ -157,6 +160,75 @@ QAVX2 QINLINE void axpy4_k(float *y, const float *p, const uint8_t *const *x, ui
     for (; i < n; i++) {
         for (uint32_t r = 0; r < 4; r++) {
             y[i] += p[r] * raw1(x[r][i], kind);
+        }
+    }
+}
+
+// Four rows widened once into dst ([4][n] fp32): with a GQA group of several
+// query heads the rows are then read from L1 by each head instead of widened again.
+QAVX2 QINLINE void widen4_k(const uint8_t *const *x, uint32_t n, int kind, float *dst) {
+    for (uint32_t r = 0; r < 4; r++) {
+        uint32_t i = 0;
+        for (; i + 8 <= n; i += 8) {
+            _mm256_storeu_ps(dst + (size_t)r * n + i, load8(x[r] + i, kind));
+        }
+        for (; i < n; i++) {
+            dst[(size_t)r * n + i] = raw1(x[r][i], kind);
+        }
+    }
+}
+
+QAVX2 static void widen4_avx2(const uint8_t *const *x, uint32_t n, int kind, float *dst) {
+    switch (kind) {
+    case KIND_INT8: widen4_k(x, n, KIND_INT8, dst); break;
+    case KIND_E4M3: widen4_k(x, n, KIND_E4M3, dst); break;
+    default: widen4_k(x, n, KIND_E5M2, dst); break;
+    }
+}
+
+// out[r] = q . x[r] for four fp32 rows [4][n].
+QAVX2 static void dot4_f32(const float *q, const float *x, uint32_t n, float *out) {
+    __m256 a0 = _mm256_setzero_ps();
+    __m256 a1 = a0;
+    __m256 a2 = a0;
+    __m256 a3 = a0;
+    uint32_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_loadu_ps(q + i);
+        a0 = _mm256_fmadd_ps(v, _mm256_loadu_ps(x + i), a0);
+        a1 = _mm256_fmadd_ps(v, _mm256_loadu_ps(x + n + i), a1);
+        a2 = _mm256_fmadd_ps(v, _mm256_loadu_ps(x + 2 * (size_t)n + i), a2);
+        a3 = _mm256_fmadd_ps(v, _mm256_loadu_ps(x + 3 * (size_t)n + i), a3);
+    }
+    out[0] = hsum(a0);
+    out[1] = hsum(a1);
+    out[2] = hsum(a2);
+    out[3] = hsum(a3);
+    for (; i < n; i++) {
+        for (uint32_t r = 0; r < 4; r++) {
+            out[r] += q[i] * x[(size_t)r * n + i];
+        }
+    }
+}
+
+// y += sum_r p[r] x[r] for four fp32 rows [4][n].
+QAVX2 static void axpy4_f32(float *y, const float *p, const float *x, uint32_t n) {
+    const __m256 p0 = _mm256_set1_ps(p[0]);
+    const __m256 p1 = _mm256_set1_ps(p[1]);
+    const __m256 p2 = _mm256_set1_ps(p[2]);
+    const __m256 p3 = _mm256_set1_ps(p[3]);
+    uint32_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 a = _mm256_loadu_ps(y + i);
+        a = _mm256_fmadd_ps(p0, _mm256_loadu_ps(x + i), a);
+        a = _mm256_fmadd_ps(p1, _mm256_loadu_ps(x + n + i), a);
+        a = _mm256_fmadd_ps(p2, _mm256_loadu_ps(x + 2 * (size_t)n + i), a);
+        a = _mm256_fmadd_ps(p3, _mm256_loadu_ps(x + 3 * (size_t)n + i), a);
+        _mm256_storeu_ps(y + i, a);
+    }
+    for (; i < n; i++) {
+        for (uint32_t r = 0; r < 4; r++) {
+            y[i] += p[r] * x[(size_t)r * n + i];
         }
     }
 }
@@ -249,7 +321,7 @@ typedef struct qview {
 typedef struct qwork {
     float q[PKV_ATTN_CPU_MAX_HEAD_DIM];   // [group][head_dim], scaled
     float acc[PKV_ATTN_CPU_MAX_HEAD_DIM]; // [group][head_dim]
-    float row[PKV_ATTN_CPU_MAX_HEAD_DIM]; // one widened row (portable path)
+    float row[PKV_ATTN_CPU_MAX_HEAD_DIM]; // one widened row, or four ([4][head_dim], AVX2)
     float p[MAX_GROUP][TILE_T];
     float m[MAX_GROUP];
     float l[MAX_GROUP];
@@ -323,7 +395,10 @@ static void attend_q(const pkv_attn_shape *shape, const pkv_attn_kv_quant *qz, c
     const uint8_t *vr[TILE_T];
     const uint8_t *kn[TILE_T];
     const uint8_t *vn[TILE_T];
-    (void)avx2;
+    // Several query heads per row: widen each group of four rows once (fits the
+    // row buffer while 4 d <= PKV_ATTN_CPU_MAX_HEAD_DIM); one head: fused loads.
+    const int widen = avx2 && group > 1 && 4 * d <= PKV_ATTN_CPU_MAX_HEAD_DIM;
+    (void)widen;
     for (uint32_t t0 = 0; t0 < len; t0 += TILE_T) {
         const uint32_t n = len - t0 < TILE_T ? len - t0 : TILE_T;
         rows_of(qv, t0, n, kr, vr, w.ksc, w.vsc);
@@ -335,6 +410,19 @@ static void attend_q(const pkv_attn_shape *shape, const pkv_attn_kv_quant *qz, c
         }
         uint32_t i = 0;
 #if QX86
+        for (; widen && i + 4 <= n; i += 4) {
+            for (uint32_t r = i; r < i + 4 && r < nn; r++) {
+                prefetch_row(kn[r], d);
+            }
+            widen4_avx2(kr + i, d, kind, w.row);
+            for (uint32_t g = 0; g < group; g++) {
+                float s4[4];
+                dot4_f32(w.q + (size_t)g * d, w.row, d, s4);
+                for (uint32_t r = 0; r < 4; r++) {
+                    w.p[g][i + r] = s4[r] * w.ksc[i + r];
+                }
+            }
+        }
         for (; avx2 && i + 4 <= n; i += 4) {
             for (uint32_t r = i; r < i + 4 && r < nn; r++) {
                 prefetch_row(kn[r], d);
@@ -377,6 +465,16 @@ static void attend_q(const pkv_attn_shape *shape, const pkv_attn_kv_quant *qz, c
         }
         i = 0;
 #if QX86
+        for (; widen && i + 4 <= n; i += 4) {
+            for (uint32_t r = i; r < i + 4 && r < nn; r++) {
+                prefetch_row(vn[r], d);
+            }
+            widen4_avx2(vr + i, d, kind, w.row);
+            for (uint32_t g = 0; g < group; g++) {
+                const float p4[4] = {w.p[g][i], w.p[g][i + 1], w.p[g][i + 2], w.p[g][i + 3]};
+                axpy4_f32(w.acc + (size_t)g * d, p4, w.row, d);
+            }
+        }
         for (; avx2 && i + 4 <= n; i += 4) {
             for (uint32_t r = i; r < i + 4 && r < nn; r++) {
                 prefetch_row(vn[r], d);
