@@ -237,8 +237,12 @@ pkv_status pkv_attn_decode_contig_cuda_ex(const pkv_attn_shape *shape, uint32_t 
 // - fp8 rounds x / k_scale (v_scale) to nearest even, saturating finite overflow
 //   and inf to +-max (448 e4m3, 57344 e5m2; CUDA's __NV_SATFINITE, as vLLM);
 //   NaN stays NaN.
-// The *_quant_cuda twins return PKV_ERR_UNSUPPORTED (after the same argument
-// checks): the 8-bit CUDA kernels are not written yet (docs/DESIGN.md).
+// The *_quant_cuda twins (src/attention/attn_quant.cu) take device pointers and
+// write the same cache bytes as the CPU write; decode / prefill agree with the CPU
+// to fp32 rounding (checked on the CPU emulator, suite emu). They need head_dim
+// 64, 128 or 256 and 4-byte aligned int8 scales (else PKV_ERR_UNSUPPORTED), and
+// return PKV_ERR_UNSUPPORTED in a build without CUDA. prefill synchronizes
+// `stream` once (it reads q_indptr[num_seqs] back), as pkv_attn_prefill_paged_cuda.
 pkv_status pkv_attn_decode_paged_quant_cpu(const pkv_attn_shape *shape,
                                            const pkv_attn_kv_quant *quant, uint32_t num_seqs,
                                            const void *q, const pkv_attn_paged_kv *kv,
