@@ -704,7 +704,7 @@ Test(quant, cow_and_swap_keep_scales) {
 
 // ---------------------------------------------------------------- bad input
 
-Test(quant, bad_arguments_and_cuda) {
+Test(quant, bad_arguments) {
     const int32_t lens[1] = {5};
     qcase c;
     qcase_make(&c, PKV_DTYPE_FP8_E4M3, PKV_DTYPE_F32, 2, 1, 16, 4, 1, lens, PKV_LAYOUT_HND, 0);
@@ -730,22 +730,81 @@ Test(quant, bad_arguments_and_cuda) {
                                                 c.g.head_stride, c.g.token_stride, 4,
                                                 pkv_pool_capacity(c.pool)),
                  PKV_ERR_INVALID_ARG, "slot out of range");
-    // The CUDA twins refuse 8-bit caches instead of computing a wrong result; the
-    // plain CUDA and CPU writers refuse an 8-bit shape dtype.
+    // The CUDA twins run the same checks (with or without CUDA in the build): this
+    // head_dim 16 is not a CUDA one, a zero scale is refused before any launch.
     cr_assert_eq(pkv_attn_decode_paged_quant_cuda(&c.sh, &c.qz, 1, c.q, &kv, out, NULL),
                  PKV_ERR_UNSUPPORTED);
     int32_t indptr[2] = {0, 1};
     cr_assert_eq(pkv_attn_prefill_paged_quant_cuda(&c.sh, &c.qz, 1, indptr, c.q, &kv, out, NULL),
                  PKV_ERR_UNSUPPORTED);
     slot = 0;
-    cr_assert_eq(pkv_attn_cache_write_quant_cuda(&c.sh, &c.qz, 1, c.korig, c.vorig, &slot, kc,
+    bad = c.qz;
+    bad.k_scale = 0.0f;
+    cr_assert_eq(pkv_attn_cache_write_quant_cuda(&c.sh, &bad, 1, c.korig, c.vorig, &slot, kc,
                                                  kc + c.g.kv_stride, c.g.block_stride,
                                                  c.g.head_stride, c.g.token_stride, 4,
                                                  pkv_pool_capacity(c.pool), NULL),
-                 PKV_ERR_UNSUPPORTED);
+                 PKV_ERR_INVALID_ARG);
+    // The plain CPU writer refuses an 8-bit q/k/v dtype.
     cr_assert_eq(pkv_attn_cache_write_cpu(&s8, 1, c.korig, c.vorig, &slot, kc, kc + c.g.kv_stride,
                                           c.g.block_stride, c.g.head_stride, c.g.token_stride, 4,
                                           pkv_pool_capacity(c.pool)),
                  PKV_ERR_INVALID_ARG);
     qcase_free(&c);
+}
+
+// ---------------------------------------------------------------- runtime
+
+#include "pkv/generate.h"
+#include "pkv/model.h"
+
+// The tiny model through pkv_generate with each 8-bit cache: it runs, the logits
+// stay close to the fp32 cache's (teacher forcing is not needed for the first
+// token: same prompt, so the prefill logits are compared directly), fp8 scales get
+// calibrated by the first forward pass, and the unsupported combinations refuse.
+Test(quant, runtime_generate) {
+    pkv_model_config cfg;
+    cr_assert_eq(pkv_model_preset("tiny", &cfg), PKV_OK);
+    pkv_model_params mp = pkv_model_params_default();
+    mp.num_threads = 1;
+    pkv_model *m;
+    cr_assert_eq(pkv_model_create(&cfg, &mp, &m), PKV_OK);
+    const int32_t prompt[8] = {1, 50, 7, 300, 22, 9, 411, 3};
+    pkv_gen_request req = {prompt, 8};
+    const uint32_t N = 12, V = cfg.vocab_size;
+    int32_t t32[12], tq[12];
+    float *l32 = calloc((size_t)N * V, sizeof(float)), *lq = calloc((size_t)N * V, sizeof(float));
+    cr_assert(l32 && lq);
+    pkv_gen_params gp = pkv_gen_params_default();
+    gp.max_new_tokens = N;
+    pkv_gen_output o32 = {t32, l32, 0, 0};
+    cr_assert_eq(pkv_generate(m, &gp, 1, &req, &o32, NULL), PKV_OK);
+    float *sc = calloc(2 * (size_t)cfg.num_layers, sizeof(float));
+    for (int i = 0; i < 3; i++) {
+        cr_assert_eq(pkv_model_set_kv_scales(m, sc), PKV_OK); // 0: recalibrate
+        gp.kv_dtype = qtypes[i];
+        pkv_gen_output oq = {tq, lq, 0, 0};
+        cr_assert_eq(pkv_generate(m, &gp, 1, &req, &oq, NULL), PKV_OK, "%s", pkv_dtype_name(qtypes[i]));
+        cr_assert_eq(oq.num_tokens, N);
+        double worst = 0.0;
+        for (uint32_t j = 0; j < V; j++) worst = fmax(worst, fabs(lq[j] - l32[j]));
+        cr_assert_lt(worst, 0.05, "%s: first-token logits moved by %g", pkv_dtype_name(qtypes[i]), worst);
+        float got[64];
+        cr_assert_eq(pkv_model_get_kv_scales(m, got), PKV_OK);
+        for (uint32_t l = 0; l < 2 * cfg.num_layers; l++) {
+            if (qtypes[i] == PKV_DTYPE_INT8) cr_assert_eq(got[l], 0.0f, "int8 needs no tensor scale");
+            else cr_assert_gt(got[l], 0.0f, "fp8 scales calibrated by the first pass");
+        }
+    }
+    sc[0] = -1.0f;
+    cr_assert_eq(pkv_model_set_kv_scales(m, sc), PKV_ERR_INVALID_ARG);
+    gp.kv_dtype = PKV_DTYPE_INT8;
+    gp.kv_mode = PKV_KV_CONTIGUOUS;
+    pkv_gen_output oq = {tq, NULL, 0, 0};
+    cr_assert_eq(pkv_generate(m, &gp, 1, &req, &oq, NULL), PKV_ERR_UNSUPPORTED,
+                 "no 8-bit contiguous store");
+    free(sc);
+    free(l32);
+    free(lq);
+    pkv_model_destroy(m);
 }
