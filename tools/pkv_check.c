@@ -69,6 +69,8 @@ typedef struct ctx {
     uint64_t rng;
 } ctx;
 
+#if HAVE_DEVICE_CODE
+
 static void fail(ctx *c, const char *fmt, const char *what, double x) {
     group *g = c->g;
     if (g->first[0] == '\0') {
@@ -90,7 +92,6 @@ static void case_done(ctx *c, int ok, double err, const char *what) {
     }
 }
 
-#if HAVE_DEVICE_CODE
 
 static uint64_t rng_next(ctx *c) { // splitmix64
     uint64_t z = (c->rng += 0x9e3779b97f4a7c15ull);
@@ -686,6 +687,8 @@ int main(int argc, char **argv) {
         }
     }
 #if !HAVE_DEVICE_CODE
+    (void)c;
+    (void)json;
     fprintf(stderr, "pkv-check: this build has no CUDA (meson -Dcuda=enabled); nothing to check\n");
     return EXIT_NO_DEVICE;
 #else

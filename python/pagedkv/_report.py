@@ -62,9 +62,11 @@ def replay(trace, policies="paged", *, frame=False, **params):
     ``params`` are the fields of pkv_replay_params by name: mode ('sim'|'run'),
     block_size, max_seq_len, preempt ('recompute'|'swap'), max_batch,
     max_tokens_per_step, watermark, model (a MODEL_PRESETS name), gpu (a GPU_PRESETS
-    name), kv_mem_bytes (int or "16G"), gpu_util, dtype_bytes, sim_alloc_call_s,
-    prefix_sharing, run_cuda, run_threads, seed, validate. The replay runs in C with
-    the GIL released."""
+    name), kv_mem_bytes (int or "16G"), gpu_util, dtype_bytes, swap_space_bytes,
+    batching ('continuous'|'static'), chunked_prefill, load_scale, alloc_model (a
+    built-in name such as "cuda-boyer" or "none", or a bench_alloc --calibrate file),
+    alloc_call_us (a constant cost per backend call), prefix_sharing, run_cuda,
+    run_threads, seed, validate. The replay runs in C with the GIL released."""
     name = "<trace>"
     if isinstance(trace, (str, bytes, os.PathLike)):
         name = os.fsdecode(trace)

@@ -6,6 +6,7 @@
 // pkv-replay tool writes.
 #include "pkvpy.h"
 
+#include <math.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -286,7 +287,8 @@ static PyObject *generate_trace(PyObject *m, PyObject *args, PyObject *kw) {
 static const struct field replay_fields[] = {
     RP(block_size, K_U32), RP(max_seq_len, K_U32), RP(max_batch, K_U32),
     RP(max_tokens_per_step, K_U32), RP(watermark, K_F64), RP(gpu_util, K_F64),
-    RP(dtype_bytes, K_U32), RP(sim_alloc_call_s, K_F64), RP(prefix_sharing, K_BOOL),
+    RP(dtype_bytes, K_U32), RP(swap_space_bytes, K_U64), RP(chunked_prefill, K_U32),
+    RP(load_scale, K_F64), RP(prefix_sharing, K_BOOL),
     RP(run_cuda, K_BOOL), RP(run_threads, K_U32), RP(seed, K_U64), RP(validate, K_BOOL),
     {NULL, K_U32, 0},
 };
@@ -315,6 +317,40 @@ static int replay_params(PyObject *kw, pkv_replay_params *p) {
             if (s && !strcmp(s, "recompute")) p->preempt = PKV_PREEMPT_RECOMPUTE;
             else if (s && !strcmp(s, "swap")) p->preempt = PKV_PREEMPT_SWAP;
             else goto bad_choice;
+        } else if (!strcmp(k, "batching")) {
+            s = str_value(value);
+            if (s && !strcmp(s, "continuous")) p->batching = PKV_BATCHING_CONTINUOUS;
+            else if (s && !strcmp(s, "static")) p->batching = PKV_BATCHING_STATIC;
+            else goto bad_choice;
+        } else if (!strcmp(k, "alloc_call_us")) {
+            // The simplest cost model, as pkv-replay --alloc-call-us: N us per call.
+            const double us = PyFloat_AsDouble(value);
+            if (us == -1.0 && PyErr_Occurred())
+                return -1;
+            if (!(us >= 0) || !isfinite(us)) {
+                pkvpy_raise(PKV_ERR_INVALID_ARG, what, "alloc_call_us must be a finite "
+                            "number >= 0");
+                return -1;
+            }
+            p->alloc_model = pkv_alloc_model_constant(us * 1e-6);
+        } else if (!strcmp(k, "alloc_model")) {
+            // A built-in model name ("none", "cuda-boyer") or a calibration file
+            // written by bench_alloc --calibrate, as pkv-replay --alloc-model.
+            s = str_value(value);
+            if (!s) {
+                pkvpy_raise(PKV_ERR_INVALID_ARG, what, "alloc_model must be a built-in name "
+                            "or a path");
+                return -1;
+            }
+            if (pkv_alloc_model_builtin(s, &p->alloc_model) != PKV_OK) {
+                char err[256] = "";
+                st = pkv_alloc_model_load(s, &p->alloc_model, err, sizeof err);
+                if (st != PKV_OK) {
+                    pkvpy_raise(st, what, "alloc_model '%s': %s", s,
+                                err[0] ? err : "not a built-in model and not readable");
+                    return -1;
+                }
+            }
         } else if (!strcmp(k, "model")) {
             s = str_value(value);
             if (!s || (st = pkv_model_preset(s, &p->model)) != PKV_OK) {
@@ -354,7 +390,9 @@ static int replay_params(PyObject *kw, pkv_replay_params *p) {
         continue;
     bad_choice:
         pkvpy_raise(PKV_ERR_INVALID_ARG, what, "%s: %s", k,
-                    !strcmp(k, "mode") ? "'sim' or 'run'" : "'recompute' or 'swap'");
+                    !strcmp(k, "mode")       ? "'sim' or 'run'"
+                    : !strcmp(k, "batching") ? "'continuous' or 'static'"
+                                             : "'recompute' or 'swap'");
         return -1;
     }
     return 0;

@@ -151,3 +151,23 @@ def test_replay_frame():
     df = pkv.replay(CONV, ["paged", "contiguous-max"], frame=True, kv_mem_bytes="16G")
     assert isinstance(df, pd.DataFrame) and list(df.index) == ["paged", "contiguous-max"]
     assert df.loc["paged", "requests.completed"] == 400
+
+
+def test_replay_cost_model_and_batching_params():
+    # The cost model reaches the step: per-token allocation at 100 us a call is
+    # slower per output token than free calls, and the report names the model.
+    t = pkv.load_trace(CONV)
+    free_calls = pkv.replay(t, "malloc-per-token", kv_mem_bytes="16G", alloc_model="none")
+    paid = pkv.replay(t, "malloc-per-token", kv_mem_bytes="16G", alloc_call_us=100)
+    a, b = free_calls["malloc-per-token"], paid["malloc-per-token"]
+    assert a["alloc"]["model"] == "none" and b["alloc"]["model"] == "constant 100 us/call"
+    assert a["alloc"]["step_seconds"] == 0 and b["alloc"]["step_seconds"] > 0
+    assert b["latency"]["tpot_p50_ms"] > a["latency"]["tpot_p50_ms"]
+    static = pkv.replay(t, "paged", kv_mem_bytes="16G", batching="static", load_scale=2.0,
+                        chunked_prefill=0, swap_space_bytes=1 << 30)
+    assert static["config"]["batching"] == "static"
+    assert static["paged"]["requests"]["completed"] == 400
+    for bad in (dict(batching="dynamic"), dict(alloc_call_us=-1), dict(alloc_model="nope"),
+                dict(load_scale=0.0)):
+        with pytest.raises(pkv.PagedKVError):
+            pkv.replay(t, **bad)
