@@ -168,7 +168,7 @@ int main(int argc, char **argv) {
     if (pkv_dtype_is_quantized(gp.kv_dtype) &&
         (gp.kv_mode != PKV_KV_PAGED || mp.device != PKV_DEVICE_CPU)) {
         fprintf(stderr, "pkv-generate: --kv-dtype %s needs --layout paged and --backend cpu "
-                        "(no 8-bit contiguous store or CUDA kernels)\n",
+                        "(the runtime keeps 8-bit K/V in CPU paged caches only)\n",
                 pkv_dtype_name(gp.kv_dtype));
         free(prompt);
         return 2;
