@@ -231,7 +231,8 @@ static void fill(pkv_dtype dt, void *p, size_t bytes) {
         uint8_t *b = (uint8_t *)p;
         for (size_t i = 0; i < pattern; i++) {
             // int8 values, or fp8 codes below the top exponent (no NaN / inf).
-            b[i] = (uint8_t)((uint32_t)(rand_unit() * 127.0f) & (dt == PKV_DTYPE_INT8 ? 0xffu : 0xb7u));
+            b[i] = (uint8_t)((uint32_t)(int32_t)(rand_unit() * 127.0f) &
+                             (dt == PKV_DTYPE_INT8 ? 0xffu : 0xb7u));
         }
     } else if (dt == PKV_DTYPE_F32) {
         float *f = (float *)p;

@@ -72,7 +72,7 @@ static __device__ __forceinline__ uint8_t f32_to_fp8(float f, int kind) {
     }
     const uint32_t shift = 23u - mbits;
     ax += (1u << (shift - 1u)) - 1u + ((ax >> shift) & 1u);
-    const uint32_t e = (ax >> 23) - 127u + (e4m3 ? 7u : 15u);
+    const uint32_t e = (ax >> 23) + (e4m3 ? 7u : 15u) - 127u;
     const uint32_t m = (ax >> shift) & ((1u << mbits) - 1u);
     return (uint8_t)(sign | (e << mbits) | m);
 }

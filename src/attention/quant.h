@@ -56,7 +56,7 @@ static inline uint8_t pkvi_f32_to_fp8(float f, int e4m3) {
     }
     const uint32_t shift = 23u - mbits;
     ax += (1u << (shift - 1u)) - 1u + ((ax >> shift) & 1u); // carry may bump the exponent
-    uint32_t e = (ax >> 23) - 127u + (uint32_t)bias;
+    uint32_t e = (ax >> 23) + (uint32_t)bias - 127u; // >= 1: a is normal in fp8
     uint32_t m = (ax >> shift) & ((1u << mbits) - 1u);
     return (uint8_t)(sign | (e << mbits) | m);
 }
