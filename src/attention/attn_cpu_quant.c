@@ -361,6 +361,7 @@ static void rows_of(const qview *qv, uint32_t t0, uint32_t n, const uint8_t **kr
     }
 }
 
+#if QX86 // used by the AVX2 loops only
 static inline void prefetch_row(const uint8_t *p, size_t bytes) {
 #if defined(__GNUC__)
     for (size_t off = 0; off < bytes; off += 64) {
@@ -371,6 +372,7 @@ static inline void prefetch_row(const uint8_t *p, size_t bytes) {
     (void)bytes;
 #endif
 }
+#endif
 
 // out[g] = softmax(q[g] . K) V for `group` consecutive query heads reading qv.
 static void attend_q(const pkv_attn_shape *shape, const pkv_attn_kv_quant *qz, const qview *qv,

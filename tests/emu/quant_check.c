@@ -23,11 +23,16 @@
 
 static uint64_t rng = 0x2545f4914f6cdd1dull;
 
-static double unit(void) { // [-1, 1)
+// xorshift64; its shifts wrap on purpose (`rnd` is in .ci/ubsan-integer.supp).
+static uint64_t rnd(void) {
     rng ^= rng << 13;
     rng ^= rng >> 7;
     rng ^= rng << 17;
-    return (double)(rng >> 11) / (double)(1ull << 53) * 2.0 - 1.0;
+    return rng;
+}
+
+static double unit(void) { // [-1, 1)
+    return (double)(rnd() >> 11) / (double)(1ull << 53) * 2.0 - 1.0;
 }
 
 static unsigned cases, failures;
