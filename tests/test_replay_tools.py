@@ -20,6 +20,9 @@ import time
 
 TOOL = None
 ROOT = None
+# The built-in policies that --policy all runs: paged, contiguous-max, -pow2, -oracle,
+# malloc-per-request, malloc-per-token, realloc-copy, contiguous-pow2-grow, vmm.
+NUM_POLICIES = 9
 TMP = None
 FAILS = []
 
@@ -325,7 +328,7 @@ def test_cost_fields_and_failure():
     with open(out) as f:
         doc = json.load(f)
     runs = doc["runs"]
-    check(len(runs) == 8 and len({r["policy"] for r in runs}) == 8,
+    check(len(runs) == NUM_POLICIES and len({r["policy"] for r in runs}) == NUM_POLICIES,
           "--policy all: every policy reported (%d runs)" % len(runs))
     r = runs[0]
     check(r["failure"] and r["memory"]["waste_frac"] is None and
@@ -334,7 +337,7 @@ def test_cost_fields_and_failure():
           "honest failure: JSON nulls, not zeros")
     with open(csvp) as f:
         rows = list(csv.DictReader(f))
-    check(len(rows) == 8 and rows[0]["memory.waste_frac"] == "" and
+    check(len(rows) == NUM_POLICIES and rows[0]["memory.waste_frac"] == "" and
           rows[0]["memory.breakdown.token_states"] == "" and rows[0]["failure"] != "",
           "honest failure: empty CSV cells, failure text present")
     ok = run(trace, "--policy", "paged,contiguous-max", "--batching", "static",

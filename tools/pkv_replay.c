@@ -30,7 +30,7 @@ static void usage(FILE *f) {
         "Policy and scheduler:\n"
         "  --policy P,...      paged (default), contiguous-max, contiguous-pow2 (Orca Pow2),\n"
         "                      contiguous-oracle, malloc-per-request, malloc-per-token,\n"
-        "                      realloc-copy, contiguous-pow2-grow, all\n"
+        "                      realloc-copy, contiguous-pow2-grow, vmm (vAttention), all\n"
         "  --block-size N,...  paged block size in tokens (default 16)\n"
         "  --max-seq-len N     longest sequence; contiguous-max reserves it (default: model's)\n"
         "  --preempt M         recompute (default) or swap\n"
@@ -41,6 +41,13 @@ static void usage(FILE *f) {
         "  --max-tokens N      max prefill + decode tokens per step (default 8192)\n"
         "  --watermark F       fraction of the budget kept free at admission (default 0.01)\n"
         "  --no-prefix-sharing paged: do not share prefix_group blocks\n"
+        "  --vmm-page SIZE     vmm: physical page per layer K or V buffer, a multiple of 4K\n"
+        "                      (default 2M as vAttention; 64K models its smaller pages)\n"
+        "  --vmm-map-ahead     vmm: map the next page one step ahead, overlapping the step\n"
+        "  --vmm-defer-reclaim vmm: keep a finished request's pages mapped for the next one\n",
+        f);
+    // Two literals: one would pass the 4095 characters ISO C asks compilers to support.
+    fputs(
         "Mode and hardware:\n"
         "  --mode M            sim (default: roofline model) or run (execute the decoder)\n"
         "  --model NAME        model preset (sim default llama2-7b, run default tiny)\n"
@@ -180,6 +187,15 @@ int main(int argc, char **argv) {
                 BAD("--kv-dtype must be fp16, int8, fp8_e4m3 or fp8_e5m2, got '%s'", v);
         } else if (!strcmp(a, "--no-prefix-sharing")) {
             prm.prefix_sharing = 0;
+        } else if (!strcmp(a, "--vmm-page")) {
+            NEED();
+            if (pkv_size_parse(v, &prm.vmm_page_bytes) != PKV_OK || prm.vmm_page_bytes < 4096 ||
+                prm.vmm_page_bytes % 4096 != 0)
+                BAD("--vmm-page must be a multiple of 4K, e.g. 64K or 2M, got '%s'", v);
+        } else if (!strcmp(a, "--vmm-map-ahead")) {
+            prm.vmm_map_ahead = 1;
+        } else if (!strcmp(a, "--vmm-defer-reclaim")) {
+            prm.vmm_defer_reclaim = 1;
         } else if (!strcmp(a, "--mode")) {
             NEED();
             if (!strcmp(v, "sim")) prm.mode = PKV_REPLAY_SIM;

@@ -17,5 +17,6 @@
 #include "pkv/generate.h"
 #include "pkv/trace.h"
 #include "pkv/replay.h"
+#include "pkv/vmm.h"
 
 #endif // PKV_PKV_H

@@ -52,7 +52,8 @@ typedef enum pkv_policy {
     PKV_POLICY_MALLOC_PER_TOKEN = 5,
     PKV_POLICY_REALLOC_COPY = 6,
     PKV_POLICY_CONTIG_POW2_GROW = 7,
-    PKV_POLICY_COUNT = 8,
+    PKV_POLICY_VMM = 8,          // vAttention: virtual reservation, pages mapped on demand
+    PKV_POLICY_COUNT = 9,
 } pkv_policy;
 
 // "paged", "contiguous-max", ... ("unknown" for a bad value).
@@ -202,6 +203,12 @@ typedef struct pkv_replay_params {
                                    // finite, else PKV_ERR_INVALID_ARG), default 1
     int prefix_sharing;            // paged, sim mode: prefix cache over the trace's shared
                                    // prefixes (prefix_group, Mooncake hash_ids); default 1
+    uint64_t vmm_page_bytes;       // vmm: physical page per layer buffer (K or V of one
+                                   // layer), a multiple of 4 KiB; default 2 MiB
+    int vmm_map_ahead;             // vmm: map the next page during the step before it is
+                                   // needed (vAttention's overlap); default 0
+    int vmm_defer_reclaim;         // vmm: a finished request's pages stay mapped for the
+                                   // next request (vAttention's deferred reclamation); 0
     // Run mode.
     int run_cuda;                  // 1: CUDA backend, 0 (default): host
     uint32_t run_threads;          // CPU threads, 0 = all

@@ -30,6 +30,9 @@ uint64_t pkvi_engine_need_slots(const engine *e, pkv_policy kind, const pkvi_adm
     switch (kind) {
     case PKV_POLICY_PAGED: return pkvi_paged_need(e->prm->block_size, a);
     case PKV_POLICY_MALLOC_PER_TOKEN: return pkvi_token_need(a);
+    case PKV_POLICY_VMM:
+        return pkvi_vmm_need(e->prm->vmm_page_bytes, e->bpt / (2ull * e->prm->model.num_layers),
+                             e->prm->vmm_map_ahead, e->max_len, a);
     default: return pkvi_contig_need(kind, e->max_len, a);
     }
 }

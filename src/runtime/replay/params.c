@@ -11,6 +11,7 @@
 static const char *const policy_names[PKV_POLICY_COUNT] = {
     "paged", "contiguous-max", "contiguous-pow2", "contiguous-oracle",
     "malloc-per-request", "malloc-per-token", "realloc-copy", "contiguous-pow2-grow",
+    "vmm",
 };
 
 const char *pkv_policy_name(pkv_policy policy) {
@@ -89,6 +90,9 @@ pkv_replay_params pkv_replay_params_default(void) {
     p.chunked_prefill = 0;
     p.load_scale = 1;
     p.prefix_sharing = 1;
+    p.vmm_page_bytes = (uint64_t)2 << 20;
+    p.vmm_map_ahead = 0;
+    p.vmm_defer_reclaim = 0;
     p.seed = 1;
     return p;
 }

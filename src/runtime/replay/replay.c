@@ -21,7 +21,9 @@ static int params_ok(const pkv_replay_params *p) {
            !(p->batching == PKV_BATCHING_STATIC && p->chunked_prefill) &&
            p->load_scale > 0 && isfinite(p->load_scale) && p->alloc_model.alloc.base_s >= 0 &&
            p->alloc_model.alloc.per_byte_s >= 0 && p->alloc_model.free.base_s >= 0 &&
-           p->alloc_model.free.per_byte_s >= 0 && pkv_model_config_validate(&p->model) == PKV_OK;
+           p->alloc_model.free.per_byte_s >= 0 && pkv_model_config_validate(&p->model) == PKV_OK &&
+           (p->policy != PKV_POLICY_VMM ||
+            (p->vmm_page_bytes >= 4096 && p->vmm_page_bytes % 4096 == 0));
 }
 
 // Policies that carve one arena: one backend alloc before the first step and
@@ -91,11 +93,18 @@ pkv_status pkv_replay_run(const pkv_trace *trace, const pkv_replay_params *param
     snprintf(report->policy, sizeof report->policy, "%s", pkv_policy_name(prm.policy));
     snprintf(report->mode, sizeof report->mode, "%s", prm.mode == PKV_REPLAY_SIM ? "sim" : "run");
     report->block_size = prm.policy == PKV_POLICY_PAGED ? prm.block_size : 1;
+    // vmm: tokens per page of one layer buffer (its allocation unit).
+    const uint64_t vmm_tb = e.bpt / (2ull * prm.model.num_layers);
+    if (prm.policy == PKV_POLICY_VMM && vmm_tb > 0 && prm.vmm_page_bytes / vmm_tb <= UINT32_MAX)
+        report->block_size = (uint32_t)(prm.vmm_page_bytes / vmm_tb);
     report->kv_bytes_per_token = e.bpt;
     snprintf(report->alloc.model, sizeof report->alloc.model, "%s",
              prm.mode == PKV_REPLAY_SIM ? prm.alloc_model.name : "measured");
     const uint64_t unit = prm.policy == PKV_POLICY_PAGED ? prm.block_size : 1;
-    if (budget / e.bpt < unit) {
+    // vmm: one page in each of the 2 x layers buffers.
+    if (budget / e.bpt < unit ||
+        (prm.policy == PKV_POLICY_VMM &&
+         budget / (2ull * prm.model.num_layers) < prm.vmm_page_bytes)) {
         report_no_capacity(&e, budget, report);
         goto done;
     }
@@ -110,9 +119,14 @@ pkv_status pkv_replay_run(const pkv_trace *trace, const pkv_replay_params *param
         .trace = trace,
         .prefix_sharing = prm.prefix_sharing && prm.mode == PKV_REPLAY_SIM,
         .cost = prm.mode == PKV_REPLAY_SIM ? &prm.alloc_model : NULL,
+        .vmm_page_bytes = prm.vmm_page_bytes,
+        .vmm_buffers = 2 * prm.model.num_layers,
+        .vmm_map_ahead = prm.vmm_map_ahead,
+        .vmm_defer_reclaim = prm.vmm_defer_reclaim,
     };
     st = prm.policy == PKV_POLICY_PAGED             ? pkvi_policy_paged_create(&pc, &e.pol)
          : prm.policy == PKV_POLICY_MALLOC_PER_TOKEN ? pkvi_policy_token_create(&pc, &e.pol)
+         : prm.policy == PKV_POLICY_VMM              ? pkvi_policy_vmm_create(&pc, &e.pol)
                                                      : pkvi_policy_contig_create(&pc, &e.pol);
     if (st != PKV_OK) goto done;
     e.wm_slots = (uint64_t)ceil(prm.watermark * (double)e.pol->capacity_slots);

@@ -132,6 +132,11 @@ typedef struct pkvi_policy_config {
     const pkv_trace *trace;   // borrowed: token ids for prefix sharing
     int prefix_sharing;
     const pkv_alloc_model *cost; // borrowed, may be NULL
+    // vmm policy: physical page, buffers (2 x layers: K and V per layer), map-ahead.
+    uint64_t vmm_page_bytes;
+    uint32_t vmm_buffers;
+    int vmm_map_ahead;
+    int vmm_defer_reclaim;
 } pkvi_policy_config;
 
 static inline void pkvi_policy_init_costs(pkvi_policy *p, const pkvi_policy_config *c) {
@@ -143,6 +148,10 @@ static inline void pkvi_policy_init_costs(pkvi_policy *p, const pkvi_policy_conf
 pkv_status pkvi_policy_paged_create(const pkvi_policy_config *c, pkvi_policy **out);
 pkv_status pkvi_policy_contig_create(const pkvi_policy_config *c, pkvi_policy **out);
 pkv_status pkvi_policy_token_create(const pkvi_policy_config *c, pkvi_policy **out);
+// Defined in policy_vmm.c (vAttention-style virtual-contiguous KV).
+pkv_status pkvi_policy_vmm_create(const pkvi_policy_config *c, pkvi_policy **out);
+uint64_t pkvi_vmm_need(uint64_t page_bytes, uint64_t token_bytes_per_buffer, int map_ahead,
+                       uint32_t max_seq_len, const pkvi_admit *a);
 // Slots a request needs at its peak when it runs alone (watermark excluded).
 uint64_t pkvi_paged_need(uint32_t block_size, const pkvi_admit *a);
 uint64_t pkvi_contig_need(pkv_policy kind, uint32_t max_seq_len, const pkvi_admit *a);

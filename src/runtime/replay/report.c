@@ -163,6 +163,9 @@ pkv_status pkv_replay_write_json(FILE *f, const char *trace_name, const pkv_trac
     str(f, pkv_batching_name(p->batching));
     fprintf(f, ", \"chunked_prefill\": %u, \"load_scale\": ", p->chunked_prefill);
     num(f, p->load_scale);
+    fprintf(f, ", \"vmm_page_bytes\": %llu, \"vmm_map_ahead\": %s, \"vmm_defer_reclaim\": %s",
+            (unsigned long long)p->vmm_page_bytes, p->vmm_map_ahead ? "true" : "false",
+            p->vmm_defer_reclaim ? "true" : "false");
     fputs(",\n            \"alloc_model\": ", f);
     if (p->mode == PKV_REPLAY_SIM)
         pkv_alloc_model_write_json(f, &p->alloc_model);

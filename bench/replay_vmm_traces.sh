@@ -1,0 +1,33 @@
+#!/bin/sh
+# SPDX-License-Identifier: MIT
+# Paging vs vAttention-style virtual-contiguous KV on the public traces of
+# ../shared/traces, as recorded in docs/BENCHMARKS.md ("vmm vs paged"): paged at
+# block 16, contiguous-oracle, and vmm at 2 MiB and 64 KiB pages, plain and with
+# map-ahead + deferred reclamation, under three costs per map/unmap call (0, 5 and
+# 50 us: the cuda-boyer cudaMalloc figure; cuMemMap is not measured on a GPU here).
+# usage: bench/replay_vmm_traces.sh BUILD_DIR TRACE_DIR OUT_DIR
+set -eu
+B=${1:?build dir}
+T=${2:?trace dir}
+O=${3:?output dir}
+mkdir -p "$O"
+R="$B/tools/pkv-replay --quiet"
+run() { # name trace-file model ctx extra...
+  name=$1; tr=$2; model=$3; ctx=$4; shift 4
+  $R --model "$model" --max-seq-len "$ctx" --json "$O/$name.json" "$@" "$tr" > "$O/$name.txt"
+}
+for t in azure_code_2023 azure_conv_2023 mooncake; do
+  case $t in
+    mooncake) f="$T/mooncake_fast25_conversation.jsonl"; m=llama3-8b; c=131072 ;;
+    *) f="$T/$t.csv"; m=llama2-7b; c=8192 ;;
+  esac
+  run "${t}_paged16" "$f" $m $c --policy paged --block-size 16
+  run "${t}_oracle" "$f" $m $c --policy contiguous-oracle
+  for us in 0 5 50; do
+    for page in 2M 64K; do
+      run "${t}_vmm${page}_${us}us" "$f" $m $c --policy vmm --vmm-page $page --alloc-call-us $us
+      run "${t}_vmm${page}_hide_${us}us" "$f" $m $c --policy vmm --vmm-page $page \
+          --vmm-map-ahead --vmm-defer-reclaim --alloc-call-us $us
+    done
+  done
+done

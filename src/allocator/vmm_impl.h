@@ -1,0 +1,48 @@
+// SPDX-License-Identifier: MIT
+// Internal: the function table behind pkv_vmm_space. vmm.c owns the bookkeeping
+// (slots, the per-row page tables, the physical free list, the budget) and counts
+// and times every call; an implementation (vmm_host.c, vmm_cuda.c) only reserves,
+// creates, maps and unmaps.
+#ifndef PKV_VMM_IMPL_H
+#define PKV_VMM_IMPL_H
+
+#include "clock.h"
+#include "pkv/vmm.h"
+
+typedef struct pkvi_vmm_ops {
+    const char *name;
+    // Called once after the geometry is fixed, before the reservation (optional).
+    pkv_status (*prepare)(pkv_vmm_space *s);
+    // Reserve `bytes` of inaccessible virtual memory aligned to `align`.
+    pkv_status (*reserve)(pkv_vmm_space *s, uint64_t bytes, uint64_t align, void **base);
+    void (*unreserve)(pkv_vmm_space *s, void *base, uint64_t bytes);
+    // Make physical page `id` exist (optional: NULL when there is nothing to create).
+    pkv_status (*create)(pkv_vmm_space *s, uint32_t id);
+    void (*destroy_page)(pkv_vmm_space *s, uint32_t id); // optional, pairs with create
+    // Map physical page `id` at `addr` (page aligned, page_bytes long) / unmap it.
+    pkv_status (*map)(pkv_vmm_space *s, void *addr, uint32_t id);
+    pkv_status (*unmap)(pkv_vmm_space *s, void *addr, uint32_t id);
+    void (*destroy)(pkv_vmm_space *s); // releases impl state (optional)
+} pkvi_vmm_ops;
+
+// The space: geometry, bookkeeping and counters. impl is the implementation's.
+struct pkv_vmm_space {
+    const pkvi_vmm_ops *ops;
+    void *impl;
+    pkv_vmm_info info;
+    char *base;               // the reservation, info.reserved_bytes long
+    uint8_t *slot_taken;      // [num_slots]
+    uint64_t *slot_pages;     // [num_slots] pages mapped per buffer
+    int32_t *page_table;      // [num_slots][num_buffers][pages_per_row], physical id or -1
+    uint32_t *free_pages;     // stack of created, unmapped physical ids
+    uint32_t num_free;
+    uint32_t num_created;     // ids 0..num_created-1 exist
+    pkv_vmm_stats stats;
+};
+
+// Build a space over `ops` (impl owned by the space from here on, released through
+// ops->destroy even on failure). Validates params against `granularity`.
+pkv_status pkvi_vmm_space_new(const pkvi_vmm_ops *ops, void *impl, uint64_t granularity,
+                              const pkv_vmm_params *params, pkv_vmm_space **out);
+
+#endif // PKV_VMM_IMPL_H
