@@ -73,7 +73,11 @@ void rt_progress_destroy(rt_progress *p) {
 
 void rt_progress_update(rt_progress *p, unsigned w, uint64_t done, double sim_s) {
     atomic_store_explicit(&p->slots[w].done, done, memory_order_relaxed);
-    atomic_store_explicit(&p->slots[w].sim_us, (uint64_t)(sim_s * 1e6), memory_order_relaxed);
+    // Simulated time can reach 1e300 s on a legal trace: clamp before converting
+    // (a double beyond uint64 range is undefined behaviour to convert).
+    const double us = sim_s * 1e6;
+    const uint64_t sim_us = us >= 0 && us < 1.8e19 ? (uint64_t)us : (us >= 0 ? UINT64_MAX : 0);
+    atomic_store_explicit(&p->slots[w].sim_us, sim_us, memory_order_relaxed);
 }
 
 void rt_progress_finish_run(rt_progress *p, unsigned w, uint64_t requests) {

@@ -544,7 +544,9 @@ pkv_status pkv_seq_truncate(pkv_seqset *set, pkv_seq_id id, uint32_t len) {
     const uint32_t keep = blocks_for(len, set->block_size);
     // A kept, partly filled last block that is shared stays shared: the next append
     // into it copies it first (its refcount says so), as after a fork.
-    if (release_blocks(set, s->blocks + keep, s->num_blocks - keep) != PKV_OK)
+    // (An empty sequence has no table: NULL + 0 is undefined, so skip the call.)
+    if (s->num_blocks > keep &&
+        release_blocks(set, s->blocks + keep, s->num_blocks - keep) != PKV_OK)
         return PKV_ERR_CORRUPT;
     s->num_blocks = keep;
     s->len = len;
@@ -665,7 +667,10 @@ pkv_status pkv_seq_move_group(pkv_seqset *from, const pkv_seq_id *ids, uint32_t 
         }
     }
     if (st != PKV_OK) {
-        while (taken-- > 0) return_slot(to, get_seq(to, new_ids[taken]));
+        while (taken > 0) {
+            taken--;
+            return_slot(to, get_seq(to, new_ids[taken]));
+        }
         free(uniq);
         free(used);
         return st;
