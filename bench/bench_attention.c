@@ -3,7 +3,9 @@
 // blocks) and over a contiguous cache holding the same K/V, timed side by side in
 // one run, with the achieved K/V bandwidth as a fraction of a large copy measured
 // in the same run (memcpy on the CPU with the same thread count, device-to-device
-// cudaMemcpy on the GPU). Prints a table, or JSON with --json.
+// cudaMemcpy on the GPU). Prints a table, or JSON with --json. The 8-bit KV
+// dtypes (int8 with per-token fp32 scales beside the data, fp8_e4m3 / e5m2) run the
+// *_quant_cpu calls with q and out in fp16, so they compare with the fp16 rows.
 #if defined(__linux__)
 #define _DEFAULT_SOURCE 1 // madvise(MADV_HUGEPAGE)
 #include <sys/mman.h>
@@ -34,7 +36,7 @@ typedef struct opts {
     uint32_t nbatch;
     uint32_t contexts[MAX_LIST];
     uint32_t nctx;
-    pkv_dtype dtypes[3];
+    pkv_dtype dtypes[6];
     uint32_t ndtype;
     uint32_t heads;
     uint32_t kv_heads;
@@ -60,7 +62,8 @@ static void usage(FILE *f) {
             "Decode attention, paged vs contiguous, with bandwidth vs a large copy.\n"
             "  --batch LIST      batch sizes, comma separated (default 1,4,16,64)\n"
             "  --context LIST    context lengths (default 128,512,1024,2048,4096,8192)\n"
-            "  --dtype LIST      fp16,bf16,fp32 (default fp16,bf16)\n"
+            "  --dtype LIST      fp16,bf16,fp32,int8,fp8_e4m3,fp8_e5m2 (default fp16,bf16;\n"
+            "                    the 8-bit ones on the CPU only, q and out in fp16)\n"
             "  --heads N         query heads (default 32)\n"
             "  --kv-heads N      K/V heads (default = heads, i.e. MHA)\n"
             "  --head-dim N      (default 128)\n"
@@ -112,16 +115,10 @@ static int parse_dtypes(const char *s, opts *o) {
     o->ndtype = 0;
     for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
         pkv_dtype d;
-        if (strcmp(tok, "fp16") == 0) {
-            d = PKV_DTYPE_F16;
-        } else if (strcmp(tok, "bf16") == 0) {
-            d = PKV_DTYPE_BF16;
-        } else if (strcmp(tok, "fp32") == 0) {
-            d = PKV_DTYPE_F32;
-        } else {
+        if (pkv_dtype_from_name(tok, &d) != PKV_OK) {
             return -1;
         }
-        if (o->ndtype == 3) {
+        if (o->ndtype == 6) {
             return -1;
         }
         o->dtypes[o->ndtype++] = d;
@@ -230,7 +227,14 @@ static float rand_unit(void) { // xorshift64 -> [-1, 1)
 // depend on the values, so a random 8 MiB pattern is repeated over large buffers.
 static void fill(pkv_dtype dt, void *p, size_t bytes) {
     const size_t pattern = bytes < (8u << 20) ? bytes : (8u << 20);
-    if (dt == PKV_DTYPE_F32) {
+    if (pkv_dtype_is_quantized(dt)) {
+        uint8_t *b = (uint8_t *)p;
+        for (size_t i = 0; i < pattern; i++) {
+            // int8 values, or fp8 codes below the top exponent (no NaN / inf).
+            b[i] = (uint8_t)((uint32_t)(int32_t)(rand_unit() * 127.0f) &
+                             (dt == PKV_DTYPE_INT8 ? 0xffu : 0xb7u));
+        }
+    } else if (dt == PKV_DTYPE_F32) {
         float *f = (float *)p;
         for (size_t i = 0; i < pattern / 4; i++) {
             f[i] = rand_unit();
@@ -303,6 +307,7 @@ static int time_pair(call_fn fn, void *ctx, double min_time, double *tp, double 
 
 typedef struct cpu_ctx {
     pkv_attn_shape sh;
+    const pkv_attn_kv_quant *qz; // 8-bit cache, or NULL
     uint32_t batch;
     const void *q;
     void *out;
@@ -312,8 +317,20 @@ typedef struct cpu_ctx {
 
 static pkv_status cpu_call(void *p, int paged) {
     cpu_ctx *c = (cpu_ctx *)p;
+    if (c->qz != NULL) {
+        return paged ? pkv_attn_decode_paged_quant_cpu(&c->sh, c->qz, c->batch, c->q, &c->pkv, c->out)
+                     : pkv_attn_decode_contig_quant_cpu(&c->sh, c->qz, c->batch, c->q, &c->ckv,
+                                                        c->out);
+    }
     return paged ? pkv_attn_decode_paged_cpu(&c->sh, c->batch, c->q, &c->pkv, c->out)
                  : pkv_attn_decode_contig_cpu(&c->sh, c->batch, c->q, &c->ckv, c->out);
+}
+
+// 8-bit caches: ctx is {paged context, contiguous context} (their scale offsets
+// differ: per block vs per sequence).
+static pkv_status cpu_call_q8(void *p, int paged) {
+    cpu_ctx **c = (cpu_ctx **)p;
+    return cpu_call(c[paged ? 0 : 1], paged);
 }
 
 // Cache buffers: 2 MiB aligned and, on Linux, backed by transparent huge pages
@@ -387,6 +404,7 @@ typedef struct host_data {
     void *pk, *pv, *ck, *cv, *q, *out;
     uint32_t nblocks, max_blocks;
     size_t bytes; // one of the four caches
+    size_t scale_bytes; // int8: 4 (see scale_bytes), else 0
 } host_data;
 
 static void free_host(host_data *h) {
@@ -401,20 +419,41 @@ static void free_host(host_data *h) {
     memset(h, 0, sizeof *h);
 }
 
+// Bytes of the int8 scales per token and kv head (after the data of each paged
+// block, and of each contiguous sequence): 4 for int8, else 0.
+static size_t scale_bytes(pkv_dtype dt) { return dt == PKV_DTYPE_INT8 ? sizeof(float) : 0; }
+
+// Set every int8 scale of n_units units (blocks or sequences) of unit_bytes, whose
+// scales start scale_off bytes into the unit, to a typical 1/127.
+static void fill_scales(void *base, size_t n_units, size_t unit_bytes, size_t scale_off,
+                        size_t n_scales) {
+    const float s = 1.0f / 127.0f;
+    for (size_t u = 0; u < n_units; u++) {
+        for (size_t i = 0; i < n_scales; i++) {
+            memcpy((char *)base + u * unit_bytes + scale_off + i * sizeof s, &s, sizeof s);
+        }
+    }
+}
+
 static int make_host(const opts *o, pkv_dtype dt, uint32_t batch, uint32_t ctx, host_data *h) {
     size_t es = pkv_dtype_size(dt);
+    const size_t sb = scale_bytes(dt);
     memset(h, 0, sizeof *h);
     h->max_blocks = (ctx + o->block - 1) / o->block;
     h->nblocks = batch * h->max_blocks;
     h->table = malloc((size_t)h->nblocks * sizeof(int32_t));
     h->lens = malloc(batch * sizeof(int32_t));
+    h->scale_bytes = sb;
     size_t row = (size_t)o->dim * es;
-    h->bytes = (size_t)h->nblocks * o->block * o->kv_heads * row;
+    // Data plus int8 scales: nblocks x block == batch x cap tokens either way.
+    h->bytes = (size_t)h->nblocks * o->block * o->kv_heads * (row + sb);
     h->pk = alloc_big(h->bytes);
     h->pv = alloc_big(h->bytes);
     h->ck = alloc_big(h->bytes);
     h->cv = alloc_big(h->bytes);
-    size_t qbytes = (size_t)batch * o->heads * row;
+    // q and out: fp16 for the 8-bit caches.
+    const pkv_dtype qdt = pkv_dtype_is_quantized(dt) ? PKV_DTYPE_F16 : dt;
+    size_t qbytes = (size_t)batch * o->heads * o->dim * pkv_dtype_size(qdt);
     h->q = malloc(qbytes);
     h->out = malloc(qbytes);
     if (!h->table || !h->lens || !h->pk || !h->pv || !h->ck || !h->cv || !h->q || !h->out) {
@@ -430,19 +469,32 @@ static int make_host(const opts *o, pkv_dtype dt, uint32_t batch, uint32_t ctx, 
     }
     fill(dt, h->ck, h->bytes);
     fill(dt, h->cv, h->bytes);
-    fill(dt, h->q, qbytes);
-    // Paged copy of the contiguous data: HND blocks [kv_heads][block][dim].
+    fill(qdt, h->q, qbytes);
+    // Paged copy of the contiguous data: HND blocks [kv_heads][block][dim] (int8:
+    // then the block's scales; contiguous: a sequence's scales after its data).
     uint32_t cap = h->max_blocks * o->block;
+    const size_t blk_bytes = (size_t)o->kv_heads * o->block * (row + sb);
+    const size_t seq_bytes = (size_t)o->kv_heads * cap * (row + sb);
     for (uint32_t s = 0; s < batch; s++) {
         for (uint32_t kh = 0; kh < o->kv_heads; kh++) {
             for (uint32_t b = 0; b < h->max_blocks; b++) {
                 size_t phys = (size_t)h->table[s * h->max_blocks + b];
-                size_t dst = (phys * o->kv_heads + kh) * o->block * row;
-                size_t src = (((size_t)s * o->kv_heads + kh) * cap + (size_t)b * o->block) * row;
+                size_t dst = phys * blk_bytes + (size_t)kh * o->block * row;
+                size_t src = (size_t)s * seq_bytes + ((size_t)kh * cap + (size_t)b * o->block) * row;
                 memcpy((char *)h->pk + dst, (char *)h->ck + src, o->block * row);
                 memcpy((char *)h->pv + dst, (char *)h->cv + src, o->block * row);
             }
         }
+    }
+    if (sb) {
+        fill_scales(h->pk, h->nblocks, blk_bytes, (size_t)o->kv_heads * o->block * row,
+                    (size_t)o->kv_heads * o->block);
+        fill_scales(h->pv, h->nblocks, blk_bytes, (size_t)o->kv_heads * o->block * row,
+                    (size_t)o->kv_heads * o->block);
+        fill_scales(h->ck, batch, seq_bytes, (size_t)o->kv_heads * cap * row,
+                    (size_t)o->kv_heads * cap);
+        fill_scales(h->cv, batch, seq_bytes, (size_t)o->kv_heads * cap * row,
+                    (size_t)o->kv_heads * cap);
     }
     return 0;
 }
@@ -460,9 +512,12 @@ static void set_descs(const opts *o, uint32_t batch, const host_data *h, const v
                       const void *pv, const void *ck, const void *cv, const int32_t *table,
                       const int32_t *lens, pkv_attn_paged_kv *pkv, pkv_attn_contig_kv *ckv) {
     uint32_t cap = h->max_blocks * o->block;
+    // Element strides; for the 8-bit dtypes an element is a byte and int8's
+    // scales (4 bytes per token and head) widen the block and the sequence.
+    const uint64_t sb = h->scale_bytes;
     *pkv = (pkv_attn_paged_kv){pk,
                                pv,
-                               (uint64_t)o->kv_heads * o->block * o->dim,
+                               (uint64_t)o->kv_heads * o->block * (o->dim + sb),
                                (uint64_t)o->block * o->dim,
                                o->dim,
                                o->block,
@@ -470,7 +525,7 @@ static void set_descs(const opts *o, uint32_t batch, const host_data *h, const v
                                table,
                                h->max_blocks,
                                lens};
-    *ckv = (pkv_attn_contig_kv){ck, cv, (uint64_t)o->kv_heads * cap * o->dim,
+    *ckv = (pkv_attn_contig_kv){ck, cv, (uint64_t)o->kv_heads * cap * (o->dim + sb),
                                 (uint64_t)cap * o->dim, o->dim, cap, lens};
     (void)batch;
 }
@@ -625,6 +680,13 @@ int main(int argc, char **argv) {
         usage(stderr);
         return 2;
     }
+    for (uint32_t di = 0; o.gpu && di < o.ndtype; di++) {
+        if (pkv_dtype_is_quantized(o.dtypes[di])) {
+            fprintf(stderr, "bench_attention: --gpu: no 8-bit CUDA kernels yet (--dtype %s)\n",
+                    pkv_dtype_name(o.dtypes[di]));
+            return 2;
+        }
+    }
     if (o.gpu) {
 #if PKV_HAVE_CUDA
         int n = 0;
@@ -670,7 +732,8 @@ int main(int argc, char **argv) {
                 r->ctx = o.contexts[ci];
                 splits[nres] = 1;
                 size_t es = pkv_dtype_size(r->dt);
-                r->kv_bytes = 2.0 * r->batch * (double)r->ctx * o.kv_heads * o.dim * (double)es;
+                r->kv_bytes = 2.0 * r->batch * (double)r->ctx * o.kv_heads *
+                              ((double)o.dim * (double)es + (double)scale_bytes(r->dt));
                 nres++;
                 if (r->kv_bytes > (double)o.max_bytes) {
                     r->skipped = 1;
@@ -694,14 +757,30 @@ int main(int argc, char **argv) {
 #endif
                 {
                     cpu_ctx c;
-                    c.sh = (pkv_attn_shape){o.heads, o.kv_heads, o.dim, r->dt,
+                    const int q8 = pkv_dtype_is_quantized(r->dt);
+                    c.sh = (pkv_attn_shape){o.heads, o.kv_heads, o.dim,
+                                            q8 ? PKV_DTYPE_F16 : r->dt,
                                             (float)(1.0 / sqrt((double)o.dim)), o.threads};
+                    // int8 scales: after the data of each block / sequence.
+                    const uint32_t cap = h.max_blocks * o.block;
+                    const pkv_attn_kv_quant qz = {r->dt, 0.01f, 0.01f,
+                                                  (uint64_t)o.kv_heads * o.block * o.dim,
+                                                  o.block, 1};
+                    const pkv_attn_kv_quant cqz = {r->dt, 0.01f, 0.01f,
+                                                   (uint64_t)o.kv_heads * cap * o.dim, cap, 1};
                     c.batch = r->batch;
                     c.q = h.q;
                     c.out = h.out;
                     set_descs(&o, r->batch, &h, h.pk, h.pv, h.ck, h.cv, h.table, h.lens, &c.pkv,
                               &c.ckv);
-                    rc = time_pair(cpu_call, &c, o.min_time, &r->tp, &r->tc, &r->mp, &r->mc);
+                    c.qz = q8 ? &qz : NULL;
+                    // The contiguous calls take their own scale geometry: time
+                    // them through a second context that differs only there.
+                    cpu_ctx cc = c;
+                    cc.qz = q8 ? &cqz : NULL;
+                    rc = q8 ? time_pair(cpu_call_q8, (cpu_ctx *[2]){&c, &cc}, o.min_time, &r->tp,
+                                        &r->tc, &r->mp, &r->mc)
+                            : time_pair(cpu_call, &c, o.min_time, &r->tp, &r->tc, &r->mp, &r->mc);
                 }
                 free_host(&h);
                 if (rc != 0) {

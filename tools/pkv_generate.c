@@ -28,7 +28,8 @@ static void usage(FILE *f) {
             "  --seed N              seed of the random weights and of sampling (default 1)\n"
             "  --layout L            paged | contiguous (default paged)\n"
             "  --block-size N        paged block size in tokens (default 16)\n"
-            "  --kv-dtype T          KV cache element type: fp32, fp16, bf16 (default fp32)\n"
+            "  --kv-dtype T          KV cache element type: fp32, fp16, bf16, or 8-bit int8,\n"
+            "                        fp8_e4m3, fp8_e5m2 (paged, CPU; default fp32)\n"
             "  --no-cache            recompute the whole sequence every step; also runs the\n"
             "                        cached path to show both timings and check equal tokens\n"
             "  --backend B           cpu | cuda (default cpu)\n"
@@ -139,11 +140,7 @@ int main(int argc, char **argv) {
             ok = val && (strcmp(val, "paged") == 0 || strcmp(val, "contiguous") == 0);
             if (ok) gp.kv_mode = strcmp(val, "paged") == 0 ? PKV_KV_PAGED : PKV_KV_CONTIGUOUS;
         } else if (strcmp(a, "--kv-dtype") == 0) {
-            ok = val && (strcmp(val, "fp32") == 0 || strcmp(val, "fp16") == 0 || strcmp(val, "bf16") == 0);
-            if (ok)
-                gp.kv_dtype = strcmp(val, "fp32") == 0   ? PKV_DTYPE_F32
-                              : strcmp(val, "fp16") == 0 ? PKV_DTYPE_F16
-                                                         : PKV_DTYPE_BF16;
+            ok = val && pkv_dtype_from_name(val, &gp.kv_dtype) == PKV_OK;
         } else if (strcmp(a, "--backend") == 0) {
             ok = val && (strcmp(val, "cpu") == 0 || strcmp(val, "cuda") == 0);
             if (ok) mp.device = strcmp(val, "cpu") == 0 ? PKV_DEVICE_CPU : PKV_DEVICE_CUDA;
@@ -167,6 +164,14 @@ int main(int argc, char **argv) {
             return 2;
         }
         i += takes;
+    }
+    if (pkv_dtype_is_quantized(gp.kv_dtype) &&
+        (gp.kv_mode != PKV_KV_PAGED || mp.device != PKV_DEVICE_CPU)) {
+        fprintf(stderr, "pkv-generate: --kv-dtype %s needs --layout paged and --backend cpu "
+                        "(the runtime keeps 8-bit K/V in CPU paged caches only)\n",
+                pkv_dtype_name(gp.kv_dtype));
+        free(prompt);
+        return 2;
     }
     if (text) {
         if (plen) {

@@ -54,11 +54,16 @@ static void usage(FILE *f) {
         "  --vmm-page SIZE     vmm: physical page per layer K or V buffer, a multiple of 4K\n"
         "                      (default 2M as vAttention; 64K models its smaller pages)\n"
         "  --vmm-map-ahead     vmm: map the next page one step ahead, overlapping the step\n"
-        "  --vmm-defer-reclaim vmm: keep a finished request's pages mapped for the next one\n"
+        "  --vmm-defer-reclaim vmm: keep a finished request's pages mapped for the next one\n",
+        f);
+    // Two literals: one would pass the 4095 characters ISO C asks compilers to support.
+    fputs(
         "Mode and hardware:\n"
         "  --mode M            sim (default: roofline model) or run (execute the decoder)\n"
         "  --model NAME        model preset (sim default llama2-7b, run default tiny)\n"
         "  --gpu NAME          a100-80g (default), h100-80g, h200-141g (sim)\n"
+        "  --kv-dtype T        sim: KV element type, fp16 (default) or 8-bit int8, fp8_e4m3,\n"
+        "                      fp8_e5m2: capacity and roofline KV bytes per token\n"
         "  --kv-mem SIZE,...   KV budget, e.g. 40G (K/M/G/T = powers of 1024); default\n"
         "                      (GPU memory - weights) x --gpu-util in sim, 64M in run mode\n"
         "  --gpu-util F        utilization factor for the default budget (default 0.9)\n"
@@ -317,6 +322,12 @@ int main(int argc, char **argv) {
             NEED();
             if (parse_f(v, &prm.watermark) || !(prm.watermark >= 0 && prm.watermark < 1))
                 BAD("--watermark must be in [0, 1), got '%s'", v);
+        } else if (!strcmp(a, "--kv-dtype")) {
+            NEED();
+            if (!strcmp(v, "fp16")) prm.kv_dtype = PKV_DTYPE_F32; // the default: as the weights
+            else if (pkv_dtype_from_name(v, &prm.kv_dtype) != PKV_OK ||
+                     !pkv_dtype_is_quantized(prm.kv_dtype))
+                BAD("--kv-dtype must be fp16, int8, fp8_e4m3 or fp8_e5m2, got '%s'", v);
         } else if (!strcmp(a, "--no-prefix-sharing")) {
             prm.prefix_sharing = 0;
         } else if (!strcmp(a, "--vmm-page")) {
@@ -460,6 +471,7 @@ int main(int argc, char **argv) {
     }
     if (prm.mode == PKV_REPLAY_RUN) {
         prm.dtype_bytes = 4; // the decoder keeps weights and KV in fp32
+        if (prm.kv_dtype != PKV_DTYPE_F32) BAD("--kv-dtype is a sim mode option");
         if (!have_kv) axes.kv_mems[0] = 64ull << 20;
         if (prm.chunked_prefill || prm.batching != PKV_BATCHING_CONTINUOUS)
             BAD("--mode run supports continuous batching without --chunked-prefill only");
@@ -586,13 +598,15 @@ int main(int argc, char **argv) {
     if (prm.chunked_prefill) snprintf(chunk, sizeof chunk, "%u tokens", prm.chunked_prefill);
     fprintf(table_out,
             "trace %s: %zu requests (%s, %llu skipped); %zu point%s%s\n"
-            "mode %s, model %s, GPU %s; batching %s, chunked prefill %s; preempt %s (host pool "
+            "mode %s, model %s, GPU %s, KV %s; batching %s, chunked prefill %s; preempt %s (host pool "
             "%.1f GiB); alloc cost model: %s; step time: %s\n",
             trace_path, pkv_trace_count(trace), pkv_trace_format_name(pkv_trace_get_format(trace)),
             (unsigned long long)pkv_trace_skipped(trace), mine, mine == 1 ? "" : "s",
             shard_n > 1 ? " (this shard)" : "", prm.mode == PKV_REPLAY_SIM ? "sim" : "run",
             prm.model.name,
             prm.mode == PKV_REPLAY_SIM ? prm.gpu.name : (prm.run_cuda ? "cuda (measured)" : "cpu (measured)"),
+            prm.kv_dtype != PKV_DTYPE_F32 ? pkv_dtype_name(prm.kv_dtype)
+                                          : (prm.dtype_bytes == 4 ? "fp32" : prm.dtype_bytes == 2 ? "fp16" : "8-bit"),
             pkv_batching_name(prm.batching), chunk, pkv_preempt_mode_name(prm.preempt),
             (double)prm.swap_space_bytes / (1024.0 * 1024 * 1024),
             prm.mode == PKV_REPLAY_SIM ? prm.alloc_model.name : "measured",

@@ -27,7 +27,9 @@ static void usage(FILE *f) {
             "  --params N         override the parameter count (for the weights)\n"
             "  --seq N            tokens per request (default: the model's context)\n"
             "  --batch N          requests (default 1)\n"
-            "  --dtype T          KV element type: fp32, fp16, bf16, fp8, int8 (default fp16)\n"
+            "  --dtype T          KV element type: fp32, fp16, bf16, int8, fp8_e4m3, fp8_e5m2\n"
+            "                     (fp8 = fp8_e4m3; default fp16). int8 adds its scales\n"
+            "  --block N          tokens per cache block, for the bytes per block (default 16)\n"
             "  --weights-dtype T  weight element type (default: same as --dtype)\n"
             "  --memory SIZE      device memory, e.g. 80GB, 141GB, 80GiB, or bytes: how many\n"
             "                     requests of --seq tokens fit after the weights\n"
@@ -59,11 +61,10 @@ static int parse_size(const char *s, uint64_t *v) {
     return 0;
 }
 
+// Element bytes of a dtype name (pkv_dtype_from_name's names); 0 if unknown.
 static int dtype_bytes(const char *s) {
-    if (strcmp(s, "fp32") == 0) return 4;
-    if (strcmp(s, "fp16") == 0 || strcmp(s, "bf16") == 0) return 2;
-    if (strcmp(s, "fp8") == 0 || strcmp(s, "int8") == 0) return 1;
-    return 0;
+    pkv_dtype d;
+    return pkv_dtype_from_name(s, &d) == PKV_OK ? (int)pkv_dtype_size(d) : 0;
 }
 
 static double gib(uint64_t b) { return (double)b / 1073741824.0; }
@@ -71,6 +72,7 @@ static double gib(uint64_t b) { return (double)b / 1073741824.0; }
 int main(int argc, char **argv) {
     const char *model = "tiny", *dtype = "fp16", *wdtype = NULL;
     uint64_t layers = 0, kv_heads = 0, head_dim = 0, params = 0, seq = 0, batch = 1, memory = 0;
+    uint64_t block = 16;
     int json = 0, have_memory = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -101,6 +103,8 @@ int main(int argc, char **argv) {
             ok = cli_parse_u64(v, &params);
         } else if (strcmp(a, "--seq") == 0) {
             ok = cli_parse_u64(v, &seq) && seq > 0 && seq < (1ull << 40);
+        } else if (strcmp(a, "--block") == 0) {
+            ok = cli_parse_u64(v, &block) && block > 0 && block <= 65536;
         } else if (strcmp(a, "--batch") == 0) {
             ok = cli_parse_u64(v, &batch) && batch > 0 && batch < (1ull << 32);
         } else if (strcmp(a, "--memory") == 0) {
@@ -136,7 +140,19 @@ int main(int argc, char **argv) {
                         "divide query heads)\n", c.num_heads, c.num_kv_heads);
         return 2;
     }
-    const uint64_t per_token = pkv_model_kv_bytes_per_token(&c, (size_t)eb);
+    // The cache's own geometry: int8's per-token scales and block padding included.
+    pkv_cache_params cp = pkv_cache_params_default();
+    cp.num_layers = c.num_layers;
+    cp.kv_heads = c.num_kv_heads;
+    cp.head_dim = c.head_dim;
+    cp.block_size = (uint32_t)block;
+    pkv_dtype_from_name(dtype, &cp.dtype);
+    const uint64_t per_token = pkv_cache_bytes_per_token(&cp);
+    const uint64_t per_block = pkv_cache_bytes_per_block(&cp);
+    if (per_token == 0 || per_block == 0) {
+        fprintf(stderr, "pkv-size: the KV cache of this shape does not fit in 64 bits\n");
+        return 2;
+    }
     const uint64_t per_request = per_token * seq, total = per_request * batch;
     // Parameters: the preset's unless the shape was overridden (then only --params).
     const uint64_t nparams = params ? params : (custom ? 0 : pkv_model_param_count(&c));
@@ -149,11 +165,12 @@ int main(int argc, char **argv) {
     if (json) {
         printf("{\"model\": \"%s\", \"custom_shape\": %s, \"layers\": %u, \"kv_heads\": %u, "
                "\"head_dim\": %u, \"dtype\": \"%s\", \"elem_bytes\": %" PRIu64 ", \"seq\": %" PRIu64
-               ", \"batch\": %" PRIu64 ", \"kv_bytes_per_token\": %" PRIu64
+               ", \"batch\": %" PRIu64 ", \"block_size\": %" PRIu64 ", \"kv_bytes_per_block\": %" PRIu64
+               ", \"kv_bytes_per_token\": %" PRIu64
                ", \"kv_bytes_per_request\": %" PRIu64 ", \"kv_bytes_total\": %" PRIu64
                ", \"params\": %" PRIu64 ", \"weights_bytes\": %" PRIu64,
                c.name, custom ? "true" : "false", c.num_layers, c.num_kv_heads, c.head_dim, dtype,
-               eb, seq, batch, per_token, per_request, total, nparams, weights);
+               eb, seq, batch, block, per_block, per_token, per_request, total, nparams, weights);
         if (have_memory)
             printf(", \"memory_bytes\": %" PRIu64 ", \"kv_budget_bytes\": %" PRIu64
                    ", \"requests_fit\": %" PRIu64,
@@ -168,7 +185,10 @@ int main(int argc, char **argv) {
     printf("dtype              %s (%" PRIu64 " bytes)\n", dtype, eb);
     printf("seq                %" PRIu64 " tokens\n", seq);
     printf("batch              %" PRIu64 "\n", batch);
-    printf("kv per token       %" PRIu64 " bytes\n", per_token);
+    printf("kv per token       %" PRIu64 " bytes%s\n", per_token,
+           cp.dtype == PKV_DTYPE_INT8 ? " (int8 data + one fp32 scale per token, layer, K/V and kv head)" : "");
+    printf("kv per block       %" PRIu64 " bytes (block %" PRIu64 " tokens, padding included)\n",
+           per_block, block);
     printf("kv per request     %" PRIu64 " bytes (%.3f GiB)\n", per_request, gib(per_request));
     printf("kv total           %" PRIu64 " bytes (%.3f GiB)\n", total, gib(total));
     if (nparams)

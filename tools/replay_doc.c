@@ -49,6 +49,7 @@ static void config_line(FILE *f, const rt_doc *d) {
     rt_json_str(f, sim ? p->gpu.name : (p->run_cuda ? "cuda" : "cpu"));
     fputs(", \"gpu_util\": ", f);
     rt_json_num(f, p->gpu_util);
+    fprintf(f, ", \"kv_dtype\": \"%s\"", p->kv_dtype != PKV_DTYPE_F32 ? pkv_dtype_name(p->kv_dtype) : "as dtype_bytes");
     fprintf(f, ", \"dtype_bytes\": %u, \"max_seq_len\": %u, \"max_batch\": %u, "
                "\"max_tokens_per_step\": %u, \"watermark\": ",
             p->dtype_bytes, p->max_seq_len ? p->max_seq_len : p->model.max_seq_len, p->max_batch,

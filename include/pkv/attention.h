@@ -6,7 +6,8 @@
 //
 // Conventions for every function here:
 // - q, out and the cache share one dtype (fp32, fp16 or bf16); softmax and
-//   accumulation are fp32 with an online (running-max) softmax.
+//   accumulation are fp32 with an online (running-max) softmax. The *_quant calls
+//   (end of this file) take an 8-bit cache (int8, fp8_e4m3, fp8_e5m2) instead.
 // - Heads: num_heads query heads, num_kv_heads K/V heads, num_kv_heads divides
 //   num_heads (MHA, GQA, MQA). Query head h reads kv head h / (num_heads / num_kv_heads).
 // - Strides are in elements. For a pkv_cache, pass for layer l
@@ -43,6 +44,24 @@ extern "C" {
 
 // Largest head_dim of the CPU functions (their fp32 scratch lives on the stack).
 #define PKV_ATTN_CPU_MAX_HEAD_DIM 4096u
+
+// An 8-bit KV cache, as the attention calls read and write it (one layer). Scales
+// dequantize: x ~ stored value x scale. The int8 scales sit beside the data they
+// scale, at the same base address as the rows (no separate array): for K, the
+// fp32 scale of (block b, kv head h, token t) is at byte
+//   k_cache + block_stride * b + scale_offset + 4 * (scale_head_stride * h
+//   + scale_token_stride * t)
+// (V likewise from v_cache; contiguous caches: seq_stride * s for block_stride * b).
+// For a pkv_cache take scale_offset and the scale strides from its geometry.
+typedef struct pkv_attn_kv_quant {
+    pkv_dtype kv_dtype;          // PKV_DTYPE_INT8, PKV_DTYPE_FP8_E4M3 or PKV_DTYPE_FP8_E5M2
+    float k_scale;               // fp8: per-tensor K scale (> 0, finite); int8: unused
+    float v_scale;               // fp8: per-tensor V scale
+    uint64_t scale_offset;       // int8: bytes from a block's (sequence's) K/V base to
+                                 // its scales; must keep them 4-byte aligned
+    uint64_t scale_head_stride;  // int8: floats between kv heads' scales
+    uint64_t scale_token_stride; // int8: floats between tokens' scales
+} pkv_attn_kv_quant;
 
 // The shape of one attention call. Plain data, filled by the caller.
 typedef struct pkv_attn_shape {
@@ -204,6 +223,60 @@ pkv_status pkv_attn_decode_contig_cuda_ex(const pkv_attn_shape *shape, uint32_t 
                                           const void *q, const pkv_attn_contig_kv *kv,
                                           void *out, const pkv_attn_cuda_opts *opts,
                                           void *stream);
+
+// ---- 8-bit KV caches -------------------------------------------------------------
+// The same calls over a cache of quant->kv_dtype (int8, fp8_e4m3, fp8_e5m2): q, k, v
+// and out stay in shape->dtype (fp32, fp16 or bf16), every cache stride is in bytes
+// (= elements), the rows are dequantized on the fly and everything accumulates in
+// fp32. quant is borrowed; PKV_ERR_INVALID_ARG for another dtype or an fp8 scale
+// that is not finite and > 0. The cache write quantizes:
+// - int8 rounds x / s to nearest even, s = max|x| / 127 over the token's head row,
+//   stored beside the block (pkv_attn_kv_quant); a zero row stores s = 0; a row
+//   holding NaN or inf stores s = NaN, so it reads back as NaN, never as a
+//   plausible finite value;
+// - fp8 rounds x / k_scale (v_scale) to nearest even, saturating finite overflow
+//   and inf to +-max (448 e4m3, 57344 e5m2; CUDA's __NV_SATFINITE, as vLLM);
+//   NaN stays NaN.
+// The *_quant_cuda twins (src/attention/attn_quant.cu) take device pointers and
+// write the same cache bytes as the CPU write; decode / prefill agree with the CPU
+// to fp32 rounding (checked on the CPU emulator, suite emu). They need head_dim
+// 64, 128 or 256 and 4-byte aligned int8 scales (else PKV_ERR_UNSUPPORTED), and
+// return PKV_ERR_UNSUPPORTED in a build without CUDA. prefill synchronizes
+// `stream` once (it reads q_indptr[num_seqs] back), as pkv_attn_prefill_paged_cuda.
+pkv_status pkv_attn_decode_paged_quant_cpu(const pkv_attn_shape *shape,
+                                           const pkv_attn_kv_quant *quant, uint32_t num_seqs,
+                                           const void *q, const pkv_attn_paged_kv *kv,
+                                           void *out);
+pkv_status pkv_attn_decode_contig_quant_cpu(const pkv_attn_shape *shape,
+                                            const pkv_attn_kv_quant *quant, uint32_t num_seqs,
+                                            const void *q, const pkv_attn_contig_kv *kv,
+                                            void *out);
+pkv_status pkv_attn_prefill_paged_quant_cpu(const pkv_attn_shape *shape,
+                                            const pkv_attn_kv_quant *quant, uint32_t num_seqs,
+                                            const int32_t *q_indptr, const void *q,
+                                            const pkv_attn_paged_kv *kv, void *out);
+pkv_status pkv_attn_cache_write_quant_cpu(const pkv_attn_shape *shape,
+                                          const pkv_attn_kv_quant *quant, uint32_t num_tokens,
+                                          const void *k, const void *v, const int64_t *slots,
+                                          void *k_cache, void *v_cache, uint64_t block_stride,
+                                          uint64_t head_stride, uint64_t token_stride,
+                                          uint32_t block_size, uint32_t num_blocks);
+pkv_status pkv_attn_decode_paged_quant_cuda(const pkv_attn_shape *shape,
+                                            const pkv_attn_kv_quant *quant, uint32_t num_seqs,
+                                            const void *q, const pkv_attn_paged_kv *kv,
+                                            void *out, void *stream);
+pkv_status pkv_attn_prefill_paged_quant_cuda(const pkv_attn_shape *shape,
+                                             const pkv_attn_kv_quant *quant, uint32_t num_seqs,
+                                             const int32_t *q_indptr, const void *q,
+                                             const pkv_attn_paged_kv *kv, void *out,
+                                             void *stream);
+pkv_status pkv_attn_cache_write_quant_cuda(const pkv_attn_shape *shape,
+                                           const pkv_attn_kv_quant *quant, uint32_t num_tokens,
+                                           const void *k, const void *v, const int64_t *slots,
+                                           void *k_cache, void *v_cache, uint64_t block_stride,
+                                           uint64_t head_stride, uint64_t token_stride,
+                                           uint32_t block_size, uint32_t num_blocks,
+                                           void *stream);
 
 #ifdef __cplusplus
 }

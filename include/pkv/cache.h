@@ -17,6 +17,21 @@
 // capacity) can be wrapped with pkv_cache_create_external (tensor.data_ptr(),
 // tensor.numel() * tensor.element_size(), a backend of the tensor's device).
 //
+// 8-bit caches (docs/DESIGN.md, "Quantized KV"): int8, fp8_e4m3 and fp8_e5m2 store
+// one byte per element, so every stride of the geometry is then in bytes.
+// - int8 is symmetric with one fp32 scale per (token, kv head): x ~ q x scale,
+//   scale = max|x| / 127 over the token's head_dim values. The scales live INSIDE
+//   the block, after the data of each half: a K (or V) half block is
+//     [data: kv_heads x block_size x head_dim bytes in `layout` order, padded to 16]
+//     [scales: fp32 [kv_heads][block_size], padded to 16]
+//   at byte offset geometry.scale_offset from the half's start. A block is thus
+//   self-contained: copy-on-write, swap and transfers move the scales with the data.
+// - fp8 (OCP e4m3 "fn": max 448, no inf; e5m2: max 57344) has no per-token scale in
+//   the cache: the caller keeps one fp32 scale per tensor (per layer, K and V), as
+//   vLLM's k_scale / v_scale (calculate_kv_scales: max|x| / fp8 max on the first
+//   forward pass), and passes it to the attention calls (pkv_attn_kv_quant).
+// As a tensor, an 8-bit HND arena is uint8 [num_layers][num_blocks][2][half_block_bytes].
+//
 // Thread-safety: as for the pool; one thread at a time per cache.
 #ifndef PKV_CACHE_H
 #define PKV_CACHE_H
@@ -37,6 +52,9 @@ typedef enum pkv_dtype {
     PKV_DTYPE_F32 = 0,
     PKV_DTYPE_F16 = 1,
     PKV_DTYPE_BF16 = 2,
+    PKV_DTYPE_INT8 = 3,     // KV storage only: symmetric int8, per-token-per-head scales
+    PKV_DTYPE_FP8_E4M3 = 4, // KV storage only: OCP fp8 e4m3fn, per-tensor scale
+    PKV_DTYPE_FP8_E5M2 = 5, // KV storage only: OCP fp8 e5m2, per-tensor scale
 } pkv_dtype;
 
 typedef enum pkv_layout {
@@ -49,9 +67,15 @@ typedef enum pkv_kv {
     PKV_V = 1,
 } pkv_kv;
 
-// Size in bytes of one element of `dtype` (4 or 2); 0 for an unknown dtype.
+// Size in bytes of one element of `dtype` (4, 2 or 1); 0 for an unknown dtype.
 size_t pkv_dtype_size(pkv_dtype dtype);
-const char *pkv_dtype_name(pkv_dtype dtype); // "fp32", "fp16", "bf16" or "unknown"
+// "fp32", "fp16", "bf16", "int8", "fp8_e4m3", "fp8_e5m2" or "unknown".
+const char *pkv_dtype_name(pkv_dtype dtype);
+// The dtype named `name` (the names above; "fp8" is fp8_e4m3, as vLLM's "fp8").
+// PKV_ERR_INVALID_ARG for any other name.
+pkv_status pkv_dtype_from_name(const char *name, pkv_dtype *dtype);
+// 1 for the 8-bit storage dtypes (int8, fp8_e4m3, fp8_e5m2), else 0.
+int pkv_dtype_is_quantized(pkv_dtype dtype);
 
 typedef struct pkv_cache_params {
     uint32_t num_layers; // >= 1
@@ -66,9 +90,12 @@ typedef struct pkv_cache_params {
 pkv_cache_params pkv_cache_params_default(void);
 
 // Bytes of one token's K and V over all layers:
-// 2 x num_layers x kv_heads x head_dim x dtype size. 0 for invalid params.
+// 2 x num_layers x kv_heads x (head_dim x dtype size + 4 for int8's scale), without
+// the block's alignment padding. 0 for invalid params.
 uint64_t pkv_cache_bytes_per_token(const pkv_cache_params *params);
-// Bytes of one block over all layers (bytes_per_token x block_size).
+// Bytes of one block over all layers, scales and padding included: the arena holds
+// capacity x this. For fp32/fp16/bf16 and fp8, bytes_per_token x block_size; for
+// int8 2 x num_layers x half_block_bytes (see the layout above).
 uint64_t pkv_cache_bytes_per_block(const pkv_cache_params *params);
 
 // Strides, in elements, for kernels. Everything a paged kernel needs to find
@@ -81,7 +108,13 @@ typedef struct pkv_cache_geometry {
     uint64_t kv_stride;
     uint64_t head_stride;
     uint64_t token_stride;
-    uint64_t half_block_bytes; // kv_heads * block_size * head_dim * dtype size
+    uint64_t half_block_bytes; // bytes of a K (or V) half block, int8 scales included
+    // int8 only (all 0 otherwise): the scales of a half block start scale_offset
+    // bytes after the half's start; (head h, token t) is fp32 number
+    // scale_head_stride * h + scale_token_stride * t there ([kv_heads][block_size]).
+    uint64_t scale_offset;
+    uint64_t scale_head_stride;  // in floats (= block_size)
+    uint64_t scale_token_stride; // in floats (= 1)
 } pkv_cache_geometry;
 
 typedef struct pkv_cache pkv_cache;
@@ -97,7 +130,8 @@ pkv_status pkv_cache_create(const pkv_cache_params *params, pkv_pool *pool,
 // for a CUDA backend, host memory for a host backend), `bytes` long, laid out as
 // above with the strides pkv_cache_get_geometry reports. The cache allocates,
 // zeroes and frees nothing of it; `backend` (borrowed) says where it lives and
-// runs the copies. data must be aligned to the dtype size (PKV_ERR_INVALID_ARG);
+// runs the copies. data must be aligned to the dtype size, 16 bytes for int8
+// (PKV_ERR_INVALID_ARG);
 // PKV_ERR_BUFFER_TOO_SMALL if bytes < capacity x bytes_per_block
 // (pkv_cache_bytes_per_block gives the size needed).
 pkv_status pkv_cache_create_external(const pkv_cache_params *params, pkv_pool *pool,

@@ -106,10 +106,21 @@ pkv_device pkv_model_device(const pkv_model *model);
 
 // Params of a pkv_cache this model can use: its layers, kv heads and head dim,
 // fp32, HND, with the given block size. The caller may change dtype to
-// PKV_DTYPE_F16 or PKV_DTYPE_BF16 and layout to NHD. Create the cache on a host
+// PKV_DTYPE_F16 or PKV_DTYPE_BF16 and layout to NHD, and on a CPU model to the
+// 8-bit PKV_DTYPE_INT8, PKV_DTYPE_FP8_E4M3 or PKV_DTYPE_FP8_E5M2 (a CUDA model
+// gives PKV_ERR_UNSUPPORTED for those: no 8-bit CUDA kernels yet). Create the cache on a host
 // backend for a CPU model and on a CUDA backend for a CUDA model.
 pkv_status pkv_model_cache_params(const pkv_model *model, uint32_t block_size,
                                   pkv_cache_params *params);
+
+// fp8 KV caches keep one K and one V scale per layer in the model (scales:
+// [num_layers][2], K then V; x ~ fp8 value x scale), as vLLM's k_scale / v_scale.
+// A layer whose scale is 0 (the default) gets it from the first forward pass that
+// writes an fp8 cache: max|x| of that pass's K (V) / the fp8 max (vLLM's
+// calculate_kv_scales), kept from then on (later values beyond it saturate).
+// int8 caches need none (their scales are per token, in the cache).
+pkv_status pkv_model_set_kv_scales(pkv_model *model, const float *scales);
+pkv_status pkv_model_get_kv_scales(const pkv_model *model, float *scales);
 
 // ---- step API: paged store -------------------------------------------------
 
@@ -144,7 +155,8 @@ pkv_status pkv_model_decode_paged(pkv_model *model, pkv_cache *cache, pkv_seqset
 
 // One fixed row of max_len token slots per sequence, in this model's device
 // memory: per layer, K and V each [max_rows][kv_heads][max_len][head_dim] of
-// the store's dtype (fp32, fp16 or bf16).
+// the store's dtype (fp32, fp16 or bf16; the 8-bit dtypes give
+// PKV_ERR_UNSUPPORTED: they exist for paged caches only).
 // Rows are named 0..max_rows-1; each has a length in tokens (0 after create).
 typedef struct pkv_contig_kv pkv_contig_kv;
 

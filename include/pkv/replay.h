@@ -36,6 +36,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "pkv/cache.h"
 #include "pkv/model_config.h"
 #include "pkv/policy.h"
 #include "pkv/status.h"
@@ -231,6 +232,11 @@ typedef struct pkv_replay_params {
     uint64_t kv_mem_bytes;         // 0 (default): (gpu.mem - weights) x gpu_util
     double gpu_util;               // default 0.9
     uint32_t dtype_bytes;          // bytes per KV and weight element, default 2 (fp16)
+    pkv_dtype kv_dtype;            // 0 (PKV_DTYPE_F32, the default): KV elements of
+                                   // dtype_bytes like the weights; PKV_DTYPE_INT8,
+                                   // _FP8_E4M3 or _FP8_E5M2: an 8-bit KV cache (sim mode
+                                   // only; int8 counts its per-token scales), the
+                                   // weights staying at dtype_bytes
     // Sim mode: what backend calls cost; default pkv_alloc_model_builtin("cuda-boyer").
     pkv_alloc_model alloc_model;
     uint64_t swap_space_bytes;     // host pool for PKV_PREEMPT_SWAP, default 4 GiB (vLLM)
@@ -263,6 +269,10 @@ typedef struct pkv_replay_params {
 } pkv_replay_params;
 
 pkv_replay_params pkv_replay_params_default(void);
+
+// KV bytes per token for these params (pkv_cache_bytes_per_token of the KV dtype:
+// dtype_bytes, or kv_dtype when it is 8-bit); 0 for invalid params.
+uint64_t pkv_replay_kv_bytes_per_token(const pkv_replay_params *params);
 
 // KV budget in bytes for these params (kv_mem_bytes, or the GPU formula above).
 // PKV_ERR_INVALID_ARG if the weights do not fit the GPU.

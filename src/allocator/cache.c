@@ -5,6 +5,7 @@
 // Invariant: the arena holds at least capacity x bytes_per_block bytes; an owned
 // arena is allocated exactly once, at creation; an external one is never freed.
 #include <stdlib.h>
+#include <string.h>
 
 #include "backend_impl.h"
 #include "pkv/cache.h"
@@ -25,8 +26,31 @@ size_t pkv_dtype_size(pkv_dtype dtype) {
     case PKV_DTYPE_F32: return 4;
     case PKV_DTYPE_F16:
     case PKV_DTYPE_BF16: return 2;
+    case PKV_DTYPE_INT8:
+    case PKV_DTYPE_FP8_E4M3:
+    case PKV_DTYPE_FP8_E5M2: return 1;
     }
     return 0;
+}
+
+int pkv_dtype_is_quantized(pkv_dtype dtype) {
+    return dtype == PKV_DTYPE_INT8 || dtype == PKV_DTYPE_FP8_E4M3 || dtype == PKV_DTYPE_FP8_E5M2;
+}
+
+pkv_status pkv_dtype_from_name(const char *name, pkv_dtype *dtype) {
+    static const struct { const char *name; pkv_dtype dt; } names[] = {
+        {"fp32", PKV_DTYPE_F32}, {"fp16", PKV_DTYPE_F16}, {"bf16", PKV_DTYPE_BF16},
+        {"int8", PKV_DTYPE_INT8}, {"fp8_e4m3", PKV_DTYPE_FP8_E4M3},
+        {"fp8_e5m2", PKV_DTYPE_FP8_E5M2}, {"fp8", PKV_DTYPE_FP8_E4M3},
+    };
+    if (!name || !dtype) return PKV_ERR_INVALID_ARG;
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        if (strcmp(name, names[i].name) == 0) {
+            *dtype = names[i].dt;
+            return PKV_OK;
+        }
+    }
+    return PKV_ERR_INVALID_ARG;
 }
 
 const char *pkv_dtype_name(pkv_dtype dtype) {
@@ -34,6 +58,9 @@ const char *pkv_dtype_name(pkv_dtype dtype) {
     case PKV_DTYPE_F32: return "fp32";
     case PKV_DTYPE_F16: return "fp16";
     case PKV_DTYPE_BF16: return "bf16";
+    case PKV_DTYPE_INT8: return "int8";
+    case PKV_DTYPE_FP8_E4M3: return "fp8_e4m3";
+    case PKV_DTYPE_FP8_E5M2: return "fp8_e5m2";
     }
     return "unknown";
 }
@@ -58,23 +85,44 @@ static uint64_t mul_or_zero(uint64_t a, uint64_t b) {
     return __builtin_mul_overflow(a, b, &r) ? 0 : r;
 }
 
+// n rounded up to a multiple of 16 (n < 2^63).
+static uint64_t round16(uint64_t n) { return (n + 15) & ~(uint64_t)15; }
+
 uint64_t pkv_cache_bytes_per_token(const pkv_cache_params *p) {
     if (!params_valid(p)) return 0;
-    // 2 x layers x kv_heads x head_dim x dtype size; 0 if it overflows. Every other
-    // size and stride of the cache is a factor of bytes_per_block, so this check
-    // and the one in pkv_cache_create keep all of them in range.
+    // 2 x layers x kv_heads x (head_dim x dtype size + int8 scale); 0 if it
+    // overflows. Every other size and stride of the cache is a factor of
+    // bytes_per_block, so this check and the one in pkv_cache_create keep all of
+    // them in range.
+    uint64_t row = mul_or_zero(p->head_dim, pkv_dtype_size(p->dtype));
+    if (row == 0) return 0;
+    if (p->dtype == PKV_DTYPE_INT8) row += sizeof(float);
     uint64_t b = mul_or_zero(2ull * p->num_layers, p->kv_heads);
-    b = mul_or_zero(b, p->head_dim);
-    return mul_or_zero(b, pkv_dtype_size(p->dtype));
+    return mul_or_zero(b, row);
+}
+
+// Bytes of one K (or V) half block, int8's padded data and scales included; 0 if
+// it does not fit in 62 bits.
+static uint64_t half_bytes(const pkv_cache_params *p) {
+    uint64_t elems = mul_or_zero((uint64_t)p->kv_heads * p->block_size, p->head_dim);
+    uint64_t data = mul_or_zero(elems, pkv_dtype_size(p->dtype));
+    if (data == 0 || data > (UINT64_MAX >> 2)) return 0;
+    if (p->dtype != PKV_DTYPE_INT8) return data;
+    // kv_heads * block_size * 4 < 2^32 * 2^16 * 4: no overflow.
+    return round16(data) + round16((uint64_t)p->kv_heads * p->block_size * sizeof(float));
 }
 
 uint64_t pkv_cache_bytes_per_block(const pkv_cache_params *p) {
-    return mul_or_zero(pkv_cache_bytes_per_token(p), p ? p->block_size : 0);
+    if (pkv_cache_bytes_per_token(p) == 0) return 0;
+    return mul_or_zero(half_bytes(p), 2ull * p->num_layers);
 }
 
 static pkv_cache_geometry geometry_of(const pkv_cache_params *p, uint32_t num_blocks) {
     pkv_cache_geometry g;
-    uint64_t half = (uint64_t)p->kv_heads * p->block_size * p->head_dim; // elements
+    memset(&g, 0, sizeof g);
+    // Elements; for the 8-bit dtypes an element is a byte, so int8's scales are
+    // simply more "elements" at the end of each half.
+    uint64_t half = half_bytes(p) / pkv_dtype_size(p->dtype);
     g.kv_stride = half;
     g.block_stride = 2 * half;
     g.layer_stride = g.block_stride * num_blocks;
@@ -86,6 +134,11 @@ static pkv_cache_geometry geometry_of(const pkv_cache_params *p, uint32_t num_bl
         g.token_stride = (uint64_t)p->kv_heads * p->head_dim;
     }
     g.half_block_bytes = half * pkv_dtype_size(p->dtype);
+    if (p->dtype == PKV_DTYPE_INT8) {
+        g.scale_offset = round16((uint64_t)p->kv_heads * p->block_size * p->head_dim);
+        g.scale_head_stride = p->block_size;
+        g.scale_token_stride = 1;
+    }
     return g;
 }
 
@@ -130,8 +183,10 @@ pkv_status pkv_cache_create_external(const pkv_cache_params *params, pkv_pool *p
     if (per_block == 0 || num_blocks > UINT64_MAX / per_block || num_blocks * per_block > SIZE_MAX)
         return PKV_ERR_INVALID_ARG;
     if (bytes < num_blocks * per_block) return PKV_ERR_BUFFER_TOO_SMALL;
-    // Elements must be aligned for the kernels that read them.
-    if ((uintptr_t)data % pkv_dtype_size(params->dtype) != 0) return PKV_ERR_INVALID_ARG;
+    // Elements (and int8's fp32 scales, at 16-byte offsets) must be aligned for the
+    // kernels that read them.
+    const size_t align = params->dtype == PKV_DTYPE_INT8 ? 16 : pkv_dtype_size(params->dtype);
+    if ((uintptr_t)data % align != 0) return PKV_ERR_INVALID_ARG;
     pkv_cache *c = calloc(1, sizeof *c);
     if (!c) return PKV_ERR_OUT_OF_MEMORY;
     c->params = *params;

@@ -93,7 +93,7 @@ pkv_status pkvi_attn_check_write_args(const pkv_attn_shape *shape, const void *k
         return PKV_ERR_INVALID_ARG;
     }
     if (shape->num_kv_heads == 0 || shape->head_dim == 0 ||
-        pkv_dtype_size(shape->dtype) == 0) {
+        pkv_dtype_size(shape->dtype) == 0 || pkv_dtype_is_quantized(shape->dtype)) {
         return PKV_ERR_INVALID_ARG;
     }
     return PKV_OK;
@@ -104,6 +104,24 @@ pkv_status pkvi_attn_check_copy_args(pkv_dtype dtype, const void *base, uint32_t
                                      uint32_t num_blocks, const pkv_block_copy *copies) {
     if (pkv_dtype_size(dtype) == 0 || base == NULL || copies == NULL || num_layers == 0 ||
         block_elems == 0 || block_elems > block_stride || num_blocks == 0) {
+        return PKV_ERR_INVALID_ARG;
+    }
+    return PKV_OK;
+}
+
+pkv_status pkvi_attn_check_quant(const pkv_attn_kv_quant *qz) {
+    if (qz == NULL) {
+        return PKV_ERR_INVALID_ARG;
+    }
+    if (qz->kv_dtype == PKV_DTYPE_INT8) {
+        return PKV_OK;
+    }
+    if (qz->kv_dtype != PKV_DTYPE_FP8_E4M3 && qz->kv_dtype != PKV_DTYPE_FP8_E5M2) {
+        return PKV_ERR_INVALID_ARG;
+    }
+    // fp8 scales divide on the way in and multiply on the way out: finite, > 0.
+    if (!(qz->k_scale > 0.0f) || !isfinite(qz->k_scale) || !(qz->v_scale > 0.0f) ||
+        !isfinite(qz->v_scale)) {
         return PKV_ERR_INVALID_ARG;
     }
     return PKV_OK;

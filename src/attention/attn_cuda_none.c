@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 // The CUDA attention entry points of a build without CUDA: same symbols, every
 // call returns PKV_ERR_UNSUPPORTED, so engines link the same API everywhere.
-#include "pkv/attention.h"
+#include "attn_internal.h"
 
 pkv_status pkv_attn_decode_paged_cuda(const pkv_attn_shape *shape, uint32_t num_seqs,
                                       const void *q, const pkv_attn_paged_kv *kv, void *out,
@@ -68,4 +68,45 @@ pkv_status pkv_attn_copy_blocks_cuda(pkv_dtype dtype, void *base, uint32_t num_l
     (void)dtype, (void)base, (void)num_layers, (void)layer_stride, (void)block_stride;
     (void)block_elems, (void)num_blocks, (void)copies, (void)num_copies, (void)stream;
     return PKV_ERR_UNSUPPORTED;
+}
+
+// 8-bit KV (attn_quant.cu in a CUDA build): the same argument checks as there,
+// then PKV_ERR_UNSUPPORTED.
+pkv_status pkv_attn_decode_paged_quant_cuda(const pkv_attn_shape *shape,
+                                            const pkv_attn_kv_quant *quant, uint32_t num_seqs,
+                                            const void *q, const pkv_attn_paged_kv *kv,
+                                            void *out, void *stream) {
+    (void)num_seqs, (void)stream;
+    pkv_status st = pkvi_attn_check_shape(shape, 1);
+    if (st == PKV_OK) st = pkvi_attn_check_quant(quant);
+    if (st == PKV_OK) st = pkvi_attn_check_paged_desc(kv);
+    if (st == PKV_OK && (q == NULL || out == NULL)) st = PKV_ERR_INVALID_ARG;
+    return st != PKV_OK ? st : PKV_ERR_UNSUPPORTED;
+}
+
+pkv_status pkv_attn_prefill_paged_quant_cuda(const pkv_attn_shape *shape,
+                                             const pkv_attn_kv_quant *quant, uint32_t num_seqs,
+                                             const int32_t *q_indptr, const void *q,
+                                             const pkv_attn_paged_kv *kv, void *out,
+                                             void *stream) {
+    (void)num_seqs, (void)stream;
+    pkv_status st = pkvi_attn_check_shape(shape, 1);
+    if (st == PKV_OK) st = pkvi_attn_check_quant(quant);
+    if (st == PKV_OK) st = pkvi_attn_check_paged_desc(kv);
+    if (st == PKV_OK && (q == NULL || out == NULL || q_indptr == NULL)) st = PKV_ERR_INVALID_ARG;
+    return st != PKV_OK ? st : PKV_ERR_UNSUPPORTED;
+}
+
+pkv_status pkv_attn_cache_write_quant_cuda(const pkv_attn_shape *shape,
+                                           const pkv_attn_kv_quant *quant, uint32_t num_tokens,
+                                           const void *k, const void *v, const int64_t *slots,
+                                           void *k_cache, void *v_cache, uint64_t block_stride,
+                                           uint64_t head_stride, uint64_t token_stride,
+                                           uint32_t block_size, uint32_t num_blocks,
+                                           void *stream) {
+    (void)num_tokens, (void)block_stride, (void)head_stride, (void)token_stride, (void)stream;
+    pkv_status st = pkvi_attn_check_write_args(shape, k, v, slots, k_cache, v_cache, block_size,
+                                               num_blocks);
+    if (st == PKV_OK) st = pkvi_attn_check_quant(quant);
+    return st != PKV_OK ? st : PKV_ERR_UNSUPPORTED;
 }

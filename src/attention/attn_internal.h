@@ -45,6 +45,9 @@ pkv_status pkvi_attn_check_copy_args(pkv_dtype dtype, const void *base, uint32_t
                                      uint64_t block_stride, uint64_t block_elems,
                                      uint32_t num_blocks, const pkv_block_copy *copies);
 
+// 8-bit cache descriptor: a known 8-bit dtype, fp8 scales finite and > 0.
+pkv_status pkvi_attn_check_quant(const pkv_attn_kv_quant *quant);
+
 // ---- attn_plan.c ----
 // Query heads per thread block and head groups per kv head on CUDA.
 void pkvi_attn_cuda_groups(const pkv_attn_shape *shape, uint32_t *heads_per_cta,

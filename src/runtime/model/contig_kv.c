@@ -31,6 +31,7 @@ pkv_status pkv_contig_kv_create(const pkv_model *model, uint32_t max_rows, uint3
                                 pkv_dtype dtype, pkv_contig_kv **out) {
     if (!model || !out || max_rows == 0 || max_len == 0 || pkv_dtype_size(dtype) == 0)
         return PKV_ERR_INVALID_ARG;
+    if (pkv_dtype_is_quantized(dtype)) return PKV_ERR_UNSUPPORTED; // 8-bit: paged caches only
     *out = NULL;
     const pkv_model_config *c = &model->cfg;
     uint64_t each = (uint64_t)c->num_layers * max_rows * c->num_kv_heads * max_len *

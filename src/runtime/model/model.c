@@ -151,6 +151,7 @@ void pkv_model_destroy(pkv_model *m) {
     pkv_contig_kv_destroy(m->nocache_kv);
     scratch_free(m);
     free(m->ones);
+    free(m->kv_scales);
     if (m->weights_mem) m->ops->release(m, m->weights_mem);
     m->ops->fini(m);
     free(m);
@@ -456,6 +457,13 @@ pkv_status pkv_model_prefill_paged(pkv_model *m, pkv_cache *cache, pkv_seqset *s
         cp.block_size != pkv_seqset_block_size(set) ||
         pkv_cache_pool(cache) != pkv_seqset_pool(set))
         return PKV_ERR_INVALID_ARG;
+    // 8-bit caches: the CPU attention only (no 8-bit CUDA kernels yet).
+    if (pkv_dtype_is_quantized(cp.dtype) && m->params.device != PKV_DEVICE_CPU)
+        return PKV_ERR_UNSUPPORTED;
+    if (pkv_dtype_is_quantized(cp.dtype) && !m->kv_scales) {
+        m->kv_scales = calloc((size_t)2 * m->cfg.num_layers, sizeof(float));
+        if (!m->kv_scales) return PKV_ERR_OUT_OF_MEMORY;
+    }
     pkv_backend_kind want =
         m->params.device == PKV_DEVICE_CPU ? PKV_BACKEND_HOST : PKV_BACKEND_CUDA;
     if (pkv_backend_get_kind(pkv_cache_backend(cache)) != want) return PKV_ERR_INVALID_ARG;
@@ -501,6 +509,10 @@ pkv_status pkv_model_prefill_paged(pkv_model *m, pkv_cache *cache, pkv_seqset *s
     kv.block_size = B;
     kv.num_blocks = pkv_pool_capacity(pkv_cache_pool(cache));
     kv.max_blocks = max_blocks;
+    kv.quant.kv_dtype = cp.dtype;
+    kv.quant.scale_offset = g.scale_offset;
+    kv.quant.scale_head_stride = g.scale_head_stride;
+    kv.quant.scale_token_stride = g.scale_token_stride;
     pkvi_call call = {S, nt, nt == S, 0, 0};
     double t1 = pkvi_now_seconds();
     m->prof.bookkeeping += t1 - t0;
@@ -525,6 +537,26 @@ static pkv_status ones_for(pkv_model *m, uint32_t S, uint32_t **out) {
         m->ones_cap = cap;
     }
     *out = m->ones;
+    return PKV_OK;
+}
+
+pkv_status pkv_model_set_kv_scales(pkv_model *m, const float *scales) {
+    if (!m || !scales) return PKV_ERR_INVALID_ARG;
+    const uint32_t n = 2 * m->cfg.num_layers;
+    for (uint32_t i = 0; i < n; i++)
+        if (!(scales[i] >= 0.0f) || !isfinite(scales[i])) return PKV_ERR_INVALID_ARG;
+    if (!m->kv_scales) {
+        m->kv_scales = calloc(n, sizeof(float));
+        if (!m->kv_scales) return PKV_ERR_OUT_OF_MEMORY;
+    }
+    memcpy(m->kv_scales, scales, (size_t)n * sizeof(float));
+    return PKV_OK;
+}
+
+pkv_status pkv_model_get_kv_scales(const pkv_model *m, float *scales) {
+    if (!m || !scales) return PKV_ERR_INVALID_ARG;
+    const uint32_t n = 2 * m->cfg.num_layers;
+    for (uint32_t i = 0; i < n; i++) scales[i] = m->kv_scales ? m->kv_scales[i] : 0.0f;
     return PKV_OK;
 }
 

@@ -97,6 +97,9 @@ typedef struct pkvi_kv_target {
     void *base;
     uint64_t layer_stride, kv_stride, block_stride, head_stride, token_stride;
     uint32_t block_size, num_blocks, max_blocks;
+    // paged 8-bit stores (int8, fp8): the scale geometry; the fp8 tensor scales of
+    // each layer come from the model (kv_scales), so k_scale / v_scale are unused
+    pkv_attn_kv_quant quant;
     // contiguous: K and V bases [L][rows][kv_heads][max_len][hd]
     void *ck, *cv;
     uint32_t max_len, max_rows;
@@ -162,6 +165,9 @@ struct pkv_model {
     uint32_t *ones;       // [ones_cap] all 1: the counts of a decode step
     uint32_t ones_cap;
     uint32_t q_dim, kv_dim;
+    // fp8 KV caches: per-layer K and V scales [L][2] (0 = not set yet: the first
+    // forward pass into an fp8 cache sets them, as vLLM's calculate_kv_scales)
+    float *kv_scales;
 };
 
 struct pkv_contig_kv {

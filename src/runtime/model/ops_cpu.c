@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "src/attention/half.h"
+#include "src/attention/quant.h"
 #include "model_internal.h"
 #if PKV_HAVE_BLAS
 #include <cblas.h>
@@ -275,9 +276,50 @@ static pkv_status attend(pkv_model *m, uint32_t layer, const pkvi_call *call,
     return PKV_OK;
 }
 
+// max|x| / fp8 max over n values, or 1 for an all-zero (or non-finite) input.
+static float calibrate(const float *x, size_t n, pkv_dtype dt) {
+    float amax = 0.0f;
+    for (size_t i = 0; i < n; i++) amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
+    return amax > 0.0f && isfinite(amax) ? amax / pkvi_quant_max(dt) : 1.0f;
+}
+
+// 8-bit paged store: q, k, v and the output stay fp32; the writer quantizes and
+// the attention dequantizes on the fly.
+static pkv_status attend_quant(pkv_model *m, uint32_t layer, const pkvi_call *call,
+                               const pkvi_kv_target *kv) {
+    pkvi_scratch *s = &m->s;
+    const pkv_attn_shape sh = shape_of(m, PKV_DTYPE_F32);
+    pkv_attn_kv_quant qz = kv->quant;
+    if (kv->dtype != PKV_DTYPE_INT8) {
+        float *sc = m->kv_scales + 2 * (size_t)layer;
+        const size_t n = (size_t)call->num_tokens * m->kv_dim;
+        if (sc[0] == 0.0f) sc[0] = calibrate(s->k, n, kv->dtype);
+        if (sc[1] == 0.0f) sc[1] = calibrate(s->v, n, kv->dtype);
+        qz.k_scale = sc[0];
+        qz.v_scale = sc[1];
+    }
+    char *kc = (char *)kv->base + kv->layer_stride * layer;
+    char *vc = kc + kv->kv_stride;
+    pkv_status st = pkv_attn_cache_write_quant_cpu(&sh, &qz, call->num_tokens, s->k, s->v,
+                                                   s->slots, kc, vc, kv->block_stride,
+                                                   kv->head_stride, kv->token_stride,
+                                                   kv->block_size, kv->num_blocks);
+    if (st != PKV_OK) return st;
+    pkv_attn_paged_kv pk = {kc, vc, kv->block_stride, kv->head_stride, kv->token_stride,
+                            kv->block_size, kv->num_blocks, s->table, kv->max_blocks, s->lens};
+    if (call->all_single)
+        return pkv_attn_decode_paged_quant_cpu(&sh, &qz, call->num_seqs, s->q, &pk, s->att);
+    return pkv_attn_prefill_paged_quant_cpu(&sh, &qz, call->num_seqs, s->indptr, s->q, &pk,
+                                            s->att);
+}
+
 static pkv_status cpu_attention(pkv_model *m, uint32_t layer, const pkvi_call *call,
                                 const pkvi_kv_target *kv) {
     pkvi_scratch *s = &m->s;
+    if (pkv_dtype_is_quantized(kv->dtype)) {
+        if (kv->kind != PKVI_KV_PAGED) return PKV_ERR_UNSUPPORTED;
+        return attend_quant(m, layer, call, kv);
+    }
     if (kv->dtype == PKV_DTYPE_F32) return attend(m, layer, call, kv, s->q, s->k, s->v, s->att);
     const size_t T = call->num_tokens;
     to_half(s->q, s->q16, T * m->q_dim, kv->dtype);

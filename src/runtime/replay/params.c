@@ -102,6 +102,20 @@ pkv_replay_params pkv_replay_params_default(void) {
     return p;
 }
 
+uint64_t pkv_replay_kv_bytes_per_token(const pkv_replay_params *p) {
+    if (!p) return 0;
+    if (!pkv_dtype_is_quantized(p->kv_dtype))
+        return p->kv_dtype == PKV_DTYPE_F32 ? pkv_model_kv_bytes_per_token(&p->model, p->dtype_bytes)
+                                            : 0;
+    // The cache's own count: int8 adds one fp32 scale per token, layer, K/V and head.
+    pkv_cache_params cp = pkv_cache_params_default();
+    cp.num_layers = p->model.num_layers;
+    cp.kv_heads = p->model.num_kv_heads;
+    cp.head_dim = p->model.head_dim;
+    cp.dtype = p->kv_dtype;
+    return pkv_cache_bytes_per_token(&cp);
+}
+
 pkv_status pkv_replay_kv_budget(const pkv_replay_params *p, uint64_t *bytes) {
     if (!p || !bytes) return PKV_ERR_INVALID_ARG;
     if (p->kv_mem_bytes) {

@@ -15,6 +15,8 @@ static int params_ok(const pkv_replay_params *p) {
            (p->mode == PKV_REPLAY_SIM || p->mode == PKV_REPLAY_RUN) && p->max_batch >= 1 &&
            p->max_tokens_per_step >= 1 && p->watermark >= 0 && p->watermark < 1 &&
            (p->dtype_bytes == 1 || p->dtype_bytes == 2 || p->dtype_bytes == 4) &&
+           (p->kv_dtype == PKV_DTYPE_F32 ||
+            (pkv_dtype_is_quantized(p->kv_dtype) && p->mode == PKV_REPLAY_SIM)) &&
            (p->batching == PKV_BATCHING_CONTINUOUS || p->batching == PKV_BATCHING_STATIC) &&
            !(p->batching == PKV_BATCHING_STATIC && p->chunked_prefill) &&
            p->load_scale > 0 && isfinite(p->load_scale) && p->alloc_model.alloc.base_s >= 0 &&
@@ -84,7 +86,7 @@ static pkv_status replay(const pkv_trace *trace, const pkv_replay_params *params
     e.prm = &prm;
     e.reqs = pkv_trace_requests(trace);
     e.n = (uint32_t)pkv_trace_count(trace);
-    e.bpt = pkv_model_kv_bytes_per_token(&prm.model, prm.dtype_bytes);
+    e.bpt = pkv_replay_kv_bytes_per_token(&prm);
     e.max_len = prm.max_seq_len ? prm.max_seq_len : prm.model.max_seq_len;
     uint32_t *max_seqs = malloc((size_t)e.n * sizeof *max_seqs);
     e.st = calloc(e.n, sizeof *e.st);

@@ -99,7 +99,7 @@ static void roofline_destroy(pkvi_executor *e) { free(e); }
 pkv_status pkvi_executor_roofline_create(const pkv_replay_params *p, pkvi_executor **out) {
     if (!p || !out) return PKV_ERR_INVALID_ARG;
     const uint64_t params = pkv_model_param_count(&p->model);
-    const uint64_t kvb = pkv_model_kv_bytes_per_token(&p->model, p->dtype_bytes);
+    const uint64_t kvb = pkv_replay_kv_bytes_per_token(p); // 8-bit KV halves the KV reads
     if (params == 0 || kvb == 0 || !(p->gpu.peak_flops > 0) || !(p->gpu.mem_bw > 0) ||
         !(p->gpu.host_link_bw > 0))
         return PKV_ERR_INVALID_ARG;
