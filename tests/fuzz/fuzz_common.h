@@ -5,6 +5,7 @@
 #ifndef PKV_FUZZ_COMMON_H
 #define PKV_FUZZ_COMMON_H
 
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -67,8 +68,11 @@ static inline void fuzz_check_round_trip(const pkv_trace *t) {
     const pkv_trace_request *x = pkv_trace_requests(t), *y = pkv_trace_requests(u);
     for (size_t i = 0; i < pkv_trace_count(t); i++) {
         if (x[i].arrival_s < 1e15)
-            CHECK(fabs(x[i].arrival_s - y[i].arrival_s) <= 0.5e-6 * (1 + 1e-9) ||
-                      fabs(x[i].arrival_s - y[i].arrival_s) <= 1e-15 * x[i].arrival_s,
+            // %.6f rounds to the microsecond (0.5e-6), then reading the decimal
+            // back rounds once more to the nearest double (half an ulp, about
+            // DBL_EPSILON x value / 2): 135275849.2321555 comes back as ...23215601.
+            CHECK(fabs(x[i].arrival_s - y[i].arrival_s) <=
+                      0.5e-6 * (1 + 1e-9) + DBL_EPSILON * fabs(x[i].arrival_s),
                   "arrival %zu: %.17g -> %.17g", i, x[i].arrival_s, y[i].arrival_s);
         else
             CHECK(x[i].arrival_s == y[i].arrival_s, "arrival %zu: %.17g -> %.17g", i,
