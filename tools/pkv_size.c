@@ -30,7 +30,8 @@ static void usage(FILE *f) {
             "  --dtype T          KV element type: fp32, fp16, bf16, int8, fp8_e4m3, fp8_e5m2\n"
             "                     (fp8 = fp8_e4m3; default fp16). int8 adds its scales\n"
             "  --block N          tokens per cache block, for the bytes per block (default 16)\n"
-            "  --weights-dtype T  weight element type (default: same as --dtype)\n"
+            "  --weights-dtype T  weight element type (default: same as --dtype, but fp16\n"
+            "                     when --dtype is an 8-bit KV format)\n"
             "  --memory SIZE      device memory, e.g. 80GB, 141GB, 80GiB, or bytes: how many\n"
             "                     requests of --seq tokens fit after the weights\n"
             "  --json             one JSON object on stdout\n"
@@ -134,7 +135,11 @@ int main(int argc, char **argv) {
     if (head_dim) c.head_dim = (uint32_t)head_dim;
     if (!seq) seq = c.max_seq_len;
     const uint64_t eb = (uint64_t)dtype_bytes(dtype);
-    const uint64_t wb = (uint64_t)dtype_bytes(wdtype ? wdtype : dtype);
+    // An 8-bit KV cache is a cache setting (vLLM's kv_cache_dtype), not the model's:
+    // its weights stay fp16 unless --weights-dtype says otherwise.
+    pkv_dtype kvd;
+    const int kv_quantized = pkv_dtype_from_name(dtype, &kvd) == PKV_OK && pkv_dtype_is_quantized(kvd);
+    const uint64_t wb = (uint64_t)dtype_bytes(wdtype ? wdtype : kv_quantized ? "fp16" : dtype);
     if (pkv_model_config_validate(&c) != PKV_OK) {
         fprintf(stderr, "pkv-size: inconsistent shape: %u query heads, %u kv heads (kv heads must "
                         "divide query heads)\n", c.num_heads, c.num_kv_heads);
