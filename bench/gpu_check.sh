@@ -170,7 +170,7 @@ if [ ! -f "$build/build.ninja" ]; then
 fi
 # Only the programs this script runs (and the library under them).
 step build 200 ninja -C "$build" -j "$jobs" tools/pkv-check bench/bench_attention \
-    bench/bench_alloc tools/pkv-generate
+    bench/bench_alloc tools/pkv-generate tools/pkv-replay
 check="$build/tools/pkv-check"
 battn="$build/bench/bench_attention"
 
