@@ -25,7 +25,7 @@
 #include "half.h"
 
 #define TILE_T 32u    // tokens scored before one softmax rescale
-#define MAX_GROUP 32u // query heads per work item (a larger GQA group is cut)
+#define MAX_GROUP PKVI_ATTN_CPU_MAX_GROUP
 #ifndef PF_TILES
 #define PF_TILES 2u   // software prefetch distance, in tiles
 #endif
@@ -225,12 +225,13 @@ PKVI_CLONES static void attend(const pkv_attn_shape *shape, const kv_view *kv, u
     from_f32(dt, w.acc, group * d, out);
 }
 
-// Query heads per work item: the whole GQA group if its scratch fits.
-static uint32_t item_group(const pkv_attn_shape *shape) {
+// Query heads per work item: the whole GQA group if its scratch fits. Shared with
+// the 8-bit driver (attn_cpu_quant.c), whose scratch has the same bound.
+uint32_t pkvi_attn_cpu_item_group(const pkv_attn_shape *shape) {
     uint32_t g = shape->num_heads / shape->num_kv_heads;
     uint32_t cap = PKV_ATTN_CPU_MAX_HEAD_DIM / shape->head_dim;
-    if (cap > MAX_GROUP) {
-        cap = MAX_GROUP;
+    if (cap > PKVI_ATTN_CPU_MAX_GROUP) {
+        cap = PKVI_ATTN_CPU_MAX_GROUP;
     }
     while (g > cap) { // largest divisor of the group that fits, so items are equal
         uint32_t x = cap;
@@ -242,7 +243,7 @@ static uint32_t item_group(const pkv_attn_shape *shape) {
     return g;
 }
 
-static int thread_count(const pkv_attn_shape *shape, uint64_t items) {
+int pkvi_attn_cpu_thread_count(const pkv_attn_shape *shape, uint64_t items) {
 #ifdef _OPENMP
     int nt = shape->num_threads ? (int)shape->num_threads : omp_get_max_threads();
     if ((uint64_t)nt > items) {
@@ -289,10 +290,10 @@ static void decode_items(const pkv_attn_shape *shape, uint32_t num_seqs, const v
                          const void *desc, const int32_t *seq_lens,
                          kv_view (*view)(const void *, size_t, uint32_t, uint32_t), void *out) {
     const size_t es = pkv_dtype_size(shape->dtype);
-    const uint32_t group = item_group(shape);
+    const uint32_t group = pkvi_attn_cpu_item_group(shape);
     const uint32_t subs = shape->num_heads / shape->num_kv_heads / group;
     const uint64_t items = (uint64_t)num_seqs * shape->num_kv_heads * subs;
-    const int nt = thread_count(shape, items);
+    const int nt = pkvi_attn_cpu_thread_count(shape, items);
     const int f16c = cpu_has_f16c();
     (void)nt;
 #ifdef _OPENMP
@@ -368,11 +369,11 @@ pkv_status pkv_attn_prefill_paged_cpu(const pkv_attn_shape *shape, uint32_t num_
         return st;
     }
     const size_t es = pkv_dtype_size(shape->dtype);
-    const uint32_t group = item_group(shape);
+    const uint32_t group = pkvi_attn_cpu_item_group(shape);
     const uint32_t subs = shape->num_heads / shape->num_kv_heads / group;
     const uint64_t rows = (uint64_t)q_indptr[num_seqs];
     const uint64_t items = rows * shape->num_kv_heads * subs;
-    const int nt = thread_count(shape, items);
+    const int nt = pkvi_attn_cpu_thread_count(shape, items);
     const int f16c = cpu_has_f16c();
     (void)nt;
 #ifdef _OPENMP

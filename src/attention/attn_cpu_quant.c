@@ -26,7 +26,7 @@
 #include "quant.h"
 
 #define TILE_T 32u
-#define MAX_GROUP 32u
+#define MAX_GROUP PKVI_ATTN_CPU_MAX_GROUP
 #define PF_TILES 2u // software prefetch distance, in tiles (as attn_cpu.c)
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
@@ -503,34 +503,6 @@ static void attend_q(const pkv_attn_shape *shape, const pkv_attn_kv_quant *qz, c
     q_from_f32(shape->dtype, w.acc, group * d, out);
 }
 
-static uint32_t item_group(const pkv_attn_shape *shape) {
-    uint32_t g = shape->num_heads / shape->num_kv_heads;
-    uint32_t cap = PKV_ATTN_CPU_MAX_HEAD_DIM / shape->head_dim;
-    cap = cap > MAX_GROUP ? MAX_GROUP : cap;
-    while (g > cap) { // the largest divisor of the group that fits
-        uint32_t x = cap;
-        while (g % x != 0) {
-            x--;
-        }
-        g = x;
-    }
-    return g;
-}
-
-static int thread_count(const pkv_attn_shape *shape, uint64_t items) {
-#ifdef _OPENMP
-    int nt = shape->num_threads ? (int)shape->num_threads : omp_get_max_threads();
-    if ((uint64_t)nt > items) {
-        nt = (int)items;
-    }
-    return nt < 1 ? 1 : nt;
-#else
-    (void)shape;
-    (void)items;
-    return 1;
-#endif
-}
-
 static qview paged_qview(const pkv_attn_kv_quant *qz, const pkv_attn_paged_kv *kv, uint32_t s,
                          uint32_t kvh) {
     qview v;
@@ -574,10 +546,10 @@ static void run_items(const pkv_attn_shape *shape, const pkv_attn_kv_quant *qz, 
                       uint64_t rows, const void *q, const pkv_attn_paged_kv *pkv,
                       const pkv_attn_contig_kv *ckv, void *out) {
     const size_t es = pkv_dtype_size(shape->dtype);
-    const uint32_t group = item_group(shape);
+    const uint32_t group = pkvi_attn_cpu_item_group(shape);
     const uint32_t subs = shape->num_heads / shape->num_kv_heads / group;
     const uint64_t items = rows * shape->num_kv_heads * subs;
-    const int nt = thread_count(shape, items);
+    const int nt = pkvi_attn_cpu_thread_count(shape, items);
     const int avx2 = cpu_has_avx2();
     (void)nt;
 #ifdef _OPENMP

@@ -48,6 +48,15 @@ pkv_status pkvi_attn_check_copy_args(pkv_dtype dtype, const void *base, uint32_t
 // 8-bit cache descriptor: a known 8-bit dtype, fp8 scales finite and > 0.
 pkv_status pkvi_attn_check_quant(const pkv_attn_kv_quant *quant);
 
+// ---- defined in attn_cpu.c, shared with attn_cpu_quant.c ----
+// Query heads per CPU work item (a larger GQA group is cut to a divisor that fits).
+#define PKVI_ATTN_CPU_MAX_GROUP 32u
+// Query heads one work item computes: the whole GQA group when its scratch fits
+// (PKV_ATTN_CPU_MAX_HEAD_DIM floats per head), else the largest divisor that does.
+uint32_t pkvi_attn_cpu_item_group(const pkv_attn_shape *shape);
+// OpenMP threads for `items` work items: shape->num_threads (0 = all), at most items.
+int pkvi_attn_cpu_thread_count(const pkv_attn_shape *shape, uint64_t items);
+
 // ---- attn_plan.c ----
 // Query heads per thread block and head groups per kv head on CUDA.
 void pkvi_attn_cuda_groups(const pkv_attn_shape *shape, uint32_t *heads_per_cta,
