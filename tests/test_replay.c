@@ -11,6 +11,7 @@
 
 #include "pkv/replay.h"
 #include "pkv/trace.h"
+#include "replay_helpers.h"
 
 // A model whose KV is 4 bytes per token: 2 (K, V) x 1 layer x 1 kv head x
 // head_dim 1 x 2 bytes (fp16). Slots and bytes are then easy to relate.
@@ -29,13 +30,6 @@ static pkv_replay_params tiny_params(pkv_policy policy, uint64_t kv_slots) {
     p.validate = 1;
     p.alloc_model = pkv_alloc_model_none(); // the cost tests set their own
     return p;
-}
-
-static pkv_trace *make_trace(const pkv_trace_request *r, size_t n) {
-    pkv_trace *t = NULL;
-    pkv_trace_error err;
-    cr_assert_eq(pkv_trace_create(r, n, &t, &err), PKV_OK, "%s", err.message);
-    return t;
 }
 
 #define MAX_STEPS 64

@@ -13,6 +13,7 @@
 
 #include "pkv/replay.h"
 #include "pkv/trace.h"
+#include "replay_helpers.h"
 
 // KV of 4 bytes per token (see test_replay.c), a GPU so slow that every step is
 // memory-bound and easy to compute: 1 MB/s of HBM, 1 kB/s of host link.
@@ -34,13 +35,6 @@ static pkv_replay_params tiny_params(pkv_policy policy, uint64_t kv_slots) {
     p.gpu.peak_flops = 1e30;
     p.gpu.host_link_bw = 1e3;
     return p;
-}
-
-static pkv_trace *make_trace(const pkv_trace_request *r, size_t n) {
-    pkv_trace *t = NULL;
-    pkv_trace_error err;
-    cr_assert_eq(pkv_trace_create(r, n, &t, &err), PKV_OK, "%s", err.message);
-    return t;
 }
 
 #define MAX_STEPS 256

@@ -17,6 +17,7 @@
 #include "pkv/policy.h"
 #include "pkv/replay.h"
 #include "pkv/trace.h"
+#include "replay_helpers.h"
 
 static const pkv_policy_vtable *load(const char *name) {
     const char *dir = getenv("PKV_POLICY_DIR");
@@ -48,25 +49,11 @@ static pkv_trace *load_trace(const char *name) {
     return t;
 }
 
-typedef struct steps {
-    pkv_replay_step *v;
-    size_t n, cap;
-} steps;
-
-static void record(void *user, const pkv_replay_step *s) {
-    steps *r = user;
-    if (r->n == r->cap) {
-        r->cap = r->cap ? r->cap * 2 : 1024;
-        r->v = realloc(r->v, r->cap * sizeof *r->v);
-        cr_assert(r->v);
-    }
-    r->v[r->n++] = *s;
-}
 
 static void run(const pkv_trace *t, pkv_replay_params p, pkv_replay_report *rep, steps *rec) {
     if (rec) {
         memset(rec, 0, sizeof *rec);
-        p.on_step = record;
+        p.on_step = record_steps;
         p.user = rec;
     }
     pkv_status st = pkv_replay_run(t, &p, rep);

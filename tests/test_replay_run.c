@@ -15,6 +15,7 @@
 #include "pkv/backend.h"
 #include "pkv/replay.h"
 #include "pkv/trace.h"
+#include "replay_helpers.h"
 
 // Timing-independent: every request arrives at 0; some fork (n = 2, 3).
 static pkv_trace *trace_at_zero(void) {
@@ -47,24 +48,10 @@ static pkv_replay_params params(pkv_policy policy, pkv_replay_mode mode, uint64_
     return p;
 }
 
-typedef struct steps {
-    pkv_replay_step *v;
-    size_t n, cap;
-} steps;
-
-static void record(void *user, const pkv_replay_step *s) {
-    steps *r = user;
-    if (r->n == r->cap) {
-        r->cap = r->cap ? r->cap * 2 : 256;
-        r->v = realloc(r->v, r->cap * sizeof *r->v);
-        cr_assert(r->v);
-    }
-    r->v[r->n++] = *s;
-}
 
 static pkv_replay_report replay(const pkv_trace *t, pkv_replay_params p, steps *rec) {
     memset(rec, 0, sizeof *rec);
-    p.on_step = record;
+    p.on_step = record_steps;
     p.user = rec;
     pkv_replay_report rep;
     pkv_status st = pkv_replay_run(t, &p, &rep);

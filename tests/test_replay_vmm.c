@@ -9,6 +9,7 @@
 
 #include "pkv/replay.h"
 #include "pkv/trace.h"
+#include "replay_helpers.h"
 
 // One layer, one kv head, head_dim 1024, fp16: 2 buffers (K, V) of 2048 bytes per
 // token, 4096 bytes per token in all. With 8 KiB pages a page holds 4 tokens of
@@ -32,13 +33,6 @@ static pkv_replay_params vmm_params(uint64_t kv_bytes, uint64_t page, int ahead)
     p.validate = 1;
     p.alloc_model = pkv_alloc_model_constant(10e-6);
     return p;
-}
-
-static pkv_trace *make_trace(const pkv_trace_request *r, size_t n) {
-    pkv_trace *t = NULL;
-    pkv_trace_error err;
-    cr_assert_eq(pkv_trace_create(r, n, &t, &err), PKV_OK, "%s", err.message);
-    return t;
 }
 
 #define MAX_STEPS 16
