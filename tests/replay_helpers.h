@@ -18,6 +18,27 @@ static inline pkv_trace *make_trace(const pkv_trace_request *r, size_t n) {
     return t;
 }
 
+// A model whose KV is 4 bytes per token (1 layer, 1 kv head, head_dim 1, fp16), so
+// slots and bytes are easy to relate: `kv_slots` tokens of budget, block 4,
+// max_seq_len 16, no watermark, every invariant checked, no allocation cost (tests
+// that charge calls set their own model).
+static inline pkv_replay_params tiny_replay_params(pkv_policy policy, uint64_t kv_slots) {
+    pkv_replay_params p = pkv_replay_params_default();
+    cr_assert_eq(pkv_model_preset("tiny", &p.model), PKV_OK);
+    p.model.num_layers = 1;
+    p.model.num_heads = 1;
+    p.model.num_kv_heads = 1;
+    p.model.head_dim = 1;
+    p.policy = policy;
+    p.kv_mem_bytes = kv_slots * 4;
+    p.watermark = 0;
+    p.max_seq_len = 16;
+    p.block_size = 4;
+    p.validate = 1;
+    p.alloc_model = pkv_alloc_model_none();
+    return p;
+}
+
 // Every step of a run, in order (v[0..n-1]); free v with free().
 typedef struct steps {
     pkv_replay_step *v;

@@ -13,24 +13,8 @@
 #include "pkv/trace.h"
 #include "replay_helpers.h"
 
-// A model whose KV is 4 bytes per token: 2 (K, V) x 1 layer x 1 kv head x
-// head_dim 1 x 2 bytes (fp16). Slots and bytes are then easy to relate.
-static pkv_replay_params tiny_params(pkv_policy policy, uint64_t kv_slots) {
-    pkv_replay_params p = pkv_replay_params_default();
-    cr_assert_eq(pkv_model_preset("tiny", &p.model), PKV_OK);
-    p.model.num_layers = 1;
-    p.model.num_heads = 1;
-    p.model.num_kv_heads = 1;
-    p.model.head_dim = 1;
-    p.policy = policy;
-    p.kv_mem_bytes = kv_slots * 4;
-    p.watermark = 0;
-    p.max_seq_len = 16;
-    p.block_size = 4;
-    p.validate = 1;
-    p.alloc_model = pkv_alloc_model_none(); // the cost tests set their own
-    return p;
-}
+// tiny_replay_params (replay_helpers.h): KV of 4 bytes per token, 2 (K, V) x 1 layer
+// x 1 kv head x head_dim 1 x 2 bytes (fp16), so slots and bytes are easy to relate.
 
 #define MAX_STEPS 64
 typedef struct recorder {
@@ -115,7 +99,7 @@ Test(replay_hand, every_policy_matches_the_hand_computation) {
     pkv_trace *t = make_trace(r, 2);
     for (size_t k = 0; k < sizeof expected / sizeof expected[0]; k++) {
         const expect_run *x = &expected[k];
-        pkv_replay_params p = tiny_params(x->policy, 1000);
+        pkv_replay_params p = tiny_replay_params(x->policy, 1000);
         recorder rec = {0};
         p.on_step = record;
         p.user = &rec;
@@ -170,7 +154,7 @@ Test(replay_hand, every_policy_matches_the_hand_computation) {
 Test(replay_hand, modelled_alloc_seconds_are_calls_times_cost) {
     const pkv_trace_request r[2] = {{0, 5, 5, 1, -1, 0, 0}, {0, 3, 2, 2, -1, 0, 1}};
     pkv_trace *t = make_trace(r, 2);
-    pkv_replay_params p = tiny_params(PKV_POLICY_REALLOC_COPY, 1000);
+    pkv_replay_params p = tiny_replay_params(PKV_POLICY_REALLOC_COPY, 1000);
     p.alloc_model = pkv_alloc_model_constant(1e-6);
     pkv_replay_report rep;
     cr_assert_eq(pkv_replay_run(t, &p, &rep), PKV_OK);
@@ -187,7 +171,7 @@ Test(replay_frag, external_fragmentation_is_measured) {
     const pkv_trace_request r[4] = {{0, 5, 2, 1, -1, 0, 0}, {0, 1, 6, 1, -1, 0, 1},
                                     {0, 5, 2, 1, -1, 0, 2}, {0, 9, 2, 1, -1, 0, 3}};
     pkv_trace *t = make_trace(r, 4);
-    pkv_replay_params p = tiny_params(PKV_POLICY_CONTIG_ORACLE, 20);
+    pkv_replay_params p = tiny_replay_params(PKV_POLICY_CONTIG_ORACLE, 20);
     recorder rec = {0};
     p.on_step = record;
     p.user = &rec;
@@ -203,7 +187,7 @@ Test(replay_frag, external_fragmentation_is_measured) {
     cr_expect_gt(rep.memory.external_frag_frac, 0);
     cr_expect_leq(rep.memory.external_frag_frac, 1);
     // Paged on the same budget never has external fragmentation.
-    p = tiny_params(PKV_POLICY_PAGED, 20);
+    p = tiny_replay_params(PKV_POLICY_PAGED, 20);
     p.block_size = 2;
     cr_assert_eq(pkv_replay_run(t, &p, &rep), PKV_OK);
     cr_expect_eq(rep.memory.external_frag_frac, 0);
@@ -325,7 +309,7 @@ Test(replay_identities, tight_memory_preempts_by_swap, .timeout = 240) {
 Test(replay_identities, rejects_requests_longer_than_max_seq_len) {
     const pkv_trace_request r[2] = {{0, 10, 10, 1, -1, 0, 0}, {0, 15, 5, 1, -1, 0, 1}};
     pkv_trace *t = make_trace(r, 2);
-    pkv_replay_params p = tiny_params(PKV_POLICY_PAGED, 1000);
+    pkv_replay_params p = tiny_replay_params(PKV_POLICY_PAGED, 1000);
     pkv_replay_report rep;
     cr_assert_eq(pkv_replay_run(t, &p, &rep), PKV_OK);
     // 15 + 5 - 1 = 19 > 16 tokens: rejected; 10 + 10 - 1 = 19 too.
@@ -342,7 +326,7 @@ Test(replay_identities, rejects_requests_longer_than_max_seq_len) {
 Test(replay_identities, load_scale_that_overflows_arrivals_is_refused, .timeout = 30) {
     const pkv_trace_request r[2] = {{0, 4, 2, 1, -1, 0, 0}, {1.0, 4, 2, 1, -1, 0, 1}};
     pkv_trace *t = make_trace(r, 2);
-    pkv_replay_params p = tiny_params(PKV_POLICY_PAGED, 1000);
+    pkv_replay_params p = tiny_replay_params(PKV_POLICY_PAGED, 1000);
     pkv_replay_report rep;
     p.load_scale = 1e-310;
     cr_expect_eq(pkv_replay_run(t, &p, &rep), PKV_ERR_INVALID_ARG);
@@ -369,7 +353,7 @@ Test(replay_prefix, prefix_cache_shares_group_prefixes) {
     for (int i = 0; i < 8; i++)
         r[i] = (pkv_trace_request){i ? 1e-9 : 0, 100, 20, 1, 5, 64, (uint64_t)i};
     pkv_trace *t = make_trace(r, 8);
-    pkv_replay_params p = tiny_params(PKV_POLICY_PAGED, 4096);
+    pkv_replay_params p = tiny_replay_params(PKV_POLICY_PAGED, 4096);
     p.max_seq_len = 256;
     p.block_size = 16;
     pkv_replay_report shared, alone;
@@ -404,7 +388,7 @@ Test(replay_prefix, mooncake_hash_ids_are_shared) {
     pkv_trace *t = NULL;
     pkv_trace_error err;
     cr_assert_eq(pkv_trace_parse(text, strlen(text), "m.jsonl", NULL, &t, &err), PKV_OK);
-    pkv_replay_params p = tiny_params(PKV_POLICY_PAGED, 1 << 14);
+    pkv_replay_params p = tiny_replay_params(PKV_POLICY_PAGED, 1 << 14);
     p.max_seq_len = 2048;
     p.block_size = 16;
     pkv_replay_report rep;
@@ -433,7 +417,7 @@ Test(replay_determinism, same_seed_same_report, .timeout = 120) {
 Test(replay_json, has_every_required_key) {
     const pkv_trace_request r[2] = {{0, 5, 5, 1, -1, 0, 0}, {0, 3, 2, 2, -1, 0, 1}};
     pkv_trace *t = make_trace(r, 2);
-    pkv_replay_params p = tiny_params(PKV_POLICY_PAGED, 1000);
+    pkv_replay_params p = tiny_replay_params(PKV_POLICY_PAGED, 1000);
     pkv_replay_report rep[2];
     cr_assert_eq(pkv_replay_run(t, &p, &rep[0]), PKV_OK);
     p.policy = PKV_POLICY_CONTIG_MAX;
@@ -512,13 +496,13 @@ Test(replay_params, bad_params_are_rejected) {
     const pkv_trace_request r[1] = {{0, 5, 5, 1, -1, 0, 0}};
     pkv_trace *t = make_trace(r, 1);
     pkv_replay_report rep;
-    pkv_replay_params p = tiny_params(PKV_POLICY_PAGED, 1000);
+    pkv_replay_params p = tiny_replay_params(PKV_POLICY_PAGED, 1000);
     p.block_size = 0;
     cr_expect_eq(pkv_replay_run(t, &p, &rep), PKV_ERR_INVALID_ARG);
-    p = tiny_params(PKV_POLICY_PAGED, 1000);
+    p = tiny_replay_params(PKV_POLICY_PAGED, 1000);
     p.watermark = 1.5;
     cr_expect_eq(pkv_replay_run(t, &p, &rep), PKV_ERR_INVALID_ARG);
-    p = tiny_params(PKV_POLICY_CONTIG_MAX, 1000);
+    p = tiny_replay_params(PKV_POLICY_CONTIG_MAX, 1000);
     p.mode = PKV_REPLAY_RUN;
     p.batching = PKV_BATCHING_STATIC;
     cr_expect_eq(pkv_replay_run(t, &p, &rep), PKV_ERR_UNSUPPORTED, "run mode batches continuously");

@@ -18,19 +18,7 @@
 // KV of 4 bytes per token (see test_replay.c), a GPU so slow that every step is
 // memory-bound and easy to compute: 1 MB/s of HBM, 1 kB/s of host link.
 static pkv_replay_params tiny_params(pkv_policy policy, uint64_t kv_slots) {
-    pkv_replay_params p = pkv_replay_params_default();
-    cr_assert_eq(pkv_model_preset("tiny", &p.model), PKV_OK);
-    p.model.num_layers = 1;
-    p.model.num_heads = 1;
-    p.model.num_kv_heads = 1;
-    p.model.head_dim = 1;
-    p.policy = policy;
-    p.kv_mem_bytes = kv_slots * 4;
-    p.watermark = 0;
-    p.max_seq_len = 16;
-    p.block_size = 4;
-    p.validate = 1;
-    p.alloc_model = pkv_alloc_model_none();
+    pkv_replay_params p = tiny_replay_params(policy, kv_slots);
     p.gpu.mem_bw = 1e6;
     p.gpu.peak_flops = 1e30;
     p.gpu.host_link_bw = 1e3;
