@@ -526,7 +526,7 @@ static void set_descs(const opts *o, uint32_t batch, const host_data *h, const v
                                h->max_blocks,
                                lens};
     *ckv = (pkv_attn_contig_kv){ck, cv, (uint64_t)o->kv_heads * cap * (o->dim + sb),
-                                (uint64_t)cap * o->dim, o->dim, cap, lens};
+                                (uint64_t)cap * o->dim, o->dim, cap, lens, NULL};
     (void)batch;
 }
 

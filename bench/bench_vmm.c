@@ -230,10 +230,10 @@ static int bench_attention_point(const opts *o, uint32_t ctx, point *pt) {
     pkv_attn_shape sh = {o->heads, H, D, PKV_DTYPE_F16, 0.088f, o->threads};
     pkv_attn_paged_kv paged = {pk, pv, blk_elems, (uint64_t)bs * D, D, bs, nblocks,
                                table, nb_seq, lens};
-    pkv_attn_contig_kv contig = {ck, cv, (uint64_t)ctx * tok_elems, D, tok_elems, ctx, lens};
+    pkv_attn_contig_kv contig = {ck, cv, (uint64_t)ctx * tok_elems, D, tok_elems, ctx, lens, NULL};
     pkv_attn_contig_kv vm[2];
     for (int m = 0; m < 2; m++) {
-        pkv_attn_contig_kv x = {vk[m], vv[m], row_elems, D, tok_elems, ctx, lens};
+        pkv_attn_contig_kv x = {vk[m], vv[m], row_elems, D, tok_elems, ctx, lens, NULL};
         vm[m] = x;
     }
     for (uint32_t r = 0; r <= o->rounds; r++) { // round 0 warms up

@@ -466,7 +466,7 @@ Test(attention_contig, equals_paged_bit_for_bit) {
             }
         }
         pkv_attn_contig_kv ck = {kc, vc, (uint64_t)kvh * max_len * dim, (uint64_t)max_len * dim,
-                                 dim, max_len, c.lens};
+                                 dim, max_len, c.lens, NULL};
         void *paged = run_paged(&c);
         size_t on = (size_t)5 * 8 * dim;
         void *contig = xcalloc(on, es);
@@ -474,6 +474,62 @@ Test(attention_contig, equals_paged_bit_for_bit) {
         cr_assert_eq(memcmp(paged, contig, on * es), 0, "%s: paged != contiguous",
                      pkv_dtype_name(dt));
         check_decode(&c, contig, "contiguous");
+        free(paged);
+        free(contig);
+        free(kc);
+        free(vc);
+        free_case(&c);
+    }
+}
+
+// Rows of different capacities carved from one [kv_head][arena][dim] arena, in
+// reverse sequence order with gaps (NaN) between them, read through seq_offsets:
+// the same outputs as the paged call, bit for bit, with seq_stride ignored.
+Test(attention_contig, carved_rows_at_offsets_equal_paged) {
+    for (int di = 0; di < 3; di++) {
+        int32_t lens[4] = {1, 33, 16, 300};
+        pcase c = make_case(all_dtypes[di], 8, 2, 64, 16, 4, lens, 1, 0, 1.0);
+        const pkv_dtype dt = c.sh.dtype;
+        const uint32_t dim = 64, kvh = 2;
+        const size_t es = pkv_dtype_size(dt);
+        int64_t offs[4];
+        uint64_t arena = 0;
+        for (uint32_t s = 4; s-- > 0;) {
+            offs[s] = (int64_t)(arena * dim);
+            arena += (uint64_t)lens[s] + 5;
+        }
+        const size_t n = (size_t)kvh * arena * dim;
+        void *kc = xcalloc(n, es);
+        void *vc = xcalloc(n, es);
+        for (size_t i = 0; i < n; i++) {
+            store(dt, kc, i, NAN);
+            store(dt, vc, i, NAN);
+        }
+        for (uint32_t s = 0; s < 4; s++) {
+            const int32_t *row = c.tables + (size_t)s * c.kv.max_blocks_per_seq;
+            for (uint32_t h = 0; h < kvh; h++)
+                for (uint32_t t = 0; t < (uint32_t)lens[s]; t++) {
+                    size_t src = (size_t)row[t / 16] * c.kv.block_stride + h * c.kv.head_stride +
+                                 (t % 16) * c.kv.token_stride;
+                    size_t dst = (size_t)offs[s] + h * arena * dim + (size_t)t * dim;
+                    memcpy((char *)kc + dst * es, (char *)c.kc + src * es, dim * es);
+                    memcpy((char *)vc + dst * es, (char *)c.vc + src * es, dim * es);
+                }
+        }
+        pkv_attn_contig_kv ck = {kc, vc, UINT64_MAX / 4, (uint64_t)arena * dim, dim, 300, c.lens, offs};
+        void *paged = run_paged(&c);
+        const size_t on = (size_t)4 * 8 * dim;
+        void *contig = xcalloc(on, es);
+        cr_assert_eq(pkv_attn_decode_contig_cpu(&c.sh, 4, c.q, &ck, contig), PKV_OK);
+        cr_assert_eq(memcmp(paged, contig, on * es), 0, "%s: paged != carved contiguous",
+                     pkv_dtype_name(dt));
+        check_decode(&c, contig, "carved contiguous");
+        // A negative offset is refused and nothing is written.
+        offs[2] = -(int64_t)dim;
+        memset(contig, 0xab, on * es);
+        cr_assert_eq(pkv_attn_decode_contig_cpu(&c.sh, 4, c.q, &ck, contig), PKV_ERR_INVALID_ARG);
+        for (size_t i = 0; i < on * es; i++)
+            cr_assert_eq(((unsigned char *)contig)[i], 0xab, "output written on a refused call");
         free(paged);
         free(contig);
         free(kc);
@@ -860,7 +916,7 @@ Test(attention_args, decode_contig_and_prefill_refuse_bad_arguments) {
     memset(out, 0xab, bytes);
     uint16_t kc[2 * 2 * 32 * 16];
     int32_t clens[2] = {20, 9};
-    pkv_attn_contig_kv ck = {kc, kc, 2 * 32 * 16, 32 * 16, 16, 32, clens};
+    pkv_attn_contig_kv ck = {kc, kc, 2 * 32 * 16, 32 * 16, 16, 32, clens, NULL};
     pkv_attn_contig_kv ck2 = ck;
     expect_refused(pkv_attn_decode_contig_cpu(NULL, 2, c.q, &ck, out), PKV_ERR_INVALID_ARG, out,
                    bytes, "contig NULL shape");

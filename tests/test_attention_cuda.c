@@ -240,7 +240,7 @@ static void run_case(pkv_dtype dt, uint32_t heads, uint32_t kvh, uint32_t dim, u
         }
         pkv_attn_contig_kv ckv = {dev_copy(ck, ccn * es), dev_copy(cv, ccn * es),
                                   (uint64_t)kvh * max_len * dim, (uint64_t)max_len * dim, dim,
-                                  max_len, dkv.seq_lens};
+                                  max_len, dkv.seq_lens, NULL};
         cr_assert_eq(cudaMemset(dout, 0, qn * es), cudaSuccess);
         st = pkv_attn_decode_contig_cuda_ex(&sh, nseq, dq, &ckv, dout, &opts, NULL);
         cr_assert_eq(st, PKV_OK, "contig cuda: %s", pkv_status_str(st));

@@ -282,6 +282,87 @@ Test(model, contiguous_steps_with_scattered_rows_match_reference) {
     pkv_model_destroy(m);
 }
 
+// An arena store whose extents are placed, moved and regrown like an engine's
+// contiguous allocator would: rows at arbitrary offsets (not in row order), a
+// row moved (allocate-copy-free) and one regrown in place between decode steps,
+// and a fork copied into a third extent, all matching the reference.
+Test(model, contiguous_arena_rows_placed_and_moved_match_reference) {
+    pkv_model_config c = small_llama_config();
+    pkv_model *m = make(&c, 5);
+    ref_model r = ref_of(m);
+    const uint32_t V = c.vocab_size;
+    int32_t t0[24], t1[24];
+    fill_tokens(t0, 24, V, 4);
+    fill_tokens(t1, 24, V, 5);
+    float *r0 = malloc((size_t)24 * V * sizeof(float)), *r1 = malloc((size_t)24 * V * sizeof(float));
+    ref_forward(&r, t0, 24, r0);
+    ref_forward(&r, t1, 24, r1);
+    pkv_contig_kv *kv = NULL;
+    cr_assert_eq(pkv_contig_kv_create_arena(m, 4, 100, PKV_DTYPE_F32, &kv), PKV_OK);
+    cr_expect_eq(pkv_contig_kv_bytes(kv), 2ull * 2 * 2 * 100 * 16 * 4); // layers, kv heads, dim
+    memset(kv->k, 0xff, kv->bytes_each); // NaN: unwritten slots must not be read
+    memset(kv->v, 0xff, kv->bytes_each);
+    // Row 0 high in the arena, row 3 low: placement order is not row order.
+    cr_assert_eq(pkv_contig_kv_place(kv, 0, 61, 8), PKV_OK);
+    cr_assert_eq(pkv_contig_kv_place(kv, 3, 5, 17), PKV_OK);
+    // Errors leave everything as it was.
+    cr_expect_eq(pkv_contig_kv_place(kv, 1, 60, 4), PKV_ERR_BUSY, "overlaps row 0");
+    cr_expect_eq(pkv_contig_kv_place(kv, 1, 97, 4), PKV_ERR_INVALID_ARG, "past the arena");
+    cr_expect_eq(pkv_contig_kv_place(kv, 4, 0, 1), PKV_ERR_INVALID_ARG, "no such row");
+    cr_expect_eq(pkv_contig_kv_append(kv, 1, 1), PKV_ERR_BUFFER_TOO_SMALL, "no extent yet");
+    uint32_t rows[2] = {0, 3}, counts[2] = {7, 15};
+    int32_t packed[22];
+    memcpy(packed, t0, 7 * sizeof(int32_t));
+    memcpy(packed + 7, t1, 15 * sizeof(int32_t));
+    cr_assert_eq(pkv_contig_kv_append(kv, 0, 7), PKV_OK);
+    cr_assert_eq(pkv_contig_kv_append(kv, 3, 15), PKV_OK);
+    cr_expect_eq(pkv_contig_kv_place(kv, 0, 80, 8), PKV_ERR_BUSY, "row 0 holds tokens");
+    float *lg = malloc((size_t)2 * V * sizeof(float));
+    cr_assert_eq(pkv_model_prefill_contig(m, kv, 2, rows, counts, packed, lg, NULL), PKV_OK);
+    cr_expect_leq(max_abs_diff(lg, r0 + 6 * V, V), TOL);
+    cr_expect_leq(max_abs_diff(lg + V, r1 + 14 * V, V), TOL);
+    for (uint32_t j = 0; j < 6; j++) {
+        if (j == 1) {
+            // Row 0 is full (8 of 8): realloc-copy to a longer extent elsewhere.
+            cr_expect_eq(pkv_contig_kv_move_row(kv, 0, 62, 12), PKV_ERR_BUSY, "overlaps itself");
+            cr_expect_eq(pkv_contig_kv_move_row(kv, 0, 30, 7), PKV_ERR_BUFFER_TOO_SMALL);
+            cr_assert_eq(pkv_contig_kv_move_row(kv, 0, 30, 14), PKV_OK);
+            // Its old slots are free now.
+            cr_assert_eq(pkv_contig_kv_place(kv, 2, 61, 8), PKV_OK);
+            cr_assert_eq(pkv_contig_kv_place(kv, 2, 0, 0), PKV_OK);
+        }
+        if (j == 2) cr_assert_eq(pkv_contig_kv_move_row(kv, 3, 5, 25), PKV_OK); // regrow in place
+        int32_t step[2] = {t0[7 + j], t1[15 + j]};
+        cr_assert_eq(pkv_contig_kv_append(kv, 0, 1), PKV_OK);
+        cr_assert_eq(pkv_contig_kv_append(kv, 3, 1), PKV_OK);
+        cr_assert_eq(pkv_model_decode_contig(m, kv, 2, rows, step, lg, NULL), PKV_OK);
+        cr_expect_leq(max_abs_diff(lg, r0 + (7 + j) * V, V), TOL, "step %u", j);
+        cr_expect_leq(max_abs_diff(lg + V, r1 + (15 + j) * V, V), TOL, "step %u", j);
+    }
+    // A fork copies the row into its own extent and continues like its source.
+    cr_expect_eq(pkv_contig_kv_place(kv, 1, 41, 5), PKV_ERR_BUSY, "overlaps row 0's new extent");
+    cr_assert_eq(pkv_contig_kv_place(kv, 1, 50, 16), PKV_OK);
+    cr_expect_eq(pkv_contig_kv_copy_row(kv, 3, 1), PKV_ERR_BUFFER_TOO_SMALL, "21 tokens, 16 slots");
+    cr_assert_eq(pkv_contig_kv_copy_row(kv, 0, 1), PKV_OK);
+    uint32_t row1 = 1, len = 0;
+    cr_assert_eq(pkv_contig_kv_length(kv, 1, &len), PKV_OK);
+    cr_expect_eq(len, 13);
+    cr_assert_eq(pkv_contig_kv_append(kv, 1, 1), PKV_OK);
+    cr_assert_eq(pkv_model_decode_contig(m, kv, 1, &row1, &t0[13], lg, NULL), PKV_OK);
+    cr_expect_leq(max_abs_diff(lg, r0 + 13 * V, V), TOL);
+    // A fixed-row store's rows do not move.
+    pkv_contig_kv *fixed = NULL;
+    cr_assert_eq(pkv_contig_kv_create(m, 2, 8, PKV_DTYPE_F32, &fixed), PKV_OK);
+    cr_expect_eq(pkv_contig_kv_place(fixed, 0, 0, 0), PKV_ERR_UNSUPPORTED);
+    cr_expect_eq(pkv_contig_kv_move_row(fixed, 0, 8, 8), PKV_ERR_UNSUPPORTED);
+    pkv_contig_kv_destroy(fixed);
+    free(lg);
+    free(r0);
+    free(r1);
+    pkv_contig_kv_destroy(kv);
+    pkv_model_destroy(m);
+}
+
 // ---- llama2.c checkpoint --------------------------------------------------
 
 typedef struct ckpt {

@@ -567,12 +567,22 @@ Test(quant, contig_equals_paged) {
         for (uint32_t s = 0; s < 2; s++) {
             const char *base = (const char *)kv.k_cache + (size_t)c.tables[s * c.max_blocks] * kv.block_stride;
             pkv_attn_contig_kv ck = {base, base + c.g.kv_stride, kv.block_stride, kv.head_stride,
-                                     kv.token_stride, L, c.lens + s};
+                                     kv.token_stride, L, c.lens + s, NULL};
             cr_assert_eq(pkv_attn_decode_contig_quant_cpu(&c.sh, &c.qz, 1, c.q + s * H * D, &ck,
                                                           o2 + s * H * D),
                          PKV_OK);
         }
         cr_assert_eq(memcmp(o1, o2, 2 * H * D * sizeof(float)), 0, "%s", pkv_dtype_name(qtypes[i]));
+        // One call with per-sequence row offsets (the blocks as carved rows) reads
+        // the same bytes, scales included.
+        const int64_t offs[2] = {(int64_t)c.tables[0] * (int64_t)kv.block_stride,
+                                 (int64_t)c.tables[c.max_blocks] * (int64_t)kv.block_stride};
+        pkv_attn_contig_kv carved = {kv.k_cache, kv.v_cache, 0, kv.head_stride, kv.token_stride,
+                                     L, c.lens, offs};
+        memset(o2, 0, 2 * H * D * sizeof(float));
+        cr_assert_eq(pkv_attn_decode_contig_quant_cpu(&c.sh, &c.qz, 2, c.q, &carved, o2), PKV_OK);
+        cr_assert_eq(memcmp(o1, o2, 2 * H * D * sizeof(float)), 0, "%s: seq_offsets",
+                     pkv_dtype_name(qtypes[i]));
         free(o1);
         free(o2);
         qcase_free(&c);

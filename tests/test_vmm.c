@@ -324,12 +324,12 @@ Test(vmm, contiguous_attention_runs_unchanged_on_a_vmm_cache) {
         for (uint32_t l = 0; l < layers; l++) {
             pkv_attn_contig_kv a = {plain + 2 * l * plain_elems,
                                     plain + (2 * l + 1) * plain_elems,
-                                    row_elems, dim, (uint64_t)kvh * dim, max_len, lens};
+                                    row_elems, dim, (uint64_t)kvh * dim, max_len, lens, NULL};
             void *k, *v;
             pkv_vmm_buffer_ptr(s, 2 * l, &k);
             pkv_vmm_buffer_ptr(s, 2 * l + 1, &v);
             pkv_attn_contig_kv b = {k, v, info.buffer_bytes / sizeof(float), dim,
-                                    (uint64_t)kvh * dim, max_len, lens};
+                                    (uint64_t)kvh * dim, max_len, lens, NULL};
             cr_assert_eq(pkv_attn_decode_contig_cpu(&sh, seqs, q, &a, out_a), PKV_OK);
             cr_assert_eq(pkv_attn_decode_contig_cpu(&sh, seqs, q, &b, out_b), PKV_OK);
             for (size_t i = 0; i < (size_t)seqs * heads * dim; i++) {

@@ -131,8 +131,8 @@ Test(vmm_cuda, contiguous_decode_kernel_on_a_vmm_cache) {
     pkv_backend_upload(dev, dq, q, qb);
     pkv_backend_upload(dev, dlens, lens, sizeof lens);
     pkv_attn_shape sh = {heads, kvh, dim, PKV_DTYPE_F32, 0.088f, 0};
-    pkv_attn_contig_kv hk = {k, v, row, dim, (uint64_t)kvh * dim, max_len, lens};
-    pkv_attn_contig_kv dkv = {dk, dv, row, dim, (uint64_t)kvh * dim, max_len, dlens};
+    pkv_attn_contig_kv hk = {k, v, row, dim, (uint64_t)kvh * dim, max_len, lens, NULL};
+    pkv_attn_contig_kv dkv = {dk, dv, row, dim, (uint64_t)kvh * dim, max_len, dlens, NULL};
     cr_assert_eq(pkv_attn_decode_contig_cpu(&sh, seqs, q, &hk, ref), PKV_OK);
     cr_assert_eq(pkv_attn_decode_contig_cuda(&sh, seqs, dq, &dkv, dout, NULL), PKV_OK);
     pkv_backend_download(dev, got, dout, qb);

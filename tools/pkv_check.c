@@ -314,31 +314,44 @@ static void run_case(ctx *c, pkv_dtype dt, uint32_t heads, uint32_t kvh, uint32_
         fail(c, "error/tolerance %g", w, err);
     }
     if (!prefill && err <= 1.0) {
-        // The contiguous twin on the same data laid out [seq][kv_head][max_len][dim].
+        // The contiguous twin on the same data, laid out [seq][kv_head][max_len][dim]
+        // (seq_stride) for block sizes below 32, else as variable rows carved from
+        // one [kv_head][arena][dim] arena in reverse order with gaps (seq_offsets).
         uint32_t max_len = max_blocks * bs;
-        size_t ccn = (size_t)nseq * kvh * max_len * dim;
+        const int carved = bs >= 32;
+        int64_t *offs = calloc(nseq, sizeof *offs);
+        uint64_t arena = 0;
+        for (uint32_t s = nseq; s-- > 0;) {
+            offs[s] = (int64_t)arena * dim;
+            arena += (uint64_t)lens[s] + 3;
+        }
+        const uint64_t head_stride = carved ? arena * dim : (uint64_t)max_len * dim;
+        size_t ccn = carved ? (size_t)kvh * arena * dim : (size_t)nseq * kvh * max_len * dim;
         char *ck = calloc(ccn, es);
         char *cv = calloc(ccn, es);
-        if (!ck || !cv) {
-            free(ck), free(cv);
+        if (!ck || !cv || !offs) {
+            free(ck), free(cv), free(offs);
             err = INFINITY;
             fail(c, "host out of memory%.0g", what, 0);
             goto done;
         }
         for (uint32_t s = 0; s < nseq; s++) {
+            const uint64_t row = carved ? (uint64_t)offs[s] : (uint64_t)s * kvh * head_stride;
             for (uint32_t h = 0; h < kvh; h++) {
                 for (uint32_t t = 0; t < (uint32_t)lens[s]; t++) {
                     size_t src = (size_t)table[s * max_blocks + t / bs] * bstride +
                                  (size_t)h * bs * dim + (size_t)(t % bs) * dim;
-                    size_t dst = (((size_t)s * kvh + h) * max_len + t) * dim;
+                    size_t dst = row + h * head_stride + (size_t)t * dim;
                     memcpy(ck + dst * es, (char *)kc + src * es, dim * es);
                     memcpy(cv + dst * es, (char *)vc + src * es, dim * es);
                 }
             }
         }
         pkv_attn_contig_kv ckv = {dev_copy(&dl, ck, ccn * es), dev_copy(&dl, cv, ccn * es),
-                                  (uint64_t)kvh * max_len * dim, (uint64_t)max_len * dim, dim,
-                                  max_len, dkv.seq_lens};
+                                  (uint64_t)kvh * head_stride, head_stride, dim,
+                                  max_len, dkv.seq_lens,
+                                  carved ? dev_copy(&dl, offs, nseq * sizeof *offs) : NULL};
+        free(offs);
         free(ck);
         free(cv);
         if (dl.bad || cudaMemset(dout, 0, qn * es) != cudaSuccess) {

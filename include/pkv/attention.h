@@ -89,16 +89,27 @@ typedef struct pkv_attn_paged_kv {
 } pkv_attn_paged_kv;
 
 // A contiguous cache of one layer: sequence s, kv head h, token t, dim d at
-// base + seq_stride * s + head_stride * h + token_stride * t + d (default layout
-// [seq][kv_head][max_seq_len][head_dim]).
+// base + row(s) + head_stride * h + token_stride * t + d, where row(s) is
+// seq_stride * s (default layout [seq][kv_head][max_seq_len][head_dim]) or, when
+// seq_offsets is set, seq_offsets[s]: rows of different capacities carved from
+// one arena (e.g. [kv_head][arena_tokens][head_dim], a sequence's row starting at
+// its first token slot), in any order, as an engine's contiguous allocator
+// places them. Zero-initialize the struct ({0}) so that new fields stay unset.
 typedef struct pkv_attn_contig_kv {
     const void *k_cache;
     const void *v_cache;
-    uint64_t seq_stride;
+    uint64_t seq_stride;          // unused when seq_offsets is set
     uint64_t head_stride;
     uint64_t token_stride;
     uint32_t max_seq_len;         // capacity per sequence; seq_lens must not exceed it
     const int32_t *seq_lens;      // [num_seqs]
+    const int64_t *seq_offsets;   // [num_seqs] elements from k_cache (and v_cache) to
+                                  // sequence s's row, >= 0; NULL = seq_stride * s.
+                                  // Device memory for the *_cuda calls; the caller
+                                  // guarantees that each row lies in the cache (the
+                                  // CPU calls refuse a negative offset; the CUDA ones
+                                  // write NaN rows for a negative or, for 16-byte
+                                  // loads, misaligned one)
 } pkv_attn_contig_kv;
 
 // Decode: out[s][h][:] = softmax(scale * q[s][h] . K[s][kvh][0..len-1]) V[s][kvh].

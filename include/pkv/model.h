@@ -153,27 +153,60 @@ pkv_status pkv_model_decode_paged(pkv_model *model, pkv_cache *cache, pkv_seqset
 
 // ---- contiguous store ------------------------------------------------------
 
-// One fixed row of max_len token slots per sequence, in this model's device
-// memory: per layer, K and V each [max_rows][kv_heads][max_len][head_dim] of
-// the store's dtype (fp32, fp16 or bf16; the 8-bit dtypes give
-// PKV_ERR_UNSUPPORTED: they exist for paged caches only).
-// Rows are named 0..max_rows-1; each has a length in tokens (0 after create).
+// Each sequence's K/V is one extent (row) of consecutive token slots in one
+// arena of this model's device memory: per layer, K and V each
+// [kv_heads][arena_tokens][head_dim] of the store's dtype (fp32, fp16 or bf16;
+// the 8-bit dtypes give PKV_ERR_UNSUPPORTED: they exist for paged caches only),
+// so every (row, kv head) is one contiguous run that the contiguous decode kernel
+// reads (pkv_attn_contig_kv.seq_offsets). Two kinds of store:
+// - fixed rows (pkv_contig_kv_create): row r is slots r x max_len .. + max_len;
+// - an arena whose extents the caller places, moves and frees
+//   (pkv_contig_kv_create_arena): the layout of contiguous allocators that carve
+//   variable-length rows from one buffer (Orca, FasterTransformer-style max-length
+//   or power-of-two reservations, realloc-and-copy growth).
+// Rows are named 0..max_rows-1; each has a length in tokens (0 after create) and
+// a capacity (its extent's length; 0 = no extent).
+// Thread-safety: a store is used by one thread at a time (with its model).
 typedef struct pkv_contig_kv pkv_contig_kv;
 
-// Create a store for `model` (borrowed; must outlive the store), zeroed. *out is
-// owned by the caller. PKV_ERR_OUT_OF_MEMORY if the buffers cannot be allocated.
+// Create a store of max_rows rows of max_len slots each, for `model` (borrowed;
+// must outlive the store), zeroed. *out is owned by the caller.
+// PKV_ERR_OUT_OF_MEMORY if the buffers cannot be allocated.
 pkv_status pkv_contig_kv_create(const pkv_model *model, uint32_t max_rows, uint32_t max_len,
                                 pkv_dtype dtype, pkv_contig_kv **out);
+// Create an arena store of arena_tokens slots (per layer and kv head) and max_rows
+// rows, none placed yet (pkv_contig_kv_place), zeroed. Errors as above.
+pkv_status pkv_contig_kv_create_arena(const pkv_model *model, uint32_t max_rows,
+                                      uint64_t arena_tokens, pkv_dtype dtype,
+                                      pkv_contig_kv **out);
 void pkv_contig_kv_destroy(pkv_contig_kv *kv); // NULL does nothing
 
+// Arena stores: give row (length 0) the extent [offset, offset + capacity) of
+// token slots; capacity 0 takes its extent away (the slots are free for other
+// rows). PKV_ERR_INVALID_ARG: bad row or an extent past the arena; PKV_ERR_BUSY:
+// the row holds tokens (move it instead) or the extent overlaps another row's;
+// PKV_ERR_UNSUPPORTED on a fixed-row store. Nothing changes on error.
+pkv_status pkv_contig_kv_place(pkv_contig_kv *kv, uint32_t row, uint64_t offset,
+                               uint32_t capacity);
+// Arena stores: give a placed row a new extent, keeping its tokens. The same
+// offset resizes in place (no copy: growing into free slots after it, or
+// shrinking); another offset is realloc's allocate-copy-free: the new extent may
+// overlap no row's, not even this row's old one (PKV_ERR_BUSY), and the row's
+// tokens are copied there, every layer. PKV_ERR_BUFFER_TOO_SMALL if capacity is
+// below the row's length. Errors otherwise as pkv_contig_kv_place.
+pkv_status pkv_contig_kv_move_row(pkv_contig_kv *kv, uint32_t row, uint64_t offset,
+                                  uint32_t capacity);
+
 // Grow row's length by n tokens (the slots the next forward pass fills).
-// PKV_ERR_BUFFER_TOO_SMALL (nothing changed) if it would exceed max_len.
+// PKV_ERR_BUFFER_TOO_SMALL (nothing changed) if it would exceed its capacity.
 pkv_status pkv_contig_kv_append(pkv_contig_kv *kv, uint32_t row, uint32_t n);
-// Set a row's length to 0 (the row is free for a new sequence).
+// Set a row's length to 0 (the row is free for a new sequence; an arena row
+// keeps its extent until placed again with capacity 0).
 pkv_status pkv_contig_kv_reset(pkv_contig_kv *kv, uint32_t row);
 pkv_status pkv_contig_kv_length(const pkv_contig_kv *kv, uint32_t row, uint32_t *len);
 // Copy row src's K/V (every layer) and length into row dst: the contiguous layout's
-// fork, which must copy what the paged layout shares.
+// fork, which must copy what the paged layout shares. PKV_ERR_BUFFER_TOO_SMALL if
+// src's length exceeds dst's capacity.
 pkv_status pkv_contig_kv_copy_row(pkv_contig_kv *kv, uint32_t src, uint32_t dst);
 uint64_t pkv_contig_kv_bytes(const pkv_contig_kv *kv); // bytes of K/V memory held
 

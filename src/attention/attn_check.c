@@ -66,6 +66,9 @@ pkv_status pkvi_attn_check_contig_lens(const pkv_attn_contig_kv *kv, uint32_t nu
         if (len < 1 || (uint32_t)len > kv->max_seq_len) {
             return PKV_ERR_INVALID_ARG;
         }
+        if (kv->seq_offsets != NULL && kv->seq_offsets[s] < 0) {
+            return PKV_ERR_INVALID_ARG;
+        }
     }
     return PKV_OK;
 }

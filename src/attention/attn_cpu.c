@@ -272,7 +272,8 @@ static kv_view paged_view(const void *desc, size_t es, uint32_t s, uint32_t kvh)
 
 static kv_view contig_view(const void *desc, size_t es, uint32_t s, uint32_t kvh) {
     const pkv_attn_contig_kv *kv = desc;
-    size_t base = ((size_t)s * kv->seq_stride + (size_t)kvh * kv->head_stride) * es;
+    const size_t row = kv->seq_offsets ? (size_t)kv->seq_offsets[s] : (size_t)s * kv->seq_stride;
+    size_t base = (row + (size_t)kvh * kv->head_stride) * es;
     kv_view v;
     v.k = (const char *)kv->k_cache + base;
     v.v = (const char *)kv->v_cache + base;

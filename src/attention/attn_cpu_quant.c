@@ -524,7 +524,7 @@ static qview paged_qview(const pkv_attn_kv_quant *qz, const pkv_attn_paged_kv *k
 static qview contig_qview(const pkv_attn_kv_quant *qz, const pkv_attn_contig_kv *kv, uint32_t s,
                           uint32_t kvh) {
     qview v;
-    size_t base = (size_t)s * kv->seq_stride;
+    size_t base = kv->seq_offsets ? (size_t)kv->seq_offsets[s] : (size_t)s * kv->seq_stride;
     size_t sc = base + (size_t)qz->scale_offset +
                 (size_t)kvh * qz->scale_head_stride * sizeof(float);
     v.k = (const uint8_t *)kv->k_cache + base + (size_t)kvh * kv->head_stride;

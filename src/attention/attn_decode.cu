@@ -36,6 +36,7 @@ struct dec_args {
     const int32_t *lens;      // [num_seqs]
     const int32_t *q_indptr;  // prefill: [num_seqs + 1]; NULL = decode
     uint64_t seq_stride;      // contiguous, elements
+    const int64_t *offsets;   // contiguous: [num_seqs] row offsets, elements; NULL = seq_stride * s
     uint64_t block_stride;    // paged, elements
     uint64_t head_stride;     // elements
     uint64_t token_stride;    // elements
@@ -224,7 +225,14 @@ __global__ void __launch_bounds__(THREADS, 1) decode_kernel(const __grid_constan
         vb = a.v + (uint64_t)kvh * a.head_stride * es;
         s_ids[0][tid] = tile_block_id(a, table, start, min((uint32_t)TILE, end - start), tid, &bad);
     } else {
-        uint64_t off = ((uint64_t)s * a.seq_stride + (uint64_t)kvh * a.head_stride) * es;
+        // A carved row's offset is data: a negative or misaligned one (16-byte
+        // loads) poisons the sequence like a bad block id, before any load.
+        int64_t row0 = a.offsets ? a.offsets[s] : (int64_t)((uint64_t)s * a.seq_stride);
+        if (row0 < 0 || ((uint64_t)row0 * es) % 16 != 0) {
+            bad = true;
+            row0 = 0;
+        }
+        uint64_t off = ((uint64_t)row0 + (uint64_t)kvh * a.head_stride) * es;
         kb = a.k + off;
         vb = a.v + off;
     }
@@ -673,6 +681,7 @@ extern "C" pkv_status pkv_attn_decode_contig_cuda_ex(const pkv_attn_shape *shape
     a.tables = nullptr;
     a.lens = kv->seq_lens;
     a.seq_stride = kv->seq_stride;
+    a.offsets = kv->seq_offsets;
     a.head_stride = kv->head_stride;
     a.token_stride = kv->token_stride;
     split_req req = {opts, kv->max_seq_len};

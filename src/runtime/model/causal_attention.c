@@ -20,19 +20,18 @@ static inline float load(const void *p, pkv_dtype dtype, uint64_t i) {
 
 void pkvi_causal_attention_contig_cpu(const pkv_model_config *c, const pkvi_call *call,
                                       const int32_t *tseq, const int32_t *pos,
-                                      const int32_t *rows, const float *q, const void *ck,
-                                      const void *cv, pkv_dtype dtype, uint32_t max_len,
+                                      const int64_t *row_off, const float *q, const void *ck,
+                                      const void *cv, pkv_dtype dtype, uint64_t head_stride,
                                       float *att) {
-    // q, att: [T][num_heads][hd]; ck, cv: [rows][kv_heads][max_len][hd] (one layer)
+    // q, att: [T][num_heads][hd]; ck, cv: [kv_heads][arena][hd] (one layer)
     const uint32_t hd = c->head_dim, H = c->num_heads, group = c->num_heads / c->num_kv_heads;
-    const uint64_t head_stride = (uint64_t)max_len * hd, seq_stride = head_stride * c->num_kv_heads;
     const float scale = 1.0f / sqrtf((float)hd);
     for (uint32_t t = 0; t < call->num_tokens; t++) {
-        const uint64_t row = (uint64_t)rows[tseq[t]];
+        const uint64_t row = (uint64_t)row_off[tseq[t]];
         const uint32_t n = (uint32_t)pos[t] + 1;
         for (uint32_t h = 0; h < H; h++) {
             const float *qh = q + ((size_t)t * H + h) * hd;
-            const uint64_t base = row * seq_stride + (h / group) * head_stride;
+            const uint64_t base = row + (h / group) * head_stride;
             float *o = att + ((size_t)t * H + h) * hd;
             float mx = -INFINITY;
             for (uint32_t j = 0; j < n; j++) {

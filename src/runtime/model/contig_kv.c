@@ -1,9 +1,13 @@
 // SPDX-License-Identifier: MIT
-// The contiguous KV store: one fixed row of max_len slots per sequence in the
-// model's device memory, the layout that paging replaces. It exists so that the
-// same model code can be measured on both layouts. Invariant: len[r] <= max_len
-// for every row, and slots below len[r] hold K/V written by a forward pass (or a
-// row copy).
+// The contiguous KV store, the layout that paging replaces: every sequence's
+// K/V is one extent of consecutive token slots in an arena of the model's device
+// memory, laid out per layer [kv_head][arena][head_dim], so a (sequence, head)
+// row is one contiguous run. Either fixed rows of max_len slots (row r at r x
+// max_len) or extents the caller places and moves, as an engine's contiguous
+// allocator would (pkv_contig_kv_create_arena). It exists so that the same model
+// code can be measured on both layouts. Invariants: len[r] <= cap[r]; the
+// extents of rows with cap > 0 lie in the arena and do not overlap; slots below
+// len[r] hold K/V written by a forward pass (or a row copy or move).
 #include <stdlib.h>
 #include <string.h>
 
@@ -27,28 +31,33 @@ static pkv_status zero_fill(pkv_model *m, void *dst, size_t bytes) {
     return st;
 }
 
-pkv_status pkv_contig_kv_create(const pkv_model *model, uint32_t max_rows, uint32_t max_len,
-                                pkv_dtype dtype, pkv_contig_kv **out) {
-    if (!model || !out || max_rows == 0 || max_len == 0 || pkv_dtype_size(dtype) == 0)
+// The store both constructors build: an arena of `arena` token slots per head
+// plane, rows without extents.
+static pkv_status store_create(const pkv_model *model, uint32_t max_rows, uint64_t arena,
+                               pkv_dtype dtype, pkv_contig_kv **out) {
+    if (!model || !out || max_rows == 0 || arena == 0 || pkv_dtype_size(dtype) == 0)
         return PKV_ERR_INVALID_ARG;
     if (pkv_dtype_is_quantized(dtype)) return PKV_ERR_UNSUPPORTED; // 8-bit: paged caches only
     *out = NULL;
     const pkv_model_config *c = &model->cfg;
-    uint64_t each = (uint64_t)c->num_layers * max_rows * c->num_kv_heads * max_len *
-                    c->head_dim * pkv_dtype_size(dtype);
-    if (each > (uint64_t)SIZE_MAX) return PKV_ERR_OUT_OF_MEMORY;
+    const uint64_t plane = (uint64_t)c->num_layers * c->num_kv_heads * c->head_dim * pkv_dtype_size(dtype);
+    if (arena > (uint64_t)SIZE_MAX / plane) return PKV_ERR_OUT_OF_MEMORY;
+    const uint64_t each = plane * arena;
     pkv_contig_kv *kv = calloc(1, sizeof *kv);
     if (!kv) return PKV_ERR_OUT_OF_MEMORY;
     kv->model = model;
     kv->max_rows = max_rows;
-    kv->max_len = max_len;
+    kv->arena = arena;
     kv->dtype = dtype;
     kv->esize = pkv_dtype_size(dtype);
     kv->bytes_each = each;
     kv->len = calloc(max_rows, sizeof *kv->len);
+    kv->off = calloc(max_rows, sizeof *kv->off);
+    kv->cap = calloc(max_rows, sizeof *kv->cap);
     pkv_model *m = (pkv_model *)model; // ops take a mutable model; alloc changes no model state
     void *k = NULL, *v = NULL;
-    pkv_status st = kv->len ? m->ops->alloc(m, (size_t)each, &k) : PKV_ERR_OUT_OF_MEMORY;
+    pkv_status st = kv->len && kv->off && kv->cap ? m->ops->alloc(m, (size_t)each, &k)
+                                                  : PKV_ERR_OUT_OF_MEMORY;
     if (st == PKV_OK) st = m->ops->alloc(m, (size_t)each, &v);
     kv->k = k;
     kv->v = v;
@@ -62,18 +71,40 @@ pkv_status pkv_contig_kv_create(const pkv_model *model, uint32_t max_rows, uint3
     return PKV_OK;
 }
 
+pkv_status pkv_contig_kv_create(const pkv_model *model, uint32_t max_rows, uint32_t max_len,
+                                pkv_dtype dtype, pkv_contig_kv **out) {
+    if (max_len == 0) return PKV_ERR_INVALID_ARG;
+    pkv_status st = store_create(model, max_rows, (uint64_t)max_rows * max_len, dtype, out);
+    if (st != PKV_OK) return st;
+    pkv_contig_kv *kv = *out;
+    kv->max_len = max_len;
+    for (uint32_t r = 0; r < max_rows; r++) {
+        kv->off[r] = (uint64_t)r * max_len;
+        kv->cap[r] = max_len;
+    }
+    return PKV_OK;
+}
+
+pkv_status pkv_contig_kv_create_arena(const pkv_model *model, uint32_t max_rows,
+                                      uint64_t arena_tokens, pkv_dtype dtype,
+                                      pkv_contig_kv **out) {
+    return store_create(model, max_rows, arena_tokens, dtype, out);
+}
+
 void pkv_contig_kv_destroy(pkv_contig_kv *kv) {
     if (!kv) return;
     pkv_model *m = (pkv_model *)kv->model;
     if (kv->k) m->ops->release(m, kv->k);
     if (kv->v) m->ops->release(m, kv->v);
     free(kv->len);
+    free(kv->off);
+    free(kv->cap);
     free(kv);
 }
 
 pkv_status pkv_contig_kv_append(pkv_contig_kv *kv, uint32_t row, uint32_t n) {
     if (!kv || row >= kv->max_rows) return PKV_ERR_INVALID_ARG;
-    if (n > kv->max_len - kv->len[row]) return PKV_ERR_BUFFER_TOO_SMALL;
+    if (n > kv->cap[row] - kv->len[row]) return PKV_ERR_BUFFER_TOO_SMALL;
     kv->len[row] += n;
     return PKV_OK;
 }
@@ -90,23 +121,81 @@ pkv_status pkv_contig_kv_length(const pkv_contig_kv *kv, uint32_t row, uint32_t 
     return PKV_OK;
 }
 
+// Whether [off, off + cap) meets the extent of a row other than `self`. A linear
+// scan: placements happen once per request (per token for realloc-copy), beside a
+// forward pass over the whole batch.
+static int overlaps(const pkv_contig_kv *kv, uint32_t self, uint64_t off, uint64_t cap) {
+    for (uint32_t r = 0; r < kv->max_rows; r++)
+        if (r != self && kv->cap[r] > 0 && off < kv->off[r] + kv->cap[r] && kv->off[r] < off + cap)
+            return 1;
+    return 0;
+}
+
+// The extent [off, off + cap) of an arena store, checked.
+static pkv_status check_extent(const pkv_contig_kv *kv, uint32_t row, uint64_t off, uint32_t cap) {
+    if (kv->max_len != 0) return PKV_ERR_UNSUPPORTED; // fixed rows do not move
+    if (cap == 0 || off > kv->arena || cap > kv->arena - off) return PKV_ERR_INVALID_ARG;
+    if (overlaps(kv, row, off, cap)) return PKV_ERR_BUSY;
+    return PKV_OK;
+}
+
+pkv_status pkv_contig_kv_place(pkv_contig_kv *kv, uint32_t row, uint64_t offset,
+                               uint32_t capacity) {
+    if (!kv || row >= kv->max_rows) return PKV_ERR_INVALID_ARG;
+    if (kv->len[row] != 0) return PKV_ERR_BUSY; // its tokens would be lost: move it
+    if (capacity == 0) {
+        if (kv->max_len != 0) return PKV_ERR_UNSUPPORTED;
+        kv->cap[row] = 0;
+        kv->off[row] = 0;
+        return PKV_OK;
+    }
+    pkv_status st = check_extent(kv, row, offset, capacity);
+    if (st != PKV_OK) return st;
+    kv->off[row] = offset;
+    kv->cap[row] = capacity;
+    return PKV_OK;
+}
+
+// Copy the first n tokens of the extent at token slot `src` to the one at `dst`,
+// every layer and kv head (n x head_dim elements per head plane).
+static pkv_status copy_tokens(pkv_contig_kv *kv, uint64_t src, uint64_t dst, uint32_t n) {
+    pkv_model *m = (pkv_model *)kv->model;
+    const pkv_model_config *c = &m->cfg;
+    const uint64_t hd = c->head_dim, plane = kv->arena * hd;
+    const size_t bytes = (size_t)n * hd * kv->esize;
+    for (uint64_t p = 0; p < (uint64_t)c->num_layers * c->num_kv_heads && bytes > 0; p++) {
+        const uint64_t s = (p * plane + src * hd) * kv->esize, d = (p * plane + dst * hd) * kv->esize;
+        char *k = kv->k, *v = kv->v;
+        pkv_status st = m->ops->copy(m, k + d, k + s, bytes);
+        if (st == PKV_OK) st = m->ops->copy(m, v + d, v + s, bytes);
+        if (st != PKV_OK) return st;
+    }
+    return PKV_OK;
+}
+
+pkv_status pkv_contig_kv_move_row(pkv_contig_kv *kv, uint32_t row, uint64_t offset,
+                                  uint32_t capacity) {
+    if (!kv || row >= kv->max_rows || kv->cap[row] == 0) return PKV_ERR_INVALID_ARG;
+    if (capacity < kv->len[row]) return PKV_ERR_BUFFER_TOO_SMALL;
+    pkv_status st = check_extent(kv, row, offset, capacity);
+    if (st != PKV_OK) return st;
+    const uint64_t old = kv->off[row];
+    if (offset != old) {
+        // Allocate, copy, free: the new extent may not overlap the old one.
+        if (offset < old + kv->cap[row] && old < offset + capacity) return PKV_ERR_BUSY;
+        if ((st = copy_tokens(kv, old, offset, kv->len[row])) != PKV_OK) return st;
+    }
+    kv->off[row] = offset;
+    kv->cap[row] = capacity;
+    return PKV_OK;
+}
+
 pkv_status pkv_contig_kv_copy_row(pkv_contig_kv *kv, uint32_t src, uint32_t dst) {
     if (!kv || src >= kv->max_rows || dst >= kv->max_rows) return PKV_ERR_INVALID_ARG;
     if (src == dst) return PKV_OK;
-    pkv_model *m = (pkv_model *)kv->model;
-    const pkv_model_config *c = &m->cfg;
-    const uint64_t hd = c->head_dim, head = (uint64_t)kv->max_len * hd,
-                   seq = head * c->num_kv_heads, layer = seq * kv->max_rows;
-    const size_t bytes = (size_t)kv->len[src] * hd * kv->esize;
-    for (uint32_t l = 0; l < c->num_layers && bytes > 0; l++)
-        for (uint32_t h = 0; h < c->num_kv_heads; h++) {
-            uint64_t s = (l * layer + src * seq + h * head) * kv->esize,
-                     d = (l * layer + dst * seq + h * head) * kv->esize;
-            char *k = kv->k, *v = kv->v;
-            pkv_status st = m->ops->copy(m, k + d, k + s, bytes);
-            if (st == PKV_OK) st = m->ops->copy(m, v + d, v + s, bytes);
-            if (st != PKV_OK) return st;
-        }
+    if (kv->len[src] > kv->cap[dst]) return PKV_ERR_BUFFER_TOO_SMALL;
+    pkv_status st = copy_tokens(kv, kv->off[src], kv->off[dst], kv->len[src]);
+    if (st != PKV_OK) return st;
     kv->len[dst] = kv->len[src];
     return PKV_OK;
 }

@@ -129,12 +129,12 @@ pkv_status pkv_model_create(const pkv_model_config *config, const pkv_model_para
 static void scratch_free(pkv_model *m) {
     pkvi_scratch *s = &m->s;
     void *dev[] = {s->x, s->h, s->q, s->k, s->v, s->att, s->ff, s->ff2, s->xl, s->logits,
-                   s->q16, s->k16, s->v16, s->att16, s->tok, s->pos, s->tseq, s->lens, s->indptr, s->last, s->rows,
+                   s->q16, s->k16, s->v16, s->att16, s->tok, s->pos, s->tseq, s->lens, s->indptr, s->last, s->row_off,
                    s->table, s->slots};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i] && m->params.device != PKV_DEVICE_CPU) m->ops->release(m, dev[i]);
     pkvi_meta *h = &m->meta;
-    void *host[] = {h->tok, h->pos, h->tseq, h->lens, h->indptr, h->last, h->rows, h->table,
+    void *host[] = {h->tok, h->pos, h->tseq, h->lens, h->indptr, h->last, h->row_off, h->table,
                     h->slots, h->logits};
     for (size_t i = 0; i < sizeof host / sizeof host[0]; i++) free(host[i]);
     if (m->params.device == PKV_DEVICE_CPU) {
@@ -241,7 +241,7 @@ static pkv_status scratch_reserve(pkv_model *m, uint32_t T, uint32_t S, uint32_t
     HOST(lens, cs, int32_t);
     HOST(indptr, cs + 1, int32_t);
     HOST(last, cs, int32_t);
-    HOST(rows, cs, int32_t);
+    HOST(row_off, cs, int64_t);
     HOST(table, cb, int32_t);
     HOST(logits, (size_t)cs * c->vocab_size, float);
     if (cpu) {
@@ -253,7 +253,7 @@ static pkv_status scratch_reserve(pkv_model *m, uint32_t T, uint32_t S, uint32_t
         s->lens = m->meta.lens;
         s->indptr = m->meta.indptr;
         s->last = m->meta.last;
-        s->rows = m->meta.rows;
+        s->row_off = m->meta.row_off;
         s->table = m->meta.table;
     } else {
         DEV(tok, ct, int32_t);
@@ -263,7 +263,7 @@ static pkv_status scratch_reserve(pkv_model *m, uint32_t T, uint32_t S, uint32_t
         DEV(lens, cs, int32_t);
         DEV(indptr, cs + 1, int32_t);
         DEV(last, cs, int32_t);
-        DEV(rows, cs, int32_t);
+        DEV(row_off, cs, int64_t);
         DEV(table, cb, int32_t);
     }
 #undef DEV
@@ -293,7 +293,7 @@ static pkv_status upload_meta(pkv_model *m, uint32_t T, uint32_t S, uint32_t tab
     UP(lens, S);
     UP(indptr, S + 1);
     UP(last, S);
-    UP(rows, S);
+    UP(row_off, S);
     UP(table, table);
 #undef UP
     return st;
@@ -513,7 +513,7 @@ pkv_status pkv_model_prefill_paged(pkv_model *m, pkv_cache *cache, pkv_seqset *s
     kv.quant.scale_offset = g.scale_offset;
     kv.quant.scale_head_stride = g.scale_head_stride;
     kv.quant.scale_token_stride = g.scale_token_stride;
-    pkvi_call call = {S, nt, nt == S, 0, 0};
+    pkvi_call call = {S, nt, nt == S};
     double t1 = pkvi_now_seconds();
     m->prof.bookkeeping += t1 - t0;
     float *host_logits = logits ? logits : h->logits;
@@ -576,24 +576,24 @@ pkv_status pkv_model_prefill_contig(pkv_model *m, pkv_contig_kv *kv, uint32_t S,
         return PKV_ERR_INVALID_ARG;
     double t0 = pkvi_now_seconds();
     uint64_t T = 0;
+    uint32_t max_len = 0;
     for (uint32_t i = 0; i < S; i++) {
         if (rows[i] >= kv->max_rows) return PKV_ERR_INVALID_ARG;
         uint32_t len = kv->len[rows[i]];
         if (counts[i] == 0 || counts[i] > len) return PKV_ERR_INVALID_ARG;
         if (m->cfg.pos == PKV_POS_LEARNED && len > m->cfg.max_seq_len) return PKV_ERR_INVALID_ARG;
         T += counts[i];
+        max_len = len > max_len ? len : max_len;
     }
     if (T > INT32_MAX) return PKV_ERR_INVALID_ARG;
     TRY(scratch_reserve(m, (uint32_t)T, S, 1));
     pkvi_meta *h = &m->meta;
-    int consecutive = 1;
     for (uint32_t i = 0; i < S; i++) {
         h->lens[i] = (int32_t)kv->len[rows[i]];
-        if (rows[i] != rows[0] + i) consecutive = 0;
+        h->row_off[i] = (int64_t)(kv->off[rows[i]] * m->cfg.head_dim);
     }
     uint32_t nt = 0;
     TRY(fill_tokens(m, S, counts, tokens, &nt));
-    for (uint32_t i = 0; i < S; i++) h->rows[i] = (int32_t)rows[i];
     TRY(upload_meta(m, nt, S, 0));
     pkvi_kv_target t;
     memset(&t, 0, sizeof t);
@@ -601,9 +601,9 @@ pkv_status pkv_model_prefill_contig(pkv_model *m, pkv_contig_kv *kv, uint32_t S,
     t.dtype = kv->dtype;
     t.ck = kv->k;
     t.cv = kv->v;
-    t.max_len = kv->max_len;
-    t.max_rows = kv->max_rows;
-    pkvi_call call = {S, nt, nt == S, consecutive, rows[0]};
+    t.arena = kv->arena;
+    t.max_len = max_len;
+    pkvi_call call = {S, nt, nt == S};
     m->prof.bookkeeping += pkvi_now_seconds() - t0;
     float *host_logits = logits ? logits : h->logits;
     pkv_status st = run_layers(m, &call, &t, host_logits);

@@ -74,7 +74,8 @@ typedef struct pkvi_scratch {
     int32_t *lens;   // [S] context length after this call
     int32_t *indptr; // [S + 1] packed token offsets
     int32_t *last;   // [S] row of each sequence's last token in x
-    int32_t *rows;   // [S] contiguous-store row of each sequence
+    int64_t *row_off; // [S] contiguous store: element offset of each sequence's row
+                      // inside a head plane (token offset x head_dim)
     int32_t *table;  // [S][max_blocks] block tables (paged)
     int64_t *slots;  // [T] cache slot of each new token (paged)
 } pkvi_scratch;
@@ -82,8 +83,8 @@ typedef struct pkvi_scratch {
 // Host mirror of the metadata (what the engine fills before the upload).
 typedef struct pkvi_meta {
     uint32_t cap_tokens, cap_seqs, cap_table;
-    int32_t *tok, *pos, *tseq, *lens, *indptr, *last, *rows, *table;
-    int64_t *slots;
+    int32_t *tok, *pos, *tseq, *lens, *indptr, *last, *table;
+    int64_t *slots, *row_off;
     float *logits; // [S][vocab] host logits when the caller passes none
 } pkvi_meta;
 
@@ -100,16 +101,16 @@ typedef struct pkvi_kv_target {
     // paged 8-bit stores (int8, fp8): the scale geometry; the fp8 tensor scales of
     // each layer come from the model (kv_scales), so k_scale / v_scale are unused
     pkv_attn_kv_quant quant;
-    // contiguous: K and V bases [L][rows][kv_heads][max_len][hd]
+    // contiguous: K and V bases [L][kv_heads][arena][hd]; a sequence's row is its
+    // extent of token slots (row_off), the same in every head plane and layer
     void *ck, *cv;
-    uint32_t max_len, max_rows;
+    uint64_t arena;   // token slots per head plane
+    uint32_t max_len; // longest context of this call (bounds the kernels' plans)
 } pkvi_kv_target;
 
 typedef struct pkvi_call {
     uint32_t num_seqs, num_tokens;
     int all_single;   // every sequence has exactly one new token (decode path)
-    int consecutive;  // contiguous rows are rows[0], rows[0]+1, ... (one decode call)
-    uint32_t row0;
 } pkvi_call;
 
 struct pkv_model;
@@ -172,11 +173,15 @@ struct pkv_model {
 
 struct pkv_contig_kv {
     const pkv_model *model;
-    uint32_t max_rows, max_len;
+    uint32_t max_rows;
+    uint32_t max_len; // fixed-row store: every row's capacity; arena store: 0
+    uint64_t arena;   // token slots of the arena (per head plane, per layer)
     pkv_dtype dtype;
-    size_t esize;    // bytes per element
-    uint32_t *len;   // [max_rows] host
-    void *k, *v;     // device [L][max_rows][kv_heads][max_len][hd] of dtype
+    size_t esize;     // bytes per element
+    uint32_t *len;    // [max_rows] host: tokens held
+    uint64_t *off;    // [max_rows] host: first token slot of the row's extent
+    uint32_t *cap;    // [max_rows] host: extent length in slots (0 = no extent)
+    void *k, *v;      // device [L][kv_heads][arena][hd] of dtype
     uint64_t bytes_each;
 };
 
@@ -187,11 +192,12 @@ pkv_status pkvi_model_set_weights(pkv_model *m, const float *host_block);
 pkv_status pkvi_model_get_weights(const pkv_model *m, float *host_block);
 
 // Plain-C reference helpers used by the CPU ops and the contiguous store.
-// ck, cv: one layer of a contiguous store of `dtype` elements.
+// ck, cv: one layer of a contiguous store of `dtype` elements, head planes
+// head_stride elements apart, sequence i's row at row_off[i] inside each plane.
 void pkvi_causal_attention_contig_cpu(const pkv_model_config *c, const pkvi_call *call,
                                       const int32_t *tseq, const int32_t *pos,
-                                      const int32_t *rows, const float *q, const void *ck,
-                                      const void *cv, pkv_dtype dtype, uint32_t max_len,
+                                      const int64_t *row_off, const float *q, const void *ck,
+                                      const void *cv, pkv_dtype dtype, uint64_t head_stride,
                                       float *att);
 
 #ifdef __cplusplus

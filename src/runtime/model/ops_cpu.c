@@ -238,16 +238,15 @@ static pkv_status attend(pkv_model *m, uint32_t layer, const pkvi_call *call,
         if (call->all_single) return pkv_attn_decode_paged_cpu(&sh, call->num_seqs, q, &pk, att);
         return pkv_attn_prefill_paged_cpu(&sh, call->num_seqs, s->indptr, q, &pk, att);
     }
-    // Contiguous: [rows][kv_heads][max_len][hd] per layer.
-    const uint64_t token_stride = hd, head_stride = (uint64_t)kv->max_len * hd,
-                   seq_stride = head_stride * kvh,
-                   layer_stride = seq_stride * kv->max_rows;
+    // Contiguous: per layer [kv_heads][arena][hd]; sequence i's row starts at
+    // row_off[i] in every head plane.
+    const uint64_t token_stride = hd, head_stride = kv->arena * hd, layer_stride = head_stride * kvh;
     char *kc = (char *)kv->ck + layer_stride * layer * es;
     char *vc = (char *)kv->cv + layer_stride * layer * es;
     for (uint32_t t = 0; t < call->num_tokens; t++) {
-        uint64_t row = (uint64_t)s->rows[s->tseq[t]], p = (uint64_t)s->pos[t];
+        uint64_t row = (uint64_t)s->row_off[s->tseq[t]], p = (uint64_t)s->pos[t];
         for (uint32_t h = 0; h < kvh; h++) {
-            uint64_t off = (row * seq_stride + h * head_stride + p * token_stride) * es;
+            uint64_t off = (row + h * head_stride + p * token_stride) * es;
             size_t src = ((size_t)t * kvh + h) * hd * es;
             memcpy(kc + off, (const char *)k + src, hd * es);
             memcpy(vc + off, (const char *)v + src, hd * es);
@@ -255,25 +254,12 @@ static pkv_status attend(pkv_model *m, uint32_t layer, const pkvi_call *call,
     }
     if (!call->all_single) {
         // The causal pass reads the store in its dtype and writes fp32 directly.
-        pkvi_causal_attention_contig_cpu(c, call, s->tseq, s->pos, s->rows, s->q, kc, vc,
-                                         kv->dtype, kv->max_len, s->att);
+        pkvi_causal_attention_contig_cpu(c, call, s->tseq, s->pos, s->row_off, s->q, kc, vc,
+                                         kv->dtype, head_stride, s->att);
         return PKV_OK;
     }
-    if (call->consecutive) {
-        pkv_attn_contig_kv ck = {kc + seq_stride * call->row0 * es, vc + seq_stride * call->row0 * es,
-                                 seq_stride, head_stride, token_stride, kv->max_len, s->lens};
-        return pkv_attn_decode_contig_cpu(&sh, call->num_seqs, q, &ck, att);
-    }
-    // Scattered rows: one call per sequence, each with its row as the base.
-    for (uint32_t i = 0; i < call->num_seqs; i++) {
-        uint64_t row = (uint64_t)s->rows[i];
-        pkv_attn_contig_kv ck = {kc + seq_stride * row * es, vc + seq_stride * row * es,
-                                 seq_stride, head_stride, token_stride, kv->max_len, s->lens + i};
-        pkv_status st = pkv_attn_decode_contig_cpu(&sh, 1, (const char *)q + (size_t)i * m->q_dim * es,
-                                                   &ck, (char *)att + (size_t)i * m->q_dim * es);
-        if (st != PKV_OK) return st;
-    }
-    return PKV_OK;
+    pkv_attn_contig_kv ck = {kc, vc, 0, head_stride, token_stride, kv->max_len, s->lens, s->row_off};
+    return pkv_attn_decode_contig_cpu(&sh, call->num_seqs, q, &ck, att);
 }
 
 // max|x| / fp8 max over n values, or 1 for an all-zero (or non-finite) input.

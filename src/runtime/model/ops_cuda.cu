@@ -238,12 +238,12 @@ static __global__ void from_half_kernel(size_t n, const H *src, float *dst) {
 }
 
 template <typename T>
-static __global__ void contig_write_kernel(uint32_t kvh, uint32_t hd, uint32_t max_len,
-                                    const int32_t *tseq, const int32_t *pos, const int32_t *rows,
+static __global__ void contig_write_kernel(uint32_t kvh, uint32_t hd, uint64_t head_stride,
+                                    const int32_t *tseq, const int32_t *pos, const int64_t *row_off,
                                     const T *k, const T *v, T *ck, T *cv) {
-    // k, v: [T][kvh][hd] -> ck, cv: [rows][kvh][max_len][hd] (one layer)
+    // k, v: [T][kvh][hd] -> ck, cv: [kvh][arena][hd] (one layer), rows at row_off
     uint32_t t = blockIdx.x, h = blockIdx.y;
-    size_t dst = (((size_t)rows[tseq[t]] * kvh + h) * max_len + (size_t)pos[t]) * hd;
+    size_t dst = (size_t)row_off[tseq[t]] + h * head_stride + (size_t)pos[t] * hd;
     size_t src = ((size_t)t * kvh + h) * hd;
     for (uint32_t i = threadIdx.x; i < hd; i += blockDim.x) {
         ck[dst + i] = k[src + i];
@@ -252,14 +252,14 @@ static __global__ void contig_write_kernel(uint32_t kvh, uint32_t hd, uint32_t m
 }
 
 template <typename T>
-static __global__ void causal_contig_kernel(uint32_t H, uint32_t kvh, uint32_t hd, uint32_t max_len,
+static __global__ void causal_contig_kernel(uint32_t H, uint32_t kvh, uint32_t hd, uint64_t head_stride,
                                      float scale, const int32_t *tseq, const int32_t *pos,
-                                     const int32_t *rows, const float *q, const T *ck,
+                                     const int64_t *row_off, const float *q, const T *ck,
                                      const T *cv, float *att) {
-    // q, att: [T][H][hd] fp32; ck, cv: [rows][kvh][max_len][hd]; token t attends 0..pos[t]
+    // q, att: [T][H][hd] fp32; ck, cv: [kvh][arena][hd]; token t attends 0..pos[t]
     extern __shared__ float sh[]; // [hd] query, then [pos + 1] scores
     uint32_t t = blockIdx.x, h = blockIdx.y, n = (uint32_t)pos[t] + 1;
-    const size_t base = ((size_t)rows[tseq[t]] * kvh + h / (H / kvh)) * max_len * hd;
+    const size_t base = (size_t)row_off[tseq[t]] + (size_t)(h / (H / kvh)) * head_stride;
     const T *kh = ck + base, *vh = cv + base;
     float *qs = sh, *sc = sh + hd;
     for (uint32_t i = threadIdx.x; i < hd; i += blockDim.x) qs[i] = q[((size_t)t * H + h) * hd + i];
@@ -378,7 +378,7 @@ static pkv_status contig_prefill(pkv_model *m, const pkvi_call *call, const pkvi
     const uint32_t hd = c->head_dim, kvh = c->num_kv_heads;
     // Grid: (token, kv head), threads over head_dim.
     contig_write_kernel<T><<<dim3(call->num_tokens, kvh), 128, 0, stream>>>(
-        kvh, hd, kv->max_len, s->tseq, s->pos, s->rows, (const T *)k, (const T *)v, (T *)kc,
+        kvh, hd, kv->arena * hd, s->tseq, s->pos, s->row_off, (const T *)k, (const T *)v, (T *)kc,
         (T *)vc);
     pkv_status st = launched();
     if (st != PKV_OK || call->all_single) return st;
@@ -398,8 +398,8 @@ static pkv_status contig_prefill(pkv_model *m, const pkvi_call *call, const pkvi
     }
     // Grid: (token, query head), THREADS threads over keys, then over head_dim.
     causal_contig_kernel<T><<<dim3(call->num_tokens, c->num_heads), THREADS, shmem, stream>>>(
-        c->num_heads, kvh, hd, kv->max_len, 1.0f / sqrtf((float)hd), s->tseq, s->pos, s->rows,
-        s->q, (const T *)kc, (const T *)vc, s->att);
+        c->num_heads, kvh, hd, kv->arena * hd, 1.0f / sqrtf((float)hd), s->tseq, s->pos,
+        s->row_off, s->q, (const T *)kc, (const T *)vc, s->att);
     return launched();
 }
 
@@ -438,8 +438,8 @@ static pkv_status attend(pkv_model *m, uint32_t layer, const pkvi_call *call,
                                               &pk, att, stream);
     }
     const uint32_t hd = c->head_dim, kvh = c->num_kv_heads;
-    const uint64_t head_stride = (uint64_t)kv->max_len * hd, seq_stride = head_stride * kvh,
-                   layer_stride = seq_stride * kv->max_rows;
+    // Per layer [kv_heads][arena][hd]; sequence i's row at row_off[i] in each plane.
+    const uint64_t head_stride = kv->arena * hd, layer_stride = head_stride * kvh;
     char *kc = (char *)kv->ck + layer_stride * layer * es;
     char *vc = (char *)kv->cv + layer_stride * layer * es;
     pkv_status st;
@@ -447,21 +447,9 @@ static pkv_status attend(pkv_model *m, uint32_t layer, const pkvi_call *call,
     else if (kv->dtype == PKV_DTYPE_F16) st = contig_prefill<__half>(m, call, kv, k, v, kc, vc);
     else st = contig_prefill<__nv_bfloat16>(m, call, kv, k, v, kc, vc);
     if (st != PKV_OK || !call->all_single) return st; // the causal pass wrote fp32 s->att
-    if (call->consecutive) {
-        pkv_attn_contig_kv ck = {kc + seq_stride * call->row0 * es, vc + seq_stride * call->row0 * es,
-                                 seq_stride, head_stride, hd, kv->max_len, s->lens};
-        pkv_attn_cuda_opts o = split_opts(st_of(m), &sh, call->num_seqs);
-        return pkv_attn_decode_contig_cuda_ex(&sh, call->num_seqs, q, &ck, att, &o, stream);
-    }
-    for (uint32_t i = 0; i < call->num_seqs; i++) {
-        uint64_t row = (uint64_t)m->meta.rows[i];
-        pkv_attn_contig_kv ck = {kc + seq_stride * row * es, vc + seq_stride * row * es, seq_stride,
-                                 head_stride, hd, kv->max_len, s->lens + i};
-        st = pkv_attn_decode_contig_cuda(&sh, 1, (const char *)q + (size_t)i * m->q_dim * es, &ck,
-                                         (char *)att + (size_t)i * m->q_dim * es, stream);
-        if (st != PKV_OK) return st;
-    }
-    return PKV_OK;
+    pkv_attn_contig_kv ck = {kc, vc, 0, head_stride, hd, kv->max_len, s->lens, s->row_off};
+    pkv_attn_cuda_opts o = split_opts(st_of(m), &sh, call->num_seqs);
+    return pkv_attn_decode_contig_cuda_ex(&sh, call->num_seqs, q, &ck, att, &o, stream);
 }
 
 static pkv_status cuda_attention(pkv_model *m, uint32_t layer, const pkvi_call *call,
