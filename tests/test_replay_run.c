@@ -114,6 +114,21 @@ static void every_policy(int cuda) {
                          (unsigned long long)run.run.tokens, (unsigned long long)paged_tokens);
             cr_assert_eq(run.run.token_hash, paged_hash, "%s computed other tokens than paged", name);
         }
+        // Each policy on the layout it stands for, its copies executed on it.
+        // (vmm: its per-request virtual buffers are not built on the host; its
+        // pages are read through the per-token table.)
+        const char *layout = pol == PKV_POLICY_PAGED                                     ? "paged"
+                             : pol == PKV_POLICY_MALLOC_PER_TOKEN || pol == PKV_POLICY_VMM ? "token-table"
+                                                                                           : "contiguous";
+        cr_assert_str_eq(run.run.layout, layout, "%s", name);
+        // Paged copy-on-write copies whole blocks; sim counts the filled slots.
+        if (strcmp(layout, "paged") == 0)
+            cr_assert_geq(run.run.copied_bytes, sim.copy_bytes, "%s", name);
+        else
+            cr_assert_eq(run.run.copied_bytes, sim.copy_bytes, "%s: copied %llu bytes, sim counts %llu", name,
+                         (unsigned long long)run.run.copied_bytes, (unsigned long long)sim.copy_bytes);
+        if (pol == PKV_POLICY_REALLOC_COPY || pol == PKV_POLICY_CONTIG_MAX)
+            cr_assert_gt(run.run.copied_bytes, 0, "%s: the trace forks (and realloc-copy moves)", name);
         // Backend calls: measured, and for the per-call policies made for real,
         // one per call the policy counts in sim (plus the run's table arena).
         cr_assert(run.alloc.seconds_measured);

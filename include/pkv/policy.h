@@ -56,7 +56,8 @@ extern "C" {
 #endif
 
 // Bumped whenever a struct below changes layout or a slot changes meaning.
-#define PKV_POLICY_ABI_VERSION 1u
+// 2: pkv_policy_vtable.extent_of (run mode on a contiguous layout).
+#define PKV_POLICY_ABI_VERSION 2u
 #define PKV_POLICY_PLUGIN_ENTRY "pkv_policy_plugin_entry"
 
 // What a request needs when it is (re)admitted. A new request has one sequence
@@ -182,6 +183,17 @@ typedef struct pkv_policy_vtable {
     // Block copies (copy-on-write) queued since the last call, to execute before
     // the step; the array stays valid until the next grow. Optional.
     uint32_t (*take_copies)(void *state, const pkv_block_copy **copies);
+    // Run mode on a contiguous layout (optional; used when seqset is NULL): the
+    // extent of token slots [*offset, *offset + *slots) of the budget that
+    // sequence `child` of request r holds now (*slots 0: none). The decoder then
+    // keeps each sequence's K/V in exactly that extent of one arena of the
+    // budget's size and reads it with the contiguous kernel; when an extent moves
+    // (regrowth, realloc-and-copy) the executor copies the sequence's K/V to the
+    // new one, and a fork copies the parent's into each sample's extent. Extents of
+    // live sequences must not overlap. Without it (and without seqset) run mode
+    // stores the K/V in a per-token table (block size 1) over one arena.
+    void (*extent_of)(const void *state, uint32_t r, uint32_t child, uint64_t *offset,
+                      uint64_t *slots);
 } pkv_policy_vtable;
 
 // The type of the plugin entry point.

@@ -373,6 +373,12 @@ typedef struct pkv_replay_report {
         // the same trace, model and seed when they complete the same requests.
         uint64_t token_hash;
         uint64_t tokens;
+        // The layout the K/V lived in: "paged" (the policy's block tables),
+        // "contiguous" (each sequence in the extent the policy placed it in, read
+        // by the contiguous kernel) or "token-table" (a block-size-1 table); and
+        // the K/V bytes the executor copied (forks, moves, copy-on-write).
+        char layout[16];
+        uint64_t copied_bytes;
     } run;
     int partial;              // 1: on_progress stopped the replay before the trace ended
 } pkv_replay_report;

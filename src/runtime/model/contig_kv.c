@@ -31,18 +31,23 @@ static pkv_status zero_fill(pkv_model *m, void *dst, size_t bytes) {
     return st;
 }
 
-// The store both constructors build: an arena of `arena` token slots per head
-// plane, rows without extents.
-static pkv_status store_create(const pkv_model *model, uint32_t max_rows, uint64_t arena,
-                               pkv_dtype dtype, pkv_contig_kv **out) {
+uint64_t pkvi_contig_kv_arena_bytes(const pkv_model *model, uint64_t arena_tokens, pkv_dtype dtype) {
+    if (!model || pkv_dtype_size(dtype) == 0) return 0;
+    const pkv_model_config *c = &model->cfg;
+    const uint64_t plane = (uint64_t)c->num_layers * c->num_kv_heads * c->head_dim * pkv_dtype_size(dtype);
+    return arena_tokens > (uint64_t)SIZE_MAX / plane ? 0 : plane * arena_tokens;
+}
+
+// The bookkeeping of a store: an arena of `arena` token slots per head plane,
+// rows without extents, no buffers yet.
+static pkv_status store_new(const pkv_model *model, uint32_t max_rows, uint64_t arena,
+                            pkv_dtype dtype, pkv_contig_kv **out) {
     if (!model || !out || max_rows == 0 || arena == 0 || pkv_dtype_size(dtype) == 0)
         return PKV_ERR_INVALID_ARG;
     if (pkv_dtype_is_quantized(dtype)) return PKV_ERR_UNSUPPORTED; // 8-bit: paged caches only
     *out = NULL;
-    const pkv_model_config *c = &model->cfg;
-    const uint64_t plane = (uint64_t)c->num_layers * c->num_kv_heads * c->head_dim * pkv_dtype_size(dtype);
-    if (arena > (uint64_t)SIZE_MAX / plane) return PKV_ERR_OUT_OF_MEMORY;
-    const uint64_t each = plane * arena;
+    const uint64_t each = pkvi_contig_kv_arena_bytes(model, arena, dtype);
+    if (each == 0) return PKV_ERR_OUT_OF_MEMORY;
     pkv_contig_kv *kv = calloc(1, sizeof *kv);
     if (!kv) return PKV_ERR_OUT_OF_MEMORY;
     kv->model = model;
@@ -54,20 +59,42 @@ static pkv_status store_create(const pkv_model *model, uint32_t max_rows, uint64
     kv->len = calloc(max_rows, sizeof *kv->len);
     kv->off = calloc(max_rows, sizeof *kv->off);
     kv->cap = calloc(max_rows, sizeof *kv->cap);
+    if (!kv->len || !kv->off || !kv->cap) {
+        pkv_contig_kv_destroy(kv);
+        return PKV_ERR_OUT_OF_MEMORY;
+    }
+    *out = kv;
+    return PKV_OK;
+}
+
+// A store with buffers of its own, zeroed.
+static pkv_status store_create(const pkv_model *model, uint32_t max_rows, uint64_t arena,
+                               pkv_dtype dtype, pkv_contig_kv **out) {
+    pkv_contig_kv *kv = NULL;
+    pkv_status st = store_new(model, max_rows, arena, dtype, &kv);
+    if (st != PKV_OK) return st;
     pkv_model *m = (pkv_model *)model; // ops take a mutable model; alloc changes no model state
-    void *k = NULL, *v = NULL;
-    pkv_status st = kv->len && kv->off && kv->cap ? m->ops->alloc(m, (size_t)each, &k)
-                                                  : PKV_ERR_OUT_OF_MEMORY;
-    if (st == PKV_OK) st = m->ops->alloc(m, (size_t)each, &v);
-    kv->k = k;
-    kv->v = v;
-    if (st == PKV_OK) st = zero_fill(m, k, (size_t)each);
-    if (st == PKV_OK) st = zero_fill(m, v, (size_t)each);
+    const size_t each = (size_t)kv->bytes_each;
+    st = m->ops->alloc(m, each, &kv->k);
+    if (st == PKV_OK) st = m->ops->alloc(m, each, &kv->v);
+    if (st == PKV_OK) st = zero_fill(m, kv->k, each);
+    if (st == PKV_OK) st = zero_fill(m, kv->v, each);
     if (st != PKV_OK) {
         pkv_contig_kv_destroy(kv);
         return st;
     }
     *out = kv;
+    return PKV_OK;
+}
+
+pkv_status pkvi_contig_kv_wrap(const pkv_model *model, uint32_t max_rows, uint64_t arena_tokens,
+                               pkv_dtype dtype, void *k, void *v, pkv_contig_kv **out) {
+    if (!k || !v) return PKV_ERR_INVALID_ARG;
+    pkv_status st = store_new(model, max_rows, arena_tokens, dtype, out);
+    if (st != PKV_OK) return st;
+    (*out)->k = k;
+    (*out)->v = v;
+    (*out)->borrowed = 1;
     return PKV_OK;
 }
 
@@ -78,6 +105,7 @@ pkv_status pkv_contig_kv_create(const pkv_model *model, uint32_t max_rows, uint3
     if (st != PKV_OK) return st;
     pkv_contig_kv *kv = *out;
     kv->max_len = max_len;
+    kv->hiwater = max_rows;
     for (uint32_t r = 0; r < max_rows; r++) {
         kv->off[r] = (uint64_t)r * max_len;
         kv->cap[r] = max_len;
@@ -94,8 +122,8 @@ pkv_status pkv_contig_kv_create_arena(const pkv_model *model, uint32_t max_rows,
 void pkv_contig_kv_destroy(pkv_contig_kv *kv) {
     if (!kv) return;
     pkv_model *m = (pkv_model *)kv->model;
-    if (kv->k) m->ops->release(m, kv->k);
-    if (kv->v) m->ops->release(m, kv->v);
+    if (kv->k && !kv->borrowed) m->ops->release(m, kv->k);
+    if (kv->v && !kv->borrowed) m->ops->release(m, kv->v);
     free(kv->len);
     free(kv->off);
     free(kv->cap);
@@ -125,7 +153,7 @@ pkv_status pkv_contig_kv_length(const pkv_contig_kv *kv, uint32_t row, uint32_t 
 // scan: placements happen once per request (per token for realloc-copy), beside a
 // forward pass over the whole batch.
 static int overlaps(const pkv_contig_kv *kv, uint32_t self, uint64_t off, uint64_t cap) {
-    for (uint32_t r = 0; r < kv->max_rows; r++)
+    for (uint32_t r = 0; r < kv->hiwater; r++)
         if (r != self && kv->cap[r] > 0 && off < kv->off[r] + kv->cap[r] && kv->off[r] < off + cap)
             return 1;
     return 0;
@@ -153,6 +181,7 @@ pkv_status pkv_contig_kv_place(pkv_contig_kv *kv, uint32_t row, uint64_t offset,
     if (st != PKV_OK) return st;
     kv->off[row] = offset;
     kv->cap[row] = capacity;
+    if (row >= kv->hiwater) kv->hiwater = row + 1;
     return PKV_OK;
 }
 

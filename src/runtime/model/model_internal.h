@@ -181,9 +181,18 @@ struct pkv_contig_kv {
     uint32_t *len;    // [max_rows] host: tokens held
     uint64_t *off;    // [max_rows] host: first token slot of the row's extent
     uint32_t *cap;    // [max_rows] host: extent length in slots (0 = no extent)
+    uint32_t hiwater; // rows at or above it have no extent (bounds the overlap scan)
     void *k, *v;      // device [L][kv_heads][arena][hd] of dtype
     uint64_t bytes_each;
+    int borrowed;     // k and v belong to the caller (pkvi_contig_kv_wrap)
 };
+
+// An arena store over caller memory (k and v: device buffers of
+// pkvi_contig_kv_arena_bytes each, borrowed, not cleared): run mode charges the
+// arena to its backend as one allocation, as the policies' sim mode counts it.
+uint64_t pkvi_contig_kv_arena_bytes(const pkv_model *model, uint64_t arena_tokens, pkv_dtype dtype);
+pkv_status pkvi_contig_kv_wrap(const pkv_model *model, uint32_t max_rows, uint64_t arena_tokens,
+                               pkv_dtype dtype, void *k, void *v, pkv_contig_kv **out);
 
 // Engine helpers shared by the loader and the contiguous store.
 pkv_status pkvi_model_alloc(const pkv_model_config *c, const pkv_model_params *p,

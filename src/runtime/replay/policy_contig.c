@@ -225,6 +225,14 @@ static void contig_stats(const void *pp, pkv_policy_stats *s) {
     s->cached_tokens = 0;
 }
 
+static void contig_extent_of(const void *pp, uint32_t r, uint32_t child, uint64_t *off,
+                             uint64_t *slots) {
+    const contig *c = pp;
+    const int held = child < c->nalloc[r];
+    *off = held ? c->off[c->seq_base[r] + child] : 0;
+    *slots = held ? c->size[c->seq_base[r] + child] : 0;
+}
+
 static pkv_status contig_validate(const void *pp) {
     const contig *c = pp;
     pkv_status st = pkvi_extent_validate(c->ea);
@@ -311,6 +319,7 @@ static pkv_status contig_create(pkv_policy kind, const pkv_policy_config *cfg,
         .stats = contig_stats,                                                                     \
         .reservation = contig_reservation,                                                         \
         .validate = contig_validate,                                                               \
+        .extent_of = contig_extent_of,                                                             \
     };
 
 CONTIG_VTABLE(contig_max, PKV_POLICY_CONTIG_MAX, "contiguous-max")

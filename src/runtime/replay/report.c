@@ -117,8 +117,11 @@ static void write_run(FILE *f, const pkv_replay_report *r) {
     str(f, r->schedule[0] ? r->schedule : "own");
     fprintf(f, ", \"schedule_deviations\": %llu", (unsigned long long)r->schedule_deviations);
     if (!strcmp(r->mode, "run"))
-        fprintf(f, ", \"run\": {\"token_hash\": \"%016llx\", \"tokens\": %llu}",
-                (unsigned long long)r->run.token_hash, (unsigned long long)r->run.tokens);
+        fprintf(f,
+                ", \"run\": {\"token_hash\": \"%016llx\", \"tokens\": %llu, \"layout\": \"%s\", "
+                "\"copied_bytes\": %llu}",
+                (unsigned long long)r->run.token_hash, (unsigned long long)r->run.tokens, r->run.layout,
+                (unsigned long long)r->run.copied_bytes);
     fprintf(f, ", \"partial\": %s}", r->partial ? "true" : "false");
 }
 

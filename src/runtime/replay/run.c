@@ -4,15 +4,19 @@
 // for every policy, each with the layout it stands for:
 // - a policy that keeps block tables (pkv_policy_vtable.seqset: `paged`) is run
 //   over its own pool and tables, bound to memory by one pkv_cache;
-// - every other policy is run over a per-token table that the executor keeps
-//   (a pkv_seqset of block size 1 over one arena of the policy's capacity):
-//   malloc-per-token's real layout, and for the contiguous policies a stand-in
-//   for their rows (the public contiguous store has fixed max_len rows and
-//   cannot carve variable extents from one arena; a table of block size 1
-//   moves the same K/V bytes). Forks share the prompt in this table; the
-//   copies the policy makes (fork copies, regrowth, realloc-copy's whole-row
-//   copies) are executed as device copies of the same byte count, timed in
-//   the step.
+// - a policy that reports its extents (pkv_policy_vtable.extent_of: every
+//   contiguous-* policy, malloc-per-request, realloc-copy) is run over a
+//   contiguous store (pkv_contig_kv arena of the policy's capacity, one backend
+//   allocation) in which each sequence's K/V sits in exactly the extent the
+//   policy placed it in, read by the contiguous decode kernel; a fork copies the
+//   parent's K/V into each sample's extent and an extent that moves
+//   (pow2-grow's regrowth, realloc-copy's every token) has its K/V copied to the
+//   new one, for real, at the start of the next step (timed in it);
+// - every other policy (malloc-per-token, plugins with neither) is run over a
+//   per-token table that the executor keeps (a pkv_seqset of block size 1 over
+//   one arena of the policy's capacity): malloc-per-token's real layout. Forks
+//   share the prompt in this table; the copies the policy reports are executed
+//   as device copies of the same byte count, timed in the step.
 // Backend calls: the calls a policy reports (malloc-per-request,
 // malloc-per-token, realloc-copy) are made for real on the backend (host
 // allocator; cudaMalloc/cudaFree), held while the policy holds them, timed, and
@@ -21,6 +25,7 @@
 // layout computes the same math; the greedy next token of every computed
 // position goes into an order-independent hash (report.run.token_hash) that
 // must be the same for every policy on the same trace, model and seed.
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -30,6 +35,7 @@
 #include "pkv_config.h"
 #include "replay_internal.h"
 #include "src/allocator/clock.h"
+#include "src/runtime/model/model_internal.h"
 
 #if PKV_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -50,15 +56,24 @@ typedef struct run_exec {
     pkv_seqset *set;    // the policy's, or `own`
     pkv_seqset *own;    // per-token table (block size 1), NULL for table policies
     pkv_pool *own_pool;
+    pkv_contig_kv *store; // extent policies: their rows in one arena (else NULL)
+    void *store_mem;      // the store's K and V halves: one backend allocation
+    uint64_t store_bytes;
+    uint32_t *free_rows;  // [max_rows] store rows not in use (a stack)
+    uint32_t nfree;
+    uint8_t *fork_pending; // [sum of n]: (r, child) must copy child 0's K/V first
     uint64_t *mbase;    // [num_requests]: first entry of request r in mseq
-    pkv_seq_id *mseq;   // [sum of n]: mirror sequence of (r, child), -1 if none
+    pkv_seq_id *mseq;   // [sum of n]: mirror sequence (table) or store row (extent
+                        // policies) of (r, child), -1 if none
     uint64_t *hbase;    // [num_requests]: first entry of request r in hashed
     uint32_t *hashed;   // [sum of n]: highest position of (r, child) already hashed
     pkv_model *model;
     pkv_backend *backend;
     pkv_cache *cache;
     void *scratch;      // [2][COPY_CHUNK] for executed copies
-    uint64_t copied;    // copy bytes already executed as real forks (none here)
+    uint64_t copied;    // K/V bytes copied (report.run.copied_bytes)
+    uint64_t row_bytes; // store: K/V bytes of one token, every layer
+    uint64_t block_bytes; // paged: K/V bytes of one block, every layer (from the cache)
     bucket *buckets;
     size_t nbuckets, bucket_cap;
     int cuda;
@@ -70,6 +85,8 @@ typedef struct run_exec {
     int32_t *next;      // [cap]
     const pkvi_step_seq **order; // [cap]: the batch entry of each model row
     int32_t *tokens_in; // [tok_cap]
+    uint32_t *rows;     // [cap]: store rows of the model call (extent policies)
+    uint8_t *pending;   // [cap]: batch entry's row is not at its extent yet
     uint32_t cap;
     uint64_t tok_cap;
 } run_exec;
@@ -106,6 +123,12 @@ static pkv_status reserve(run_exec *x, uint32_t n, uint64_t tokens) {
         const pkvi_step_seq **o = realloc(x->order, c * sizeof *o);
         if (!o) return PKV_ERR_OUT_OF_MEMORY;
         x->order = o;
+        uint32_t *rw = realloc(x->rows, c * sizeof *rw);
+        if (!rw) return PKV_ERR_OUT_OF_MEMORY;
+        x->rows = rw;
+        uint8_t *pd = realloc(x->pending, c * sizeof *pd);
+        if (!pd) return PKV_ERR_OUT_OF_MEMORY;
+        x->pending = pd;
         x->cap = c;
     }
     if (tokens > x->tok_cap) {
@@ -194,6 +217,21 @@ static pkv_status run_on_fork(pkvi_executor *e, uint32_t r, uint32_t n) {
     run_exec *x = (run_exec *)e;
     // The samples share the prompt's outputs: they are hashed once, as child 0's.
     for (uint32_t c = 1; c < n; c++) x->hashed[x->hbase[r] + c] = x->hashed[x->hbase[r]];
+    if (x->store) {
+        // Each sample's row takes its extent now, as the policy forked into it;
+        // the copy runs at the start of the next step, which times it.
+        for (uint32_t c = 1; c < n; c++) {
+            pkv_seq_id *m = mirror(x, r, c);
+            uint64_t off, slots;
+            x->pol->vt->extent_of(x->pol->state, r, c, &off, &slots);
+            if (*m >= 0 || x->nfree == 0 || slots == 0 || slots > UINT32_MAX) return PKV_ERR_CORRUPT;
+            *m = (pkv_seq_id)x->free_rows[--x->nfree];
+            pkv_status st = pkv_contig_kv_place(x->store, (uint32_t)*m, off, (uint32_t)slots);
+            if (st != PKV_OK) return st;
+            x->fork_pending[x->mbase[r] + c] = 1;
+        }
+        return PKV_OK;
+    }
     if (!x->own) return PKV_OK;
     const pkv_seq_id parent = *mirror(x, r, 0);
     if (parent < 0) return PKV_ERR_CORRUPT;
@@ -206,18 +244,88 @@ static pkv_status run_on_fork(pkvi_executor *e, uint32_t r, uint32_t n) {
 
 static void run_on_release(pkvi_executor *e, uint32_t r) {
     run_exec *x = (run_exec *)e;
-    if (!x->own) return;
+    if (!x->own && !x->store) return;
     const uint32_t n = x->pol->cfg.max_seqs[r];
     for (uint32_t c = 0; c < n; c++) {
         pkv_seq_id *m = mirror(x, r, c);
-        if (*m >= 0) pkv_seq_free(x->own, *m);
+        if (*m >= 0 && x->store) {
+            // Its extent is free for other rows; the row id goes back on the stack.
+            pkv_contig_kv_reset(x->store, (uint32_t)*m);
+            pkv_contig_kv_place(x->store, (uint32_t)*m, 0, 0);
+            x->free_rows[x->nfree++] = (uint32_t)*m;
+        } else if (*m >= 0) {
+            pkv_seq_free(x->own, *m);
+        }
         *m = -1;
+        if (x->fork_pending) x->fork_pending[x->mbase[r] + c] = 0;
     }
 }
 
+// Extent policies: copy each new sample's parent into it, then give every batch
+// entry a store row at the extent the policy holds for it now, in an order that
+// never overlaps a row not yet moved (the policy made its moves one after
+// another: one of the pending ones is always possible).
+static pkv_status sync_rows(run_exec *x, const pkvi_step_batch *b) {
+    // The forks first, into the extents the samples had when they forked (the
+    // policy copied there, then moved what grew since).
+    for (uint32_t i = 0; i < b->num_seqs; i++) {
+        const pkvi_step_seq *s = &b->seqs[i];
+        uint8_t *f = &x->fork_pending[x->mbase[s->r] + s->child];
+        if (!*f) continue;
+        const pkv_seq_id parent = *mirror(x, s->r, 0), child = *mirror(x, s->r, s->child);
+        if (parent < 0 || child < 0) return PKV_ERR_CORRUPT;
+        pkv_status st = pkv_contig_kv_copy_row(x->store, (uint32_t)parent, (uint32_t)child);
+        if (st != PKV_OK) return st;
+        x->copied += x->store->len[parent] * x->row_bytes;
+        *f = 0;
+    }
+    uint32_t left = 0;
+    for (uint32_t i = 0; i < b->num_seqs; i++) {
+        const pkvi_step_seq *s = &b->seqs[i];
+        pkv_seq_id *m = mirror(x, s->r, s->child);
+        if (*m < 0) {
+            if (x->nfree == 0) return PKV_ERR_CORRUPT; // more live sequences than slots
+            *m = (pkv_seq_id)x->free_rows[--x->nfree];
+        }
+        x->pending[i] = 1;
+        left++;
+    }
+    while (left > 0) {
+        uint32_t done = 0;
+        for (uint32_t i = 0; i < b->num_seqs; i++) {
+            if (!x->pending[i]) continue;
+            const pkvi_step_seq *s = &b->seqs[i];
+            const uint32_t row = (uint32_t)*mirror(x, s->r, s->child);
+            uint64_t off, slots;
+            x->pol->vt->extent_of(x->pol->state, s->r, s->child, &off, &slots);
+            if (slots == 0 || slots > UINT32_MAX) return PKV_ERR_CORRUPT;
+            pkv_status st = PKV_OK;
+            const int moves = x->store->cap[row] != 0 && x->store->off[row] != off;
+            if (x->store->cap[row] == 0)
+                st = pkv_contig_kv_place(x->store, row, off, (uint32_t)slots);
+            else if (x->store->off[row] != off || x->store->cap[row] != slots)
+                st = pkv_contig_kv_move_row(x->store, row, off, (uint32_t)slots);
+            if (st == PKV_ERR_BUSY) continue; // another row still sits there: later
+            if (st != PKV_OK) return st;
+            if (moves) x->copied += x->store->len[row] * x->row_bytes;
+            x->pending[i] = 0;
+            left--;
+            done++;
+        }
+        if (done == 0) return PKV_ERR_CORRUPT; // extents that overlap for good
+    }
+    return PKV_OK;
+}
+
 // The sequence to run for batch entry s; in the per-token table, create it
-// when it first appears and append the step's new slots.
+// when it first appears and append the step's new slots; in the store, append
+// them to its row (placed by sync_rows).
 static pkv_status seq_for(run_exec *x, const pkvi_step_seq *s, pkv_seq_id *id) {
+    if (x->store) {
+        *id = *mirror(x, s->r, s->child);
+        if (*id < 0) return PKV_ERR_CORRUPT;
+        return pkv_contig_kv_append(x->store, (uint32_t)*id, s->new_tokens);
+    }
     if (!x->own) {
         *id = s->id;
         return s->id >= 0 ? PKV_OK : PKV_ERR_CORRUPT;
@@ -267,12 +375,17 @@ static pkv_status run_step(pkvi_executor *e, const pkvi_step_batch *b, double *s
     pkv_status st = reserve(x, b->num_seqs, ptok > nd ? ptok : nd);
     if (st != PKV_OK) return st;
     const double t0 = pkvi_now_seconds();
-    if (!x->own) {
+    if (x->store) {
+        if ((st = sync_rows(x, b)) != PKV_OK) return st; // the copies, on the real rows
+    } else if (!x->own) {
         const pkv_block_copy *copies;
         uint32_t nc = x->pol->vt->take_copies ? x->pol->vt->take_copies(x->pol->state, &copies) : 0;
         if (nc && (st = pkv_cache_copy_blocks(x->cache, copies, nc, NULL)) != PKV_OK) return st;
+        x->copied += (uint64_t)nc * x->block_bytes;
     } else if ((st = execute_copies(x, b->copy_bytes)) != PKV_OK) {
         return st;
+    } else {
+        x->copied += b->copy_bytes;
     }
     const pkv_trace_request *reqs = pkv_trace_requests(x->pol->cfg.trace);
     if (np) {
@@ -286,8 +399,14 @@ static pkv_status run_step(pkvi_executor *e, const pkvi_step_batch *b, double *s
                 x->tokens_in[k++] = token_at(x, s->r, s->child, s->ctx - s->new_tokens + j,
                                              reqs[s->r].prompt_tokens);
         }
-        st = pkv_model_prefill_paged(x->model, x->cache, x->set, np, x->ids, x->counts, x->tokens_in,
-                                     NULL, x->next);
+        if (x->store) {
+            for (uint32_t i = 0; i < np; i++) x->rows[i] = (uint32_t)x->ids[i];
+            st = pkv_model_prefill_contig(x->model, x->store, np, x->rows, x->counts, x->tokens_in,
+                                          NULL, x->next);
+        } else {
+            st = pkv_model_prefill_paged(x->model, x->cache, x->set, np, x->ids, x->counts,
+                                         x->tokens_in, NULL, x->next);
+        }
         if (st != PKV_OK) return st;
         hash_outputs(x, np);
     }
@@ -298,7 +417,13 @@ static pkv_status run_step(pkvi_executor *e, const pkvi_step_batch *b, double *s
             x->order[i] = s;
             x->tokens_in[i] = token_at(x, s->r, s->child, s->ctx - 1, reqs[s->r].prompt_tokens);
         }
-        st = pkv_model_decode_paged(x->model, x->cache, x->set, nd, x->ids, x->tokens_in, NULL, x->next);
+        if (x->store) {
+            for (uint32_t i = 0; i < nd; i++) x->rows[i] = (uint32_t)x->ids[i];
+            st = pkv_model_decode_contig(x->model, x->store, nd, x->rows, x->tokens_in, NULL, x->next);
+        } else {
+            st = pkv_model_decode_paged(x->model, x->cache, x->set, nd, x->ids, x->tokens_in, NULL,
+                                        x->next);
+        }
         if (st != PKV_OK) return st;
         hash_outputs(x, nd);
     }
@@ -312,6 +437,14 @@ static pkv_status run_step(pkvi_executor *e, const pkvi_step_batch *b, double *s
     return PKV_OK;
 }
 
+// The store's arena goes back to the backend (counted and timed as a free).
+static void free_store(run_exec *x) {
+    pkv_contig_kv_destroy(x->store);
+    x->store = NULL;
+    if (x->store_mem) pkv_backend_free(x->backend, x->store_mem, (size_t)x->store_bytes);
+    x->store_mem = NULL;
+}
+
 static void run_destroy(pkvi_executor *e) {
     run_exec *x = (run_exec *)e;
     if (!x) return;
@@ -321,6 +454,7 @@ static void run_destroy(pkvi_executor *e) {
     }
     free_all_calls(x);
     pkv_cache_destroy(x->cache);
+    free_store(x);
     pkv_seqset_destroy(x->own);
     pkv_pool_destroy(x->own_pool);
     if (x->scratch) pkv_backend_free(x->backend, x->scratch, 2 * (size_t)COPY_CHUNK);
@@ -335,6 +469,10 @@ static void run_destroy(pkvi_executor *e) {
     free(x->next);
     free(x->order);
     free(x->tokens_in);
+    free(x->rows);
+    free(x->pending);
+    free(x->free_rows);
+    free(x->fork_pending);
     free(x);
 }
 
@@ -366,9 +504,9 @@ pkv_status pkvi_executor_run_create(const pkv_replay_params *p, pkvi_policy *pol
         if (!x->hbase || !x->hashed) st = PKV_ERR_OUT_OF_MEMORY;
     }
     x->set = pol->vt->seqset ? pol->vt->seqset(pol->state) : NULL;
+    const uint64_t slots = pol->info.capacity_slots;
     if (st == PKV_OK && !x->set) {
-        // A per-token table over one arena of the policy's capacity.
-        const uint64_t slots = pol->info.capacity_slots;
+        // (r, child) -> table sequence or store row.
         const uint32_t nr = pol->cfg.num_requests;
         x->mbase = malloc((size_t)(nr ? nr : 1) * sizeof *x->mbase);
         uint64_t total = 0;
@@ -378,13 +516,16 @@ pkv_status pkvi_executor_run_create(const pkv_replay_params *p, pkvi_policy *pol
                 total += pol->cfg.max_seqs[r];
             }
         x->mseq = malloc((size_t)(total ? total : 1) * sizeof *x->mseq);
-        if (!x->mbase || !x->mseq) st = PKV_ERR_OUT_OF_MEMORY;
+        x->fork_pending = calloc((size_t)(total ? total : 1), sizeof *x->fork_pending);
+        if (!x->mbase || !x->mseq || !x->fork_pending) st = PKV_ERR_OUT_OF_MEMORY;
         if (!x->mbase) total = 0;
         for (uint64_t i = 0; st == PKV_OK && i < total; i++) x->mseq[i] = -1;
-        if (st == PKV_OK && slots > PKV_POOL_MAX_BLOCKS) st = PKV_ERR_INVALID_ARG;
-        if (st == PKV_OK) st = pkv_pool_create((uint32_t)slots, &x->own_pool);
-        if (st == PKV_OK) st = pkv_seqset_create(x->own_pool, 1, &x->own);
-        x->set = x->own;
+        // Live sequences: at most one per pair and one per slot.
+        const uint64_t rows = total < slots ? total : slots;
+        x->nfree = (uint32_t)(rows < UINT32_MAX ? (rows ? rows : 1) : UINT32_MAX);
+        x->free_rows = malloc((size_t)x->nfree * sizeof *x->free_rows);
+        if (!x->free_rows) st = PKV_ERR_OUT_OF_MEMORY;
+        for (uint32_t i = 0; st == PKV_OK && i < x->nfree; i++) x->free_rows[i] = x->nfree - 1 - i;
     }
     pkv_model_params mp = pkv_model_params_default();
     mp.device = p->run_cuda ? PKV_DEVICE_CUDA : PKV_DEVICE_CPU;
@@ -393,13 +534,41 @@ pkv_status pkvi_executor_run_create(const pkv_replay_params *p, pkvi_policy *pol
     if (st == PKV_OK)
         st = p->run_cuda ? pkv_backend_create_cuda(0, &x->backend) : pkv_backend_create_host(&x->backend);
     if (st == PKV_OK) st = pkv_model_create(&p->model, &mp, &x->model);
-    if (st == PKV_OK && x->own) st = pkv_backend_alloc(x->backend, 2 * (size_t)COPY_CHUNK, &x->scratch);
     pkv_cache_params cp;
-    if (st == PKV_OK) st = pkv_model_cache_params(x->model, pkv_seqset_block_size(x->set), &cp);
+    if (st == PKV_OK) st = pkv_model_cache_params(x->model, x->set ? pkv_seqset_block_size(x->set) : 1, &cp);
+    // Extent policies on their contiguous rows (the store holds fp32/fp16/bf16
+    // only: an 8-bit KV runs them through the per-token table instead).
+    const int use_store = st == PKV_OK && !x->set && pol->vt->extent_of && !pkv_dtype_is_quantized(cp.dtype);
+    if (st == PKV_OK && !x->set && !use_store) {
+        if (slots > PKV_POOL_MAX_BLOCKS) st = PKV_ERR_INVALID_ARG;
+        if (st == PKV_OK) st = pkv_pool_create((uint32_t)slots, &x->own_pool);
+        if (st == PKV_OK) st = pkv_seqset_create(x->own_pool, 1, &x->own);
+        if (st == PKV_OK) st = pkv_backend_alloc(x->backend, 2 * (size_t)COPY_CHUNK, &x->scratch);
+        x->set = x->own;
+    }
     // The counters cover the replay only: the weights and the copy scratch are
     // not KV memory.
     if (st == PKV_OK) pkv_backend_reset_stats(x->backend);
-    if (st == PKV_OK) st = pkv_cache_create(&cp, pkv_seqset_pool(x->set), x->backend, &x->cache);
+    if (st == PKV_OK) {
+        x->row_bytes = 2ull * cp.num_layers * cp.kv_heads * cp.head_dim * pkv_dtype_size(cp.dtype);
+    }
+    if (st == PKV_OK && use_store) {
+        // One backend allocation (the arena sim counts), K half then V half.
+        const uint64_t half = pkvi_contig_kv_arena_bytes(x->model, slots, cp.dtype);
+        x->store_bytes = 2 * half;
+        if (half == 0 || x->store_bytes > SIZE_MAX) st = PKV_ERR_OUT_OF_MEMORY;
+        if (st == PKV_OK) st = pkv_backend_alloc(x->backend, (size_t)x->store_bytes, &x->store_mem);
+        // Touched now: untouched host pages would read as the shared zero page.
+        if (st == PKV_OK) st = pkv_backend_memset(x->backend, x->store_mem, 0, (size_t)x->store_bytes);
+        if (st == PKV_OK)
+            st = pkvi_contig_kv_wrap(x->model, x->nfree, slots, cp.dtype, x->store_mem,
+                                     (char *)x->store_mem + half, &x->store);
+    } else if (st == PKV_OK) {
+        st = pkv_cache_create(&cp, pkv_seqset_pool(x->set), x->backend, &x->cache);
+        pkv_cache_geometry g;
+        if (st == PKV_OK && (st = pkv_cache_get_geometry(x->cache, &g)) == PKV_OK)
+            x->block_bytes = 2 * g.half_block_bytes * cp.num_layers; // 8-bit scales included
+    }
     if (st != PKV_OK) {
         run_destroy(&x->base);
         return st;
@@ -412,10 +581,13 @@ pkv_status pkvi_executor_run_create(const pkv_replay_params *p, pkvi_policy *pol
 
 pkv_status pkvi_executor_run_alloc_stats(pkvi_executor *e, pkv_replay_report *rep) {
     run_exec *x = (run_exec *)e;
+    snprintf(rep->run.layout, sizeof rep->run.layout, "%s",
+             x->store ? "contiguous" : x->own ? "token-table" : "paged");
     // Free what is left and the arena first so that their frees are counted too.
     free_all_calls(x);
     pkv_cache_destroy(x->cache);
     x->cache = NULL;
+    free_store(x);
     pkv_backend_stats s;
     pkv_status st = pkv_backend_get_stats(x->backend, &s);
     if (st != PKV_OK) return st;
@@ -426,5 +598,7 @@ pkv_status pkvi_executor_run_alloc_stats(pkvi_executor *e, pkv_replay_report *re
     rep->alloc.seconds_measured = 1;
     rep->run.token_hash = x->token_hash;
     rep->run.tokens = x->tokens;
+    rep->run.copied_bytes = x->copied;
+
     return PKV_OK;
 }
