@@ -2,9 +2,10 @@
 // Tests for the replay engine: hand-computed memory and backend-call figures
 // for each policy on a tiny trace, metric identities checked at every step of
 // generated traces, external fragmentation, preemption (recompute and swap),
-// prefix sharing, determinism, the JSON keys, sizes, and run mode on the tiny
-// model.
+// prefix sharing, determinism, the JSON keys, sizes, run mode on the tiny
+// model, and sim mode's default efficiency per GPU (the published figures).
 #include <criterion/criterion.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -438,6 +439,9 @@ Test(replay_json, has_every_required_key) {
         "\"latency\": {\"step_p50_ms\": ", "\"step_p99_ms\": ", "\"ttft_p50_ms\": ",
         "\"tpot_p50_ms\": ", "\"throughput\": {\"output_tokens_per_s\": ", "\"batch\": {\"mean\": ",
         "\"max\": 3}", "\"preemptions\": 0", "\"forks\": 1", "\"cow_copies\": 1",
+        // tiny_replay_params keeps the a100-80g preset: its published factors.
+        "\"sim_efficiency\": {\"bw_frac\": 0.7097", "\"compute_frac\": 0.6916", "\"step_overhead_us\": 0",
+        "\"source\": \"torchao A100",
     };
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
         cr_expect(strstr(buf, keys[i]) != NULL, "JSON lacks %s", keys[i]);
@@ -536,4 +540,164 @@ Test(replay_run, tiny_model_on_cpu, .timeout = 240) {
     cr_expect_eq(rep.forks, 2 + 1);
     cr_expect_gt(rep.cow_copies, 0, "forked samples copy their shared partial block");
     pkv_trace_destroy(t);
+}
+
+// Sim efficiency (issue 16). The published figures behind each preset's default,
+// as docs/POLICIES.md ("Sim efficiency") quotes them, turned into fractions here
+// from their own arithmetic: a batch-1 decode step moves the fp16 weights
+// (params x 2 bytes) in 1 / (tokens/s); a 2048-token prefill does 2 x params x
+// 2048 + 4 x layers x heads x head_dim x 2048 x 2049 / 2 flops in the
+// first-token latency.
+#define LLAMA2_7B_PARAMS 6738415616.0 // llama2-7b: 32 layers, 32 heads, head_dim 128
+#define LLAMA3_8B_PARAMS 8030261248.0
+static double llama2_7b_prefill_flops(double t) {
+    return 2 * LLAMA2_7B_PARAMS * t + 4.0 * 32 * 32 * 128 * (t * (t + 1) / 2);
+}
+
+Test(replay_sim_eff, defaults_are_the_published_figures) {
+    pkv_gpu_spec g;
+    pkv_sim_efficiency e;
+    // A100-80GB: torchao Llama-2-7B bf16 107.38 tokens/s; TensorRT-LLM 0.5 LLaMA 7B
+    // fp16, 2048 tokens, 133 ms to the first token.
+    cr_assert_eq(pkv_gpu_preset("a100-80g", &g), PKV_OK);
+    cr_assert_eq(pkv_sim_efficiency_for_gpu(&g, &e), PKV_OK);
+    cr_expect_float_eq(e.bw_frac, LLAMA2_7B_PARAMS * 2 * 107.38 / 2039e9, 1e-12);
+    cr_expect_float_eq(e.compute_frac, llama2_7b_prefill_flops(2048) / 0.133 / 312e12, 1e-12);
+    cr_expect_eq(e.step_overhead_s, 0);
+    cr_expect(e.bw_frac > 0.70 && e.bw_frac < 0.72 && e.compute_frac > 0.68 && e.compute_frac < 0.70,
+              "a100: %g, %g", e.bw_frac, e.compute_frac);
+    cr_expect(strstr(e.source, "torchao") && strstr(e.source, "TensorRT-LLM"), "%s", e.source);
+    // H100: torchao Llama-3.1-8B bf16 126.90 tokens/s; no fp16 prefill figure.
+    cr_assert_eq(pkv_gpu_preset("h100-80g", &g), PKV_OK);
+    cr_assert_eq(pkv_sim_efficiency_for_gpu(&g, &e), PKV_OK);
+    const double h100_bw = LLAMA3_8B_PARAMS * 2 * 126.90 / 3.35e12;
+    cr_expect_float_eq(e.bw_frac, h100_bw, 1e-12);
+    cr_expect_eq(e.compute_frac, 1);
+    cr_expect_eq(e.step_overhead_s, 0);
+    // H200: the H100's fractions (no H200 figure).
+    cr_assert_eq(pkv_gpu_preset("h200-141g", &g), PKV_OK);
+    cr_assert_eq(pkv_sim_efficiency_for_gpu(&g, &e), PKV_OK);
+    cr_expect_float_eq(e.bw_frac, h100_bw, 1e-12);
+    cr_expect_eq(e.compute_frac, 1);
+    // Every preset has figures and a source that names them.
+    for (const char *const *n = pkv_gpu_preset_names(); *n; n++) {
+        cr_assert_eq(pkv_gpu_preset(*n, &g), PKV_OK);
+        cr_expect_eq(pkv_sim_efficiency_for_gpu(&g, &e), PKV_OK, "%s", *n);
+        cr_expect(e.bw_frac > 0 && e.bw_frac < 1 && e.compute_frac > 0 && e.compute_frac <= 1, "%s", *n);
+        cr_expect_gt(strlen(e.source), 10, "%s", *n);
+    }
+}
+
+Test(replay_sim_eff, default_follows_the_gpu_and_a_gpu_of_ones_own_is_the_plain_roofline) {
+    pkv_replay_params p = pkv_replay_params_default();
+    pkv_sim_efficiency e, want;
+    cr_expect(p.sim_eff.bw_frac == 0 && p.sim_eff.compute_frac == 0 && p.sim_eff.step_overhead_s == 0,
+              "the default is 'the GPU's own'");
+    cr_assert_eq(pkv_replay_sim_efficiency(&p, &e), PKV_OK);
+    cr_assert_eq(pkv_sim_efficiency_for_gpu(&p.gpu, &want), PKV_OK);
+    cr_expect(e.bw_frac == want.bw_frac && e.compute_frac == want.compute_frac);
+    cr_assert_eq(pkv_gpu_preset("h100-80g", &p.gpu), PKV_OK); // after the default: follows
+    cr_assert_eq(pkv_replay_sim_efficiency(&p, &e), PKV_OK);
+    cr_assert_eq(pkv_sim_efficiency_for_gpu(&p.gpu, &want), PKV_OK);
+    cr_expect(e.bw_frac == want.bw_frac && e.compute_frac == 1);
+    // Other rates under a preset's name, or another name: no published figures.
+    p.gpu.mem_bw = 1e12;
+    cr_expect_eq(pkv_sim_efficiency_for_gpu(&p.gpu, &e), PKV_ERR_NOT_FOUND);
+    cr_expect(e.bw_frac == 1 && e.compute_frac == 1 && e.step_overhead_s == 0);
+    cr_assert_eq(pkv_replay_sim_efficiency(&p, &e), PKV_OK);
+    cr_expect(e.bw_frac == 1 && e.compute_frac == 1 && e.step_overhead_s == 0, "plain roofline");
+    cr_expect(strstr(e.source, "no published") != NULL, "%s", e.source);
+    // Explicit values are used as given; out of range is refused.
+    p.sim_eff = pkv_sim_efficiency_peak();
+    p.sim_eff.bw_frac = 0.5;
+    cr_assert_eq(pkv_replay_sim_efficiency(&p, &e), PKV_OK);
+    cr_expect(e.bw_frac == 0.5 && e.compute_frac == 1);
+    const double bad[][3] = {{0.5, 0, 0}, {0, 0, 1e-6}, {1.5, 1, 0}, {1, -0.1, 0}, {1, 1, -1}, {1, 1, NAN}};
+    const pkv_trace_request r[1] = {{0, 5, 5, 1, -1, 0, 0}};
+    pkv_trace *t = make_trace(r, 1);
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        pkv_replay_params q = tiny_replay_params(PKV_POLICY_PAGED, 1000);
+        q.sim_eff.bw_frac = bad[i][0];
+        q.sim_eff.compute_frac = bad[i][1];
+        q.sim_eff.step_overhead_s = bad[i][2];
+        cr_expect_eq(pkv_replay_sim_efficiency(&q, &e), PKV_ERR_INVALID_ARG, "case %zu", i);
+        pkv_replay_report rep;
+        cr_expect_eq(pkv_replay_run(t, &q, &rep), PKV_ERR_INVALID_ARG, "case %zu", i);
+    }
+    pkv_trace_destroy(t);
+}
+
+// The first step of a one-request replay: llama2-7b on the a100-80g, no call costs.
+static pkv_replay_step first_step(pkv_replay_params p, uint32_t prompt, uint32_t output, steps *rec) {
+    const pkv_trace_request r[1] = {{0, prompt, output, 1, -1, 0, 0}};
+    pkv_trace *t = make_trace(r, 1);
+    p.alloc_model = pkv_alloc_model_none();
+    memset(rec, 0, sizeof *rec);
+    p.on_step = record_steps;
+    p.user = rec;
+    pkv_replay_report rep;
+    cr_assert_eq(pkv_replay_run(t, &p, &rep), PKV_OK);
+    cr_assert_eq(rep.requests.completed, 1);
+    cr_assert_geq(rec->n, 1);
+    pkv_trace_destroy(t);
+    return rec->v[0];
+}
+
+// With the defaults, sim mode reproduces the published steps it was derived
+// from; with pkv_sim_efficiency_peak() it is the plain roofline again.
+Test(replay_sim_eff, sim_reproduces_the_published_steps_and_peak_is_the_plain_roofline) {
+    steps rec;
+    pkv_replay_params p = pkv_replay_params_default();
+    pkv_replay_step s = first_step(p, 2048, 1, &rec);
+    cr_expect_eq(s.prefill_tokens, 2048);
+    cr_expect_float_eq(s.step_s, 0.133, 1e-12, "TensorRT-LLM's 133 ms, got %.9g s", s.step_s);
+    free(rec.v);
+    // Decode at batch 1 and a few tokens of context: torchao's 107.38 tokens/s, but
+    // for the KV the measurement's bytes left out (< 0.1 % here).
+    first_step(p, 8, 6, &rec);
+    cr_assert_geq(rec.n, 3);
+    for (size_t i = 1; i < rec.n; i++)
+        cr_expect_float_eq(rec.v[i].step_s * 107.38, 1.0, 1e-3, "step %zu: %g s", i, rec.v[i].step_s);
+    free(rec.v);
+    // Peak: flops / 312 TFLOPS exactly.
+    p.sim_eff = pkv_sim_efficiency_peak();
+    s = first_step(p, 2048, 1, &rec);
+    cr_expect_float_eq(s.step_s, llama2_7b_prefill_flops(2048) / 312e12, 1e-12, "%.9g", s.step_s);
+    free(rec.v);
+    // And the decode step: bytes / 2039 GB/s exactly, the bytes being the roofline's own count.
+    first_step(p, 8, 6, &rec);
+    for (size_t i = 1; i < rec.n; i++)
+        cr_expect_float_eq(rec.v[i].step_s, rec.v[i].work_bytes / 2039e9, 1e-12, "step %zu", i);
+    free(rec.v);
+}
+
+// A calibration replaces the rates and the efficiency: the published defaults
+// are not applied on top of measured rates.
+Test(replay_sim_eff, calibration_overrides_the_defaults) {
+    pkv_replay_calibration cal;
+    memset(&cal, 0, sizeof cal);
+    snprintf(cal.model, sizeof cal.model, "llama2-7b");
+    snprintf(cal.device, sizeof cal.device, "cuda");
+    cal.dtype_bytes = 2;
+    cal.achieved_bw = 9.5e11;
+    cal.achieved_flops = 2e14;
+    cal.step_overhead_s = 125e-6;
+    cal.alloc = pkv_alloc_model_none();
+    pkv_replay_params p = pkv_replay_params_default();
+    cr_assert_eq(pkv_replay_params_apply_calibration(&p, &cal, "cal.json"), PKV_OK);
+    pkv_sim_efficiency e;
+    cr_assert_eq(pkv_replay_sim_efficiency(&p, &e), PKV_OK);
+    cr_expect(e.bw_frac == 1 && e.compute_frac == 1 && e.step_overhead_s == 125e-6);
+    cr_expect_str_eq(e.source, "cal.json");
+    steps rec;
+    pkv_replay_step s = first_step(p, 2048, 1, &rec);
+    cr_expect_float_eq(s.step_s, llama2_7b_prefill_flops(2048) / 2e14 + 125e-6, 1e-12, "%.9g", s.step_s);
+    free(rec.v);
+    // Even with the overhead at 0 the calibration's 1, 1 hold (0 overhead is not "default").
+    cal.step_overhead_s = 0;
+    p = pkv_replay_params_default();
+    cr_assert_eq(pkv_replay_params_apply_calibration(&p, &cal, NULL), PKV_OK);
+    s = first_step(p, 2048, 1, &rec);
+    cr_expect_float_eq(s.step_s, llama2_7b_prefill_flops(2048) / 2e14, 1e-12, "%.9g", s.step_s);
+    free(rec.v);
 }

@@ -16,12 +16,14 @@
 #include "replay_helpers.h"
 
 // KV of 4 bytes per token (see test_replay.c), a GPU so slow that every step is
-// memory-bound and easy to compute: 1 MB/s of HBM, 1 kB/s of host link.
+// memory-bound and easy to compute: 1 MB/s of HBM, 1 kB/s of host link, at 100 %
+// of those rates (the plain roofline; a GPU of one's own gets it by default too).
 static pkv_replay_params tiny_params(pkv_policy policy, uint64_t kv_slots) {
     pkv_replay_params p = tiny_replay_params(policy, kv_slots);
     p.gpu.mem_bw = 1e6;
     p.gpu.peak_flops = 1e30;
     p.gpu.host_link_bw = 1e3;
+    p.sim_eff = pkv_sim_efficiency_peak();
     return p;
 }
 

@@ -75,6 +75,21 @@ static void usage(FILE *f) {
         "                      bandwidth, compute, per-step overhead, per-call cost), write\n"
         "                      the calibration to F, and report the calibrated sim's error\n"
         "  --calibration F     sim mode: model the machine and model calibrated in F\n"
+        "  --sim-efficiency E  sim: the share of the GPU's datasheet peak a step reaches.\n"
+        "                      preset (default): what real engines reached on whole steps\n"
+        "                      (published figures, docs/POLICIES.md 'Sim efficiency'):\n",
+        f);
+    for (const char *const *n = pkv_gpu_preset_names(); *n; n++) {
+        pkv_gpu_spec g;
+        pkv_sim_efficiency e;
+        if (pkv_gpu_preset(*n, &g) != PKV_OK || pkv_sim_efficiency_for_gpu(&g, &e) != PKV_OK) continue;
+        fprintf(f, "                        %s: %.0f%% HBM bandwidth, %.0f%% compute, %g us/step\n"
+                   "                        %s\n",
+                *n, 100 * e.bw_frac, 100 * e.compute_frac, e.step_overhead_s * 1e6, e.source);
+    }
+    fputs(
+        "                      peak: the plain roofline (100%, 100%, 0 us/step)\n"
+        "                      BW,COMPUTE,OVERHEAD_US: fractions in (0, 1], microseconds\n"
         "  --cuda              run mode on the CUDA backend (default: CPU)\n"
         "  --threads N         run mode CPU attention threads (default: all)\n"
         "  --seed N            run mode weights and token ids (default 1)\n"
@@ -237,7 +252,7 @@ int main(int argc, char **argv) {
                *requests_path = NULL;
     const char *model = NULL, *gpu = NULL, *format = "auto";
     int quiet = 0, have_kv = 0, have_policy = 0;
-    const char *fixed_from = NULL, *calibrate_out = NULL, *calibration = NULL;
+    const char *fixed_from = NULL, *calibrate_out = NULL, *calibration = NULL, *sim_efficiency = NULL;
     char err[256];
     rt_axes axes;
     memset(&axes, 0, sizeof axes);
@@ -295,6 +310,32 @@ int main(int argc, char **argv) {
             else if (!strncmp(v, "fixed-from ", 11) && v[11]) fixed_from = v + 11;
             else if (!strcmp(v, "fixed-from") && i + 1 < argc) fixed_from = argv[++i];
             else BAD("--schedule must be 'own' or 'fixed-from POLICY', got '%s'", v);
+        } else if (!strcmp(a, "--sim-efficiency")) {
+            NEED();
+            sim_efficiency = v;
+            if (!strcmp(v, "preset")) {
+                prm.sim_eff = pkv_replay_params_default().sim_eff; // all 0: the GPU's own
+            } else if (!strcmp(v, "peak")) {
+                prm.sim_eff = pkv_sim_efficiency_peak();
+            } else {
+                double f[3];
+                char *end = NULL;
+                const char *q = v;
+                int k = 0;
+                for (; k < 3; k++) {
+                    f[k] = strtod(q, &end);
+                    if (end == q || (k < 2 ? *end != ',' : *end != '\0')) break;
+                    q = end + 1;
+                }
+                if (k < 3 || !(f[0] > 0 && f[0] <= 1) || !(f[1] > 0 && f[1] <= 1) ||
+                    !(f[2] >= 0 && isfinite(f[2])))
+                    BAD("--sim-efficiency must be preset, peak or BW,COMPUTE,OVERHEAD_US (fractions "
+                        "in (0, 1], microseconds >= 0), got '%s'", v);
+                prm.sim_eff.bw_frac = f[0];
+                prm.sim_eff.compute_frac = f[1];
+                prm.sim_eff.step_overhead_s = f[2] * 1e-6;
+                snprintf(prm.sim_eff.source, sizeof prm.sim_eff.source, "--sim-efficiency %.60s", v);
+            }
         } else if (!strcmp(a, "--calibrate-out")) {
             NEED();
             calibrate_out = v;
@@ -449,8 +490,10 @@ int main(int argc, char **argv) {
     if (axes.num_plugins && !have_policy) axes.policies[PKV_POLICY_PAGED] = 0; // plugins only
     if (calibrate_out && prm.mode != PKV_REPLAY_RUN) BAD("--calibrate-out needs --mode run");
     if (calibration && prm.mode != PKV_REPLAY_SIM) BAD("--calibration is for sim mode");
-    if (calibration && (gpu || alloc_model || alloc_call_us >= 0))
-        BAD("--calibration sets the machine and call costs: drop --gpu / --alloc-model / --alloc-call-us");
+    if (calibration && (gpu || alloc_model || alloc_call_us >= 0 || sim_efficiency))
+        BAD("--calibration sets the machine and call costs: drop --gpu / --alloc-model / "
+            "--alloc-call-us / --sim-efficiency");
+    if (sim_efficiency && prm.mode != PKV_REPLAY_SIM) BAD("--sim-efficiency is for sim mode");
     const int model_given = model != NULL;
     if (!model) model = prm.mode == PKV_REPLAY_RUN ? "tiny" : "llama2-7b";
     if (pkv_model_preset(model, &prm.model) != PKV_OK) BAD("unknown --model '%s'", model);
@@ -596,6 +639,11 @@ int main(int argc, char **argv) {
                           : stdout;
     char chunk[32] = "off";
     if (prm.chunked_prefill) snprintf(chunk, sizeof chunk, "%u tokens", prm.chunked_prefill);
+    char step_time[192] = "measured wall time";
+    pkv_sim_efficiency eff;
+    if (prm.mode == PKV_REPLAY_SIM && pkv_replay_sim_efficiency(&prm, &eff) == PKV_OK)
+        snprintf(step_time, sizeof step_time, "roofline at %.1f%% HBM bandwidth, %.1f%% compute, %g us/step (%s)",
+                 100 * eff.bw_frac, 100 * eff.compute_frac, eff.step_overhead_s * 1e6, eff.source);
     fprintf(table_out,
             "trace %s: %zu requests (%s, %llu skipped); %zu point%s%s\n"
             "mode %s, model %s, GPU %s, KV %s; batching %s, chunked prefill %s; preempt %s (host pool "
@@ -610,7 +658,7 @@ int main(int argc, char **argv) {
             pkv_batching_name(prm.batching), chunk, pkv_preempt_mode_name(prm.preempt),
             (double)prm.swap_space_bytes / (1024.0 * 1024 * 1024),
             prm.mode == PKV_REPLAY_SIM ? prm.alloc_model.name : "measured",
-            prm.mode == PKV_REPLAY_SIM ? "roofline model" : "measured wall time");
+            step_time);
     fflush(table_out);
     rt_install_sigint();
     struct timespec w0, w1;

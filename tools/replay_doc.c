@@ -65,6 +65,21 @@ static void config_line(FILE *f, const rt_doc *d) {
         pkv_alloc_model_write_json(f, &p->alloc_model);
     else
         fputs("null", f); // run mode measures the calls
+    fputs(", \"sim_efficiency\": ", f);
+    pkv_sim_efficiency eff;
+    if (sim && pkv_replay_sim_efficiency(p, &eff) == PKV_OK) { // the factors the roofline used
+        fputs("{\"bw_frac\": ", f);
+        rt_json_num(f, eff.bw_frac);
+        fputs(", \"compute_frac\": ", f);
+        rt_json_num(f, eff.compute_frac);
+        fputs(", \"step_overhead_us\": ", f);
+        rt_json_num(f, eff.step_overhead_s * 1e6);
+        fputs(", \"source\": ", f);
+        rt_json_str(f, eff.source);
+        fputc('}', f);
+    } else {
+        fputs("null", f); // run mode measures the steps
+    }
     fprintf(f, ", \"run_threads\": %u, \"seed\": %llu, \"validate\": %s},\n", p->run_threads,
             (unsigned long long)p->seed, p->validate ? "true" : "false");
 }

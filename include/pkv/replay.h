@@ -119,7 +119,7 @@ typedef enum pkv_replay_mode {
     PKV_REPLAY_RUN = 1,
 } pkv_replay_mode;
 
-// A GPU for the roofline model. Nominal datasheet figures (see gpu_preset.c).
+// A GPU for the roofline model. Nominal datasheet figures (see roofline.c).
 typedef struct pkv_gpu_spec {
     char name[32];
     uint64_t mem_bytes;      // device memory
@@ -170,12 +170,30 @@ typedef struct pkv_replay_schedule pkv_replay_schedule;
 // Sim mode: what share of the GPU's peak a step achieves, and a fixed cost per
 // step (kernel launches, scheduling). Step time = max(flops / (peak_flops x
 // compute_frac), bytes / (mem_bw x bw_frac)) + step_overhead_s. Plain data.
+// All three numbers 0 (what pkv_replay_params_default() sets) means "the
+// published figures of params.gpu" (pkv_sim_efficiency_for_gpu), resolved when
+// the replay starts, so that changing params.gpu changes them too; otherwise
+// each must be in its range. pkv_sim_efficiency_peak() is the plain roofline.
 typedef struct pkv_sim_efficiency {
-    double bw_frac;         // (0, 1]; default 1
-    double compute_frac;    // (0, 1]; default 1
-    double step_overhead_s; // >= 0; default 0
+    double bw_frac;         // (0, 1], or 0 with the others 0: the GPU's default
+    double compute_frac;    // (0, 1], or 0 as above
+    double step_overhead_s; // >= 0
     char source[96];        // where the figures come from (shown in reports)
 } pkv_sim_efficiency;
+
+// The plain roofline: 1, 1, 0 (100 % of the datasheet peak, no overhead), an
+// upper bound on speed.
+pkv_sim_efficiency pkv_sim_efficiency_peak(void);
+
+// The default efficiency of a GPU preset, from published whole-step
+// measurements of real inference engines (sources in docs/POLICIES.md, "Sim
+// efficiency", and in roofline.c): bw_frac from batch-1 decode, compute_frac
+// from a batch-1 prefill, each derived with the roofline's own work count so
+// that sim mode reproduces the measured step; 1 where no figure was found
+// (compute on H100 and H200); overhead 0 (the measured steps include it).
+// `gpu` must equal a preset (name, mem_bw and peak_flops): a GPU of one's own
+// gets the plain roofline and PKV_ERR_NOT_FOUND, *eff still written.
+pkv_status pkv_sim_efficiency_for_gpu(const pkv_gpu_spec *gpu, pkv_sim_efficiency *eff);
 
 // A calibration of sim mode against run mode on one machine and model
 // (pkv_replay_calibrate): the achieved bandwidth and compute, the per-step
@@ -228,7 +246,9 @@ typedef struct pkv_replay_params {
     double watermark;              // fraction of capacity kept free at admission, 0.01
     pkv_model_config model;        // default preset "llama2-7b"
     pkv_gpu_spec gpu;              // default preset "a100-80g"
-    pkv_sim_efficiency sim_eff;    // default: 1, 1, 0 (the plain roofline)
+    pkv_sim_efficiency sim_eff;    // default all 0: the published figures of `gpu`
+                                   // (pkv_sim_efficiency_for_gpu); the plain roofline:
+                                   // sim_eff = pkv_sim_efficiency_peak()
     uint64_t kv_mem_bytes;         // 0 (default): (gpu.mem - weights) x gpu_util
     double gpu_util;               // default 0.9
     uint32_t dtype_bytes;          // bytes per KV and weight element, default 2 (fp16)
@@ -269,6 +289,11 @@ typedef struct pkv_replay_params {
 } pkv_replay_params;
 
 pkv_replay_params pkv_replay_params_default(void);
+
+// The efficiency a sim replay of `params` uses: params->sim_eff, or, when it is
+// all 0 (the default), pkv_sim_efficiency_for_gpu(&params->gpu) (the plain
+// roofline for a GPU of one's own). PKV_ERR_INVALID_ARG for a number out of range.
+pkv_status pkv_replay_sim_efficiency(const pkv_replay_params *params, pkv_sim_efficiency *eff);
 
 // KV bytes per token for these params (pkv_cache_bytes_per_token of the KV dtype:
 // dtype_bytes, or kv_dtype when it is 8-bit); 0 for invalid params.

@@ -3,6 +3,7 @@
 // suffixes, and the KV budget of a (model, GPU) pair.
 #include <ctype.h>
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
@@ -82,10 +83,11 @@ pkv_replay_params pkv_replay_params_default(void) {
     p.watermark = 0.01;
     pkv_model_preset("llama2-7b", &p.model);
     pkv_gpu_preset("a100-80g", &p.gpu);
-    p.sim_eff.bw_frac = 1;
-    p.sim_eff.compute_frac = 1;
+    // All 0: the published figures of whichever GPU the replay gets (pkv_replay_sim_efficiency).
+    p.sim_eff.bw_frac = 0;
+    p.sim_eff.compute_frac = 0;
     p.sim_eff.step_overhead_s = 0;
-    snprintf(p.sim_eff.source, sizeof p.sim_eff.source, "none: the plain roofline (100%% of peak)");
+    snprintf(p.sim_eff.source, sizeof p.sim_eff.source, "default: the GPU preset's published figures");
     p.kv_mem_bytes = 0;
     p.gpu_util = 0.9;
     p.dtype_bytes = 2;
@@ -100,6 +102,22 @@ pkv_replay_params pkv_replay_params_default(void) {
     p.vmm_defer_reclaim = 0;
     p.seed = 1;
     return p;
+}
+
+pkv_status pkv_replay_sim_efficiency(const pkv_replay_params *p, pkv_sim_efficiency *eff) {
+    if (!p || !eff) return PKV_ERR_INVALID_ARG;
+    const pkv_sim_efficiency *s = &p->sim_eff;
+    if (s->bw_frac == 0 && s->compute_frac == 0 && s->step_overhead_s == 0) {
+        // A GPU of one's own has no published figures: the plain roofline, which
+        // pkv_sim_efficiency_for_gpu leaves in *eff with a source saying so.
+        pkv_sim_efficiency_for_gpu(&p->gpu, eff);
+        return PKV_OK;
+    }
+    if (!(s->bw_frac > 0 && s->bw_frac <= 1 && s->compute_frac > 0 && s->compute_frac <= 1 &&
+          s->step_overhead_s >= 0 && isfinite(s->step_overhead_s)))
+        return PKV_ERR_INVALID_ARG;
+    *eff = *s;
+    return PKV_OK;
 }
 
 uint64_t pkv_replay_kv_bytes_per_token(const pkv_replay_params *p) {

@@ -10,6 +10,7 @@
 #include "src/allocator/clock.h"
 
 static int params_ok(const pkv_replay_params *p) {
+    pkv_sim_efficiency eff;
     return ((unsigned)p->policy < PKV_POLICY_COUNT || p->custom_policy) && p->block_size >= 1 && p->block_size <= 65536 &&
            (p->preempt == PKV_PREEMPT_RECOMPUTE || p->preempt == PKV_PREEMPT_SWAP) &&
            (p->mode == PKV_REPLAY_SIM || p->mode == PKV_REPLAY_RUN) && p->max_batch >= 1 &&
@@ -21,9 +22,7 @@ static int params_ok(const pkv_replay_params *p) {
            !(p->batching == PKV_BATCHING_STATIC && p->chunked_prefill) &&
            p->load_scale > 0 && isfinite(p->load_scale) && p->alloc_model.alloc.base_s >= 0 &&
            p->alloc_model.alloc.per_byte_s >= 0 && p->alloc_model.free.base_s >= 0 &&
-           p->alloc_model.free.per_byte_s >= 0 && p->sim_eff.bw_frac > 0 && p->sim_eff.bw_frac <= 1 &&
-           p->sim_eff.compute_frac > 0 && p->sim_eff.compute_frac <= 1 &&
-           p->sim_eff.step_overhead_s >= 0 && isfinite(p->sim_eff.step_overhead_s) &&
+           p->alloc_model.free.per_byte_s >= 0 && pkv_replay_sim_efficiency(p, &eff) == PKV_OK &&
            pkv_model_config_validate(&p->model) == PKV_OK &&
            (p->policy != PKV_POLICY_VMM ||
             (p->vmm_page_bytes >= 4096 && p->vmm_page_bytes % 4096 == 0));

@@ -180,6 +180,18 @@ pkv_status pkv_replay_write_json(FILE *f, const char *trace_name, const pkv_trac
         pkv_alloc_model_write_json(f, &p->alloc_model);
     else
         fputs("null", f);
+    fputs(",\n            \"sim_efficiency\": ", f);
+    pkv_sim_efficiency eff;
+    if (p->mode == PKV_REPLAY_SIM && pkv_replay_sim_efficiency(p, &eff) == PKV_OK) {
+        field(f, "{\"bw_frac\": ", eff.bw_frac);
+        field(f, ", \"compute_frac\": ", eff.compute_frac);
+        field(f, ", \"step_overhead_us\": ", eff.step_overhead_s * 1e6);
+        fputs(", \"source\": ", f);
+        str(f, eff.source);
+        fputc('}', f);
+    } else {
+        fputs("null", f);
+    }
     fputs("},\n \"runs\": [\n", f);
     for (size_t i = 0; i < n; i++) {
         write_run(f, &reports[i]);

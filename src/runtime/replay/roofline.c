@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: MIT
-// GPU presets and the roofline step-time model used by sim mode.
+// GPU presets, their default sim efficiency, and the roofline step-time model
+// used by sim mode.
 //
 // A step's time is max(flops / peak_flops, bytes / mem_bw) + swap / host_link_bw:
 // - flops = 2 x params x tokens (every weight is one multiply-add per token)
@@ -7,13 +8,19 @@
 // - bytes = the weights once per step (params x dtype_bytes)
 //         + KV read (every context token of every sequence) and written (the new
 //           tokens), at kv_bytes_per_token each, + device copies read and written.
-// With pkv_sim_efficiency at 1, 1, 0 (the default) it is a lower bound: no
-// kernel-efficiency factor, no launch overheads, no activations traffic; a
-// calibration (pkv_replay_calibrate) scales the rates and adds the overhead. Its purpose is to rank policies on the same trace
+// peak_flops and mem_bw are the datasheet's times pkv_sim_efficiency's fractions,
+// plus its per-step overhead. By default (sim_eff all 0) the fractions are the
+// GPU preset's published ones below: what real engines reached on whole steps,
+// so a step takes about what it took there. With pkv_sim_efficiency_peak()
+// (1, 1, 0; `pkv-replay --sim-efficiency peak`) the model is a lower bound on
+// step time: no kernel-efficiency factor, no launch overheads, no activations
+// traffic. A calibration (pkv_replay_calibrate) replaces the rates by measured
+// ones and adds the overhead. Its purpose is to rank policies on the same trace
 // (larger batches amortize the weight reads), not to predict a server.
 //
 // GPU figures are nominal datasheet numbers (dense fp16/bf16 tensor throughput,
 // no sparsity); memory is the total nvidia-smi reports for the card.
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -42,6 +49,109 @@ pkv_status pkv_gpu_preset(const char *name, pkv_gpu_spec *spec) {
 }
 
 const char *const *pkv_gpu_preset_names(void) { return gpu_names; }
+
+// Published whole-step measurements behind a preset's default efficiency
+// (docs/POLICIES.md, "Sim efficiency"). Each fraction is derived with this
+// file's own work count, so that sim mode reproduces the measured step:
+//   bw_frac      = bytes of one batch-1 decode step of decode_model / (1 / tok_s)
+//                  / mem_bw (the weights; the few hundred context tokens of the
+//                  measurement add < 1 % and are left out);
+//   compute_frac = flops of one prefill of prefill_tokens / prefill_s / peak_flops.
+// A GPU with no figure of a kind keeps 1 for it; `like` borrows another preset's
+// fractions (same SM generation, no figure of its own).
+typedef struct published {
+    const char *gpu;
+    const char *decode_model;  // model preset measured; NULL: no decode figure
+    double decode_tok_s;       // tokens/s, batch 1, bf16/fp16 weights
+    const char *prefill_model; // NULL: no prefill figure
+    double prefill_tokens;     // prompt length
+    double prefill_s;          // first-token latency, batch 1, fp16
+    const char *like;          // NULL, or the preset whose fractions apply
+    const char *source;        // shown in reports (fits pkv_sim_efficiency.source)
+} published;
+
+static const published published_figures[] = {
+    // Decode: pytorch/ao torchao/quantization/README.md (2024-25), "CUDA backend |
+    // NVIDIA-A100-80GB GPU", Llama-2-7B "Base (bfloat16)": 107.38 tokens/s, batch 1
+    // (1418.93 GB/s as that table counts the bytes, 69.6 % of 2039 GB/s).
+    // Prefill: NVIDIA/TensorRT-LLM docs/source/performance.md (release 0.5.0, 2023),
+    // "Low Latency", "A100 GPUs (FP16)": LLaMA 7B, batch 1, TP 1, input 2048,
+    // 1st token latency 133 ms.
+    {"a100-80g", "llama2-7b", 107.38, "llama2-7b", 2048, 0.133, NULL,
+     "torchao A100 bf16 decode; TensorRT-LLM 0.5 fp16 TTFT"},
+    // Decode: the same torchao table, "CUDA backend | NVIDIA-H100 GPU",
+    // Llama-3.1-8B "Base (bfloat16)": 126.90 tokens/s, batch 1 (1904.75 GB/s as
+    // that table counts). Prefill: no fp16/bf16 whole-step figure found (TensorRT-LLM
+    // 0.5 lists H100 first-token latency in FP8 only): compute stays at 1.
+    {"h100-80g", "llama3-8b", 126.90, NULL, 0, 0, NULL,
+     "torchao H100 bf16 decode; no H100 fp16 prefill figure"},
+    // No H200 figure found: the H100's fractions (same Hopper SM, HBM3e).
+    {"h200-141g", NULL, 0, NULL, 0, 0, "h100-80g",
+     "H100's fractions: no H200 figure"},
+};
+
+pkv_sim_efficiency pkv_sim_efficiency_peak(void) {
+    pkv_sim_efficiency e;
+    memset(&e, 0, sizeof e);
+    e.bw_frac = 1;
+    e.compute_frac = 1;
+    e.step_overhead_s = 0;
+    snprintf(e.source, sizeof e.source, "peak: the plain roofline");
+    return e;
+}
+
+// The fractions of `f` on `gpu` (its datasheet rates); 1 where f has no figure.
+static pkv_status published_fractions(const published *f, const pkv_gpu_spec *gpu, double *bw,
+                                      double *compute) {
+    *bw = *compute = 1;
+    pkv_model_config m;
+    if (f->decode_model) {
+        if (pkv_model_preset(f->decode_model, &m) != PKV_OK) return PKV_ERR_NOT_FOUND;
+        const double bytes = (double)pkv_model_param_count(&m) * 2.0; // fp16/bf16 weights
+        *bw = bytes * f->decode_tok_s / gpu->mem_bw;
+    }
+    if (f->prefill_model) {
+        if (pkv_model_preset(f->prefill_model, &m) != PKV_OK) return PKV_ERR_NOT_FOUND;
+        const double t = f->prefill_tokens;
+        const double flops = 2.0 * (double)pkv_model_param_count(&m) * t +
+                             4.0 * m.num_layers * (double)m.num_heads * m.head_dim * (t * (t + 1) / 2);
+        *compute = flops / f->prefill_s / gpu->peak_flops;
+    }
+    // A measurement faster than the datasheet would be a wrong figure, not a fraction.
+    return *bw > 0 && *bw <= 1 && *compute > 0 && *compute <= 1 ? PKV_OK : PKV_ERR_INVALID_ARG;
+}
+
+static const published *published_for(const char *gpu) {
+    for (size_t i = 0; i < sizeof published_figures / sizeof published_figures[0]; i++)
+        if (strcmp(published_figures[i].gpu, gpu) == 0) return &published_figures[i];
+    return NULL;
+}
+
+pkv_status pkv_sim_efficiency_for_gpu(const pkv_gpu_spec *gpu, pkv_sim_efficiency *eff) {
+    if (!gpu || !eff) return PKV_ERR_INVALID_ARG;
+    *eff = pkv_sim_efficiency_peak();
+    pkv_gpu_spec preset;
+    // The fractions are of the preset's datasheet rates: a spec with other rates
+    // under a preset's name is a GPU of one's own.
+    if (pkv_gpu_preset(gpu->name, &preset) != PKV_OK || preset.mem_bw != gpu->mem_bw ||
+        preset.peak_flops != gpu->peak_flops) {
+        snprintf(eff->source, sizeof eff->source, "peak: no published figures for this GPU");
+        return PKV_ERR_NOT_FOUND;
+    }
+    const published *f = published_for(gpu->name);
+    if (!f) return PKV_ERR_NOT_FOUND; // every preset has an entry (tested)
+    const published *from = f->like ? published_for(f->like) : f;
+    pkv_gpu_spec measured = preset;
+    if (!from || (f->like && pkv_gpu_preset(f->like, &measured) != PKV_OK)) return PKV_ERR_NOT_FOUND;
+    double bw, compute;
+    pkv_status st = published_fractions(from, &measured, &bw, &compute);
+    if (st != PKV_OK) return st;
+    eff->bw_frac = bw;
+    eff->compute_frac = compute;
+    eff->step_overhead_s = 0;
+    snprintf(eff->source, sizeof eff->source, "%s", f->source);
+    return PKV_OK;
+}
 
 typedef struct roofline {
     pkvi_executor base;
@@ -114,10 +224,16 @@ pkv_status pkvi_executor_roofline_create(const pkv_replay_params *p, pkvi_execut
     m->flops_per_token = 2.0 * (double)params;
     m->attn_flops_per_pair = 4.0 * p->model.num_layers * (double)p->model.num_heads * p->model.head_dim;
     m->kv_bytes_per_token = (double)kvb;
-    m->peak_flops = p->gpu.peak_flops * p->sim_eff.compute_frac;
-    m->mem_bw = p->gpu.mem_bw * p->sim_eff.bw_frac;
+    pkv_sim_efficiency eff;
+    pkv_status st = pkv_replay_sim_efficiency(p, &eff);
+    if (st != PKV_OK) {
+        free(m);
+        return st;
+    }
+    m->peak_flops = p->gpu.peak_flops * eff.compute_frac;
+    m->mem_bw = p->gpu.mem_bw * eff.bw_frac;
     m->host_bw = p->gpu.host_link_bw;
-    m->overhead_s = p->sim_eff.step_overhead_s;
+    m->overhead_s = eff.step_overhead_s;
     *out = &m->base;
     return PKV_OK;
 }
