@@ -524,6 +524,21 @@ Test(attention_contig, carved_rows_at_offsets_equal_paged) {
         cr_assert_eq(memcmp(paged, contig, on * es), 0, "%s: paged != carved contiguous",
                      pkv_dtype_name(dt));
         check_decode(&c, contig, "carved contiguous");
+        // Prefill of the last min(len, 3) tokens of each: the same bits as paged.
+        int32_t indptr[5] = {0};
+        for (uint32_t s = 0; s < 4; s++) indptr[s + 1] = indptr[s] + (lens[s] < 3 ? lens[s] : 3);
+        const size_t pn = (size_t)indptr[4] * 8 * dim;
+        void *pq = xcalloc(pn, es), *po1 = xcalloc(pn, es), *po2 = xcalloc(pn, es);
+        for (size_t i = 0; i < pn; i++) store(dt, pq, i, (float)((i * 2654435761u) % 1000) / 500.0f - 1.0f);
+        cr_assert_eq(pkv_attn_prefill_paged_cpu(&c.sh, 4, indptr, pq, &c.kv, po1), PKV_OK);
+        cr_assert_eq(pkv_attn_prefill_contig_cpu(&c.sh, 4, indptr, pq, &ck, po2), PKV_OK);
+        cr_assert_eq(memcmp(po1, po2, pn * es), 0, "%s: paged prefill != carved contiguous prefill",
+                     pkv_dtype_name(dt));
+        indptr[4] = indptr[3] + lens[3] + 1; // more rows than the sequence has
+        cr_assert_eq(pkv_attn_prefill_contig_cpu(&c.sh, 4, indptr, pq, &ck, po2), PKV_ERR_INVALID_ARG);
+        free(pq);
+        free(po1);
+        free(po2);
         // A negative offset is refused and nothing is written.
         offs[2] = -(int64_t)dim;
         memset(contig, 0xab, on * es);

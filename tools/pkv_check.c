@@ -174,7 +174,7 @@ static double compare(pkv_dtype dt, const void *cpu, const void *gpu, size_t n, 
 }
 
 // One paged decode (or prefill) case on both: shuffled tables, NaN in unused
-// slots; decode is also checked through the contiguous twin.
+// slots; each is also checked through the contiguous twin.
 static void run_case(ctx *c, pkv_dtype dt, uint32_t heads, uint32_t kvh, uint32_t dim,
                      uint32_t bs, uint32_t nseq, const int32_t *lens, uint32_t splits,
                      int prefill) {
@@ -313,8 +313,8 @@ static void run_case(ctx *c, pkv_dtype dt, uint32_t heads, uint32_t kvh, uint32_
                  load(dt, cpu, where), load(dt, gpu, where));
         fail(c, "error/tolerance %g", w, err);
     }
-    if (!prefill && err <= 1.0) {
-        // The contiguous twin on the same data, laid out [seq][kv_head][max_len][dim]
+    if (err <= 1.0) {
+        // The contiguous twin (decode or prefill) on the same data, laid out [seq][kv_head][max_len][dim]
         // (seq_stride) for block sizes below 32, else as variable rows carved from
         // one [kv_head][arena][dim] arena in reverse order with gaps (seq_offsets).
         uint32_t max_len = max_blocks * bs;
@@ -359,7 +359,8 @@ static void run_case(ctx *c, pkv_dtype dt, uint32_t heads, uint32_t kvh, uint32_
             fail(c, "device allocation failed%.0g", "contiguous", 0);
             goto done;
         }
-        st = pkv_attn_decode_contig_cuda_ex(&sh, nseq, dq, &ckv, dout, &opts, NULL);
+        st = prefill ? pkv_attn_prefill_contig_cuda_ex(&sh, nseq, dind, rows, dq, &ckv, dout, NULL)
+                     : pkv_attn_decode_contig_cuda_ex(&sh, nseq, dq, &ckv, dout, &opts, NULL);
         if (st != PKV_OK || cudaMemcpy(gpu, dout, qn * es, cudaMemcpyDeviceToHost) != cudaSuccess) {
             err = INFINITY;
             fail(c, "contiguous CUDA call failed (status %g)", what, (double)st);

@@ -139,6 +139,12 @@ pkv_status pkv_attn_cache_write_cpu(const pkv_attn_shape *shape, uint32_t num_to
 pkv_status pkv_attn_prefill_paged_cpu(const pkv_attn_shape *shape, uint32_t num_seqs,
                                       const int32_t *q_indptr, const void *q,
                                       const pkv_attn_paged_kv *kv, void *out);
+// The same causal prefill through a contiguous cache (rows at a fixed stride or at
+// seq_offsets): the layout comparison's prefill twin, bit-identical to the paged
+// call on the same data.
+pkv_status pkv_attn_prefill_contig_cpu(const pkv_attn_shape *shape, uint32_t num_seqs,
+                                       const int32_t *q_indptr, const void *q,
+                                       const pkv_attn_contig_kv *kv, void *out);
 
 // CUDA twins: same arguments and semantics, device pointers (q, out, caches, every
 // table), `stream` is a cudaStream_t (NULL = default). They launch asynchronously
@@ -172,6 +178,12 @@ pkv_status pkv_attn_prefill_paged_cuda_ex(const pkv_attn_shape *shape, uint32_t 
                                           const int32_t *q_indptr, uint32_t num_rows,
                                           const void *q, const pkv_attn_paged_kv *kv, void *out,
                                           void *stream);
+// Contiguous prefill, as pkv_attn_prefill_paged_cuda_ex (num_rows from the caller,
+// no synchronization).
+pkv_status pkv_attn_prefill_contig_cuda_ex(const pkv_attn_shape *shape, uint32_t num_seqs,
+                                           const int32_t *q_indptr, uint32_t num_rows,
+                                           const void *q, const pkv_attn_contig_kv *kv,
+                                           void *out, void *stream);
 
 // Batched block copy (copy-on-write, swap inside one arena) for caches laid out as
 // blocks at a fixed stride: for every layer l < num_layers and every pair i, the

@@ -73,14 +73,14 @@ pkv_status pkvi_attn_check_contig_lens(const pkv_attn_contig_kv *kv, uint32_t nu
     return PKV_OK;
 }
 
-pkv_status pkvi_attn_check_prefill(const pkv_attn_paged_kv *kv, uint32_t num_seqs,
+pkv_status pkvi_attn_check_prefill(const int32_t *seq_lens, uint32_t num_seqs,
                                    const int32_t *q_indptr) {
     if (q_indptr == NULL || q_indptr[0] != 0) {
         return PKV_ERR_INVALID_ARG;
     }
     for (uint32_t s = 0; s < num_seqs; s++) {
         int64_t n = (int64_t)q_indptr[s + 1] - q_indptr[s];
-        if (n < 0 || n > kv->seq_lens[s]) {
+        if (n < 0 || n > seq_lens[s]) {
             return PKV_ERR_INVALID_ARG;
         }
     }

@@ -349,26 +349,12 @@ static uint32_t find_seq(const int32_t *q_indptr, uint32_t num_seqs, int64_t r) 
     return lo;
 }
 
-pkv_status pkv_attn_prefill_paged_cpu(const pkv_attn_shape *shape, uint32_t num_seqs,
-                                      const int32_t *q_indptr, const void *q,
-                                      const pkv_attn_paged_kv *kv, void *out) {
-    pkv_status st = pkvi_attn_check_shape(shape, 0);
-    if (st == PKV_OK) {
-        st = pkvi_attn_check_paged_desc(kv);
-    }
-    if (st != PKV_OK) {
-        return st;
-    }
-    if (q == NULL || out == NULL || q_indptr == NULL) {
-        return PKV_ERR_INVALID_ARG;
-    }
-    st = pkvi_attn_check_paged_tables(kv, num_seqs);
-    if (st == PKV_OK) {
-        st = pkvi_attn_check_prefill(kv, num_seqs, q_indptr);
-    }
-    if (st != PKV_OK) {
-        return st;
-    }
+// Prefill for either layout: one work item per (packed query row, kv head, query
+// sub-group); row j of an n-token prompt is position len - n + j and sees tokens
+// 0..that.
+static void prefill_items(const pkv_attn_shape *shape, uint32_t num_seqs, const int32_t *q_indptr,
+                          const void *q, const void *desc, const int32_t *seq_lens,
+                          kv_view (*view)(const void *, size_t, uint32_t, uint32_t), void *out) {
     const size_t es = pkv_dtype_size(shape->dtype);
     const uint32_t group = pkvi_attn_cpu_item_group(shape);
     const uint32_t subs = shape->num_heads / shape->num_kv_heads / group;
@@ -385,13 +371,37 @@ pkv_status pkv_attn_prefill_paged_cpu(const pkv_attn_shape *shape, uint32_t num_
         uint32_t kvh = (uint32_t)((uint64_t)it / subs % shape->num_kv_heads);
         int64_t r = (int64_t)((uint64_t)it / subs / shape->num_kv_heads);
         uint32_t s = find_seq(q_indptr, num_seqs, r);
-        // Row j of an n-token prompt is position len - n + j: it sees tokens 0..that.
         int64_t n = (int64_t)q_indptr[s + 1] - q_indptr[s];
-        uint32_t ctx = (uint32_t)(kv->seq_lens[s] - n + (r - q_indptr[s]) + 1);
+        uint32_t ctx = (uint32_t)(seq_lens[s] - n + (r - q_indptr[s]) + 1);
         uint32_t h0 = kvh * (shape->num_heads / shape->num_kv_heads) + sub * group;
         size_t row = ((size_t)r * shape->num_heads + h0) * shape->head_dim * es;
-        kv_view v = paged_view(kv, es, s, kvh);
+        kv_view v = view(desc, es, s, kvh);
         attend(shape, &v, ctx, (const char *)q + row, (char *)out + row, group, f16c);
     }
+}
+
+pkv_status pkv_attn_prefill_paged_cpu(const pkv_attn_shape *shape, uint32_t num_seqs,
+                                      const int32_t *q_indptr, const void *q,
+                                      const pkv_attn_paged_kv *kv, void *out) {
+    pkv_status st = pkvi_attn_check_shape(shape, 0);
+    if (st == PKV_OK) st = pkvi_attn_check_paged_desc(kv);
+    if (st == PKV_OK && (q == NULL || out == NULL || q_indptr == NULL)) st = PKV_ERR_INVALID_ARG;
+    if (st == PKV_OK) st = pkvi_attn_check_paged_tables(kv, num_seqs);
+    if (st == PKV_OK) st = pkvi_attn_check_prefill(kv->seq_lens, num_seqs, q_indptr);
+    if (st != PKV_OK) return st;
+    prefill_items(shape, num_seqs, q_indptr, q, kv, kv->seq_lens, paged_view, out);
+    return PKV_OK;
+}
+
+pkv_status pkv_attn_prefill_contig_cpu(const pkv_attn_shape *shape, uint32_t num_seqs,
+                                       const int32_t *q_indptr, const void *q,
+                                       const pkv_attn_contig_kv *kv, void *out) {
+    pkv_status st = pkvi_attn_check_shape(shape, 0);
+    if (st == PKV_OK) st = pkvi_attn_check_contig_desc(kv);
+    if (st == PKV_OK && (q == NULL || out == NULL || q_indptr == NULL)) st = PKV_ERR_INVALID_ARG;
+    if (st == PKV_OK) st = pkvi_attn_check_contig_lens(kv, num_seqs);
+    if (st == PKV_OK) st = pkvi_attn_check_prefill(kv->seq_lens, num_seqs, q_indptr);
+    if (st != PKV_OK) return st;
+    prefill_items(shape, num_seqs, q_indptr, q, kv, kv->seq_lens, contig_view, out);
     return PKV_OK;
 }

@@ -613,7 +613,7 @@ pkv_status pkv_attn_prefill_paged_quant_cpu(const pkv_attn_shape *shape,
     if (st == PKV_OK) st = pkvi_attn_check_paged_desc(kv);
     if (st == PKV_OK && (q == NULL || out == NULL || q_indptr == NULL)) st = PKV_ERR_INVALID_ARG;
     if (st == PKV_OK) st = pkvi_attn_check_paged_tables(kv, num_seqs);
-    if (st == PKV_OK) st = pkvi_attn_check_prefill(kv, num_seqs, q_indptr);
+    if (st == PKV_OK) st = pkvi_attn_check_prefill(kv->seq_lens, num_seqs, q_indptr);
     if (st != PKV_OK) return st;
     run_items(shape, quant, num_seqs, q_indptr, (uint64_t)q_indptr[num_seqs], q, kv, NULL, out);
     return PKV_OK;

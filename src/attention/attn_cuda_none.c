@@ -60,6 +60,15 @@ pkv_status pkv_attn_prefill_paged_cuda_ex(const pkv_attn_shape *shape, uint32_t 
     return PKV_ERR_UNSUPPORTED;
 }
 
+pkv_status pkv_attn_prefill_contig_cuda_ex(const pkv_attn_shape *shape, uint32_t num_seqs,
+                                           const int32_t *q_indptr, uint32_t num_rows,
+                                           const void *q, const pkv_attn_contig_kv *kv,
+                                           void *out, void *stream) {
+    (void)shape, (void)num_seqs, (void)q_indptr, (void)num_rows, (void)q, (void)kv, (void)out;
+    (void)stream;
+    return PKV_ERR_UNSUPPORTED;
+}
+
 pkv_status pkv_attn_copy_blocks_cuda(pkv_dtype dtype, void *base, uint32_t num_layers,
                                      uint64_t layer_stride, uint64_t block_stride,
                                      uint64_t block_elems, uint32_t num_blocks,

@@ -649,11 +649,9 @@ extern "C" pkv_status pkv_attn_decode_paged_cuda(const pkv_attn_shape *shape, ui
     return pkv_attn_decode_paged_cuda_ex(shape, num_seqs, q, kv, out, nullptr, stream);
 }
 
-extern "C" pkv_status pkv_attn_decode_contig_cuda_ex(const pkv_attn_shape *shape,
-                                                     uint32_t num_seqs, const void *q,
-                                                     const pkv_attn_contig_kv *kv, void *out,
-                                                     const pkv_attn_cuda_opts *opts,
-                                                     void *stream) {
+// The host checks of a contiguous call and its launch arguments.
+static pkv_status contig_args(const pkv_attn_shape *shape, const void *q,
+                              const pkv_attn_contig_kv *kv, void *out, dec_args *a) {
     pkv_status st = pkvi_attn_check_shape(shape, 1);
     if (st == PKV_OK) {
         st = pkvi_attn_check_contig_desc(kv);
@@ -670,22 +668,53 @@ extern "C" pkv_status pkv_attn_decode_contig_cuda_ex(const pkv_attn_shape *shape
         !pkvi_stride16(kv->head_stride, es) || !pkvi_stride16(kv->token_stride, es)) {
         return PKV_ERR_UNSUPPORTED;
     }
-    if (num_seqs == 0) {
-        return PKV_OK;
+    *a = dec_args{};
+    a->q = q;
+    a->out = out;
+    a->k = static_cast<const char *>(kv->k_cache);
+    a->v = static_cast<const char *>(kv->v_cache);
+    a->tables = nullptr;
+    a->lens = kv->seq_lens;
+    a->seq_stride = kv->seq_stride;
+    a->offsets = kv->seq_offsets;
+    a->head_stride = kv->head_stride;
+    a->token_stride = kv->token_stride;
+    return PKV_OK;
+}
+
+extern "C" pkv_status pkv_attn_decode_contig_cuda_ex(const pkv_attn_shape *shape,
+                                                     uint32_t num_seqs, const void *q,
+                                                     const pkv_attn_contig_kv *kv, void *out,
+                                                     const pkv_attn_cuda_opts *opts,
+                                                     void *stream) {
+    dec_args a;
+    pkv_status st = contig_args(shape, q, kv, out, &a);
+    if (st != PKV_OK || num_seqs == 0) {
+        return st;
     }
-    dec_args a = {};
-    a.q = q;
-    a.out = out;
-    a.k = static_cast<const char *>(kv->k_cache);
-    a.v = static_cast<const char *>(kv->v_cache);
-    a.tables = nullptr;
-    a.lens = kv->seq_lens;
-    a.seq_stride = kv->seq_stride;
-    a.offsets = kv->seq_offsets;
-    a.head_stride = kv->head_stride;
-    a.token_stride = kv->token_stride;
     split_req req = {opts, kv->max_seq_len};
     return launch(shape, a, num_seqs, num_seqs, req, static_cast<cudaStream_t>(stream));
+}
+
+extern "C" pkv_status pkv_attn_prefill_contig_cuda_ex(const pkv_attn_shape *shape,
+                                                      uint32_t num_seqs, const int32_t *q_indptr,
+                                                      uint32_t num_rows, const void *q,
+                                                      const pkv_attn_contig_kv *kv, void *out,
+                                                      void *stream) {
+    dec_args a;
+    pkv_status st = contig_args(shape, q, kv, out, &a);
+    if (st != PKV_OK) {
+        return st;
+    }
+    if (q_indptr == nullptr) {
+        return PKV_ERR_INVALID_ARG;
+    }
+    if (num_seqs == 0 || num_rows == 0) {
+        return PKV_OK;
+    }
+    a.q_indptr = q_indptr;
+    split_req req = {nullptr, kv->max_seq_len};
+    return launch(shape, a, num_seqs, num_rows, req, static_cast<cudaStream_t>(stream));
 }
 
 extern "C" pkv_status pkv_attn_decode_contig_cuda(const pkv_attn_shape *shape,

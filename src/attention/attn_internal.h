@@ -34,7 +34,7 @@ pkv_status pkvi_attn_check_paged_tables(const pkv_attn_paged_kv *kv, uint32_t nu
 pkv_status pkvi_attn_check_contig_desc(const pkv_attn_contig_kv *kv);
 pkv_status pkvi_attn_check_contig_lens(const pkv_attn_contig_kv *kv, uint32_t num_seqs);
 // Prefill: q_indptr[0] == 0, non-decreasing, prompt i no longer than seq_lens[i].
-pkv_status pkvi_attn_check_prefill(const pkv_attn_paged_kv *kv, uint32_t num_seqs,
+pkv_status pkvi_attn_check_prefill(const int32_t *seq_lens, uint32_t num_seqs,
                                    const int32_t *q_indptr);
 // Cache write scalars (pointers, sizes); slots are checked by the caller.
 pkv_status pkvi_attn_check_write_args(const pkv_attn_shape *shape, const void *k,

@@ -200,15 +200,6 @@ pkv_status pkvi_model_alloc(const pkv_model_config *c, const pkv_model_params *p
 pkv_status pkvi_model_set_weights(pkv_model *m, const float *host_block);
 pkv_status pkvi_model_get_weights(const pkv_model *m, float *host_block);
 
-// Plain-C reference helpers used by the CPU ops and the contiguous store.
-// ck, cv: one layer of a contiguous store of `dtype` elements, head planes
-// head_stride elements apart, sequence i's row at row_off[i] inside each plane.
-void pkvi_causal_attention_contig_cpu(const pkv_model_config *c, const pkvi_call *call,
-                                      const int32_t *tseq, const int32_t *pos,
-                                      const int64_t *row_off, const float *q, const void *ck,
-                                      const void *cv, pkv_dtype dtype, uint64_t head_stride,
-                                      float *att);
-
 #ifdef __cplusplus
 }
 #endif

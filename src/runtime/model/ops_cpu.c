@@ -252,14 +252,9 @@ static pkv_status attend(pkv_model *m, uint32_t layer, const pkvi_call *call,
             memcpy(vc + off, (const char *)v + src, hd * es);
         }
     }
-    if (!call->all_single) {
-        // The causal pass reads the store in its dtype and writes fp32 directly.
-        pkvi_causal_attention_contig_cpu(c, call, s->tseq, s->pos, s->row_off, s->q, kc, vc,
-                                         kv->dtype, head_stride, s->att);
-        return PKV_OK;
-    }
     pkv_attn_contig_kv ck = {kc, vc, 0, head_stride, token_stride, kv->max_len, s->lens, s->row_off};
-    return pkv_attn_decode_contig_cpu(&sh, call->num_seqs, q, &ck, att);
+    if (call->all_single) return pkv_attn_decode_contig_cpu(&sh, call->num_seqs, q, &ck, att);
+    return pkv_attn_prefill_contig_cpu(&sh, call->num_seqs, s->indptr, q, &ck, att);
 }
 
 // max|x| / fp8 max over n values, or 1 for an all-zero (or non-finite) input.
@@ -311,14 +306,8 @@ static pkv_status cpu_attention(pkv_model *m, uint32_t layer, const pkvi_call *c
     to_half(s->q, s->q16, T * m->q_dim, kv->dtype);
     to_half(s->k, s->k16, T * m->kv_dim, kv->dtype);
     to_half(s->v, s->v16, T * m->kv_dim, kv->dtype);
-    const int causal = kv->kind == PKVI_KV_CONTIG && !call->all_single;
-    // The contiguous causal pass reads fp32 q: give it the rounded values that
-    // every other path sees.
-    if (causal) from_half(s->q16, s->q, T * m->q_dim, kv->dtype);
     pkv_status st = attend(m, layer, call, kv, s->q16, s->k16, s->v16, s->att16);
     if (st != PKV_OK) return st;
-    // ... and round its fp32 output like the 16-bit attention outputs.
-    if (causal) to_half(s->att, s->att16, T * m->q_dim, kv->dtype);
     from_half(s->att16, s->att, T * m->q_dim, kv->dtype);
     return PKV_OK;
 }

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: MIT
 // The CUDA op table of the decoder: cuBLAS SGEMM for every linear layer, the
-// attention engineer's CUDA kernels for the paged cache and contiguous decode,
-// and small kernels of our own for embeddings, norms, RoPE, activations, the
-// contiguous-store write and the contiguous causal pass (prefill / no cache).
+// attention library's CUDA kernels for the paged and contiguous caches (decode
+// and prefill), and small kernels of our own for embeddings, norms, RoPE,
+// activations and the contiguous-store write.
 // Invariant: every op is enqueued on the model's one stream, so they run in
 // program order; only download and sync wait for the device.
 #include <cuda_runtime.h>
@@ -251,40 +251,6 @@ static __global__ void contig_write_kernel(uint32_t kvh, uint32_t hd, uint64_t h
     }
 }
 
-template <typename T>
-static __global__ void causal_contig_kernel(uint32_t H, uint32_t kvh, uint32_t hd, uint64_t head_stride,
-                                     float scale, const int32_t *tseq, const int32_t *pos,
-                                     const int64_t *row_off, const float *q, const T *ck,
-                                     const T *cv, float *att) {
-    // q, att: [T][H][hd] fp32; ck, cv: [kvh][arena][hd]; token t attends 0..pos[t]
-    extern __shared__ float sh[]; // [hd] query, then [pos + 1] scores
-    uint32_t t = blockIdx.x, h = blockIdx.y, n = (uint32_t)pos[t] + 1;
-    const size_t base = (size_t)row_off[tseq[t]] + (size_t)(h / (H / kvh)) * head_stride;
-    const T *kh = ck + base, *vh = cv + base;
-    float *qs = sh, *sc = sh + hd;
-    for (uint32_t i = threadIdx.x; i < hd; i += blockDim.x) qs[i] = q[((size_t)t * H + h) * hd + i];
-    __syncthreads();
-    float mx = -INFINITY;
-    for (uint32_t j = threadIdx.x; j < n; j += blockDim.x) {
-        float s = 0.0f;
-        for (uint32_t i = 0; i < hd; i++) s += qs[i] * widen(kh[(size_t)j * hd + i]);
-        sc[j] = s * scale;
-        mx = fmaxf(mx, sc[j]);
-    }
-    mx = block_reduce(mx, 1);
-    float sum = 0.0f;
-    for (uint32_t j = threadIdx.x; j < n; j += blockDim.x) {
-        sc[j] = expf(sc[j] - mx);
-        sum += sc[j];
-    }
-    sum = block_reduce(sum, 0); // also a barrier: every score is written
-    for (uint32_t i = threadIdx.x; i < hd; i += blockDim.x) {
-        float o = 0.0f;
-        for (uint32_t j = 0; j < n; j++) o += sc[j] * widen(vh[(size_t)j * hd + i]);
-        att[((size_t)t * H + h) * hd + i] = o / sum;
-    }
-}
-
 // ---- ops --------------------------------------------------------------------
 
 static pkv_status cuda_embed(pkv_model *m, uint32_t T, float *x) {
@@ -369,37 +335,17 @@ static pkv_status widen_n(pkv_model *m, size_t n, pkv_dtype dtype, const uint16_
     return launched();
 }
 
+// Write the new tokens' K/V into their rows of one layer.
 template <typename T>
-static pkv_status contig_prefill(pkv_model *m, const pkvi_call *call, const pkvi_kv_target *kv,
-                                 const void *k, const void *v, void *kc, void *vc) {
+static pkv_status contig_write(pkv_model *m, const pkvi_call *call, const pkvi_kv_target *kv,
+                               const void *k, const void *v, void *kc, void *vc) {
     const pkv_model_config *c = &m->cfg;
     pkvi_scratch *s = &m->s;
-    cudaStream_t stream = st_of(m)->stream;
     const uint32_t hd = c->head_dim, kvh = c->num_kv_heads;
     // Grid: (token, kv head), threads over head_dim.
-    contig_write_kernel<T><<<dim3(call->num_tokens, kvh), 128, 0, stream>>>(
+    contig_write_kernel<T><<<dim3(call->num_tokens, kvh), 128, 0, st_of(m)->stream>>>(
         kvh, hd, kv->arena * hd, s->tseq, s->pos, s->row_off, (const T *)k, (const T *)v, (T *)kc,
         (T *)vc);
-    pkv_status st = launched();
-    if (st != PKV_OK || call->all_single) return st;
-    size_t shmem = ((size_t)hd + kv->max_len) * sizeof(float);
-    // Past the default 48 KiB of dynamic shared memory the kernel's limit must be
-    // raised, up to the device's opt-in maximum (227 KiB on Hopper: ~58k tokens).
-    if (shmem > 48 * 1024) {
-        int dev = 0, optin = 0;
-        if (cudaGetDevice(&dev) != cudaSuccess ||
-            cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) !=
-                cudaSuccess)
-            return PKV_ERR_BACKEND;
-        if (shmem > (size_t)optin) return PKV_ERR_UNSUPPORTED; // scores must fit shared memory
-        if (cudaFuncSetAttribute(causal_contig_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 (int)shmem) != cudaSuccess)
-            return PKV_ERR_BACKEND;
-    }
-    // Grid: (token, query head), THREADS threads over keys, then over head_dim.
-    causal_contig_kernel<T><<<dim3(call->num_tokens, c->num_heads), THREADS, shmem, stream>>>(
-        c->num_heads, kvh, hd, kv->arena * hd, 1.0f / sqrtf((float)hd), s->tseq, s->pos,
-        s->row_off, s->q, (const T *)kc, (const T *)vc, s->att);
     return launched();
 }
 
@@ -443,13 +389,18 @@ static pkv_status attend(pkv_model *m, uint32_t layer, const pkvi_call *call,
     char *kc = (char *)kv->ck + layer_stride * layer * es;
     char *vc = (char *)kv->cv + layer_stride * layer * es;
     pkv_status st;
-    if (kv->dtype == PKV_DTYPE_F32) st = contig_prefill<float>(m, call, kv, k, v, kc, vc);
-    else if (kv->dtype == PKV_DTYPE_F16) st = contig_prefill<__half>(m, call, kv, k, v, kc, vc);
-    else st = contig_prefill<__nv_bfloat16>(m, call, kv, k, v, kc, vc);
-    if (st != PKV_OK || !call->all_single) return st; // the causal pass wrote fp32 s->att
+    if (kv->dtype == PKV_DTYPE_F32) st = contig_write<float>(m, call, kv, k, v, kc, vc);
+    else if (kv->dtype == PKV_DTYPE_F16) st = contig_write<__half>(m, call, kv, k, v, kc, vc);
+    else st = contig_write<__nv_bfloat16>(m, call, kv, k, v, kc, vc);
+    if (st != PKV_OK) return st;
     pkv_attn_contig_kv ck = {kc, vc, 0, head_stride, hd, kv->max_len, s->lens, s->row_off};
-    pkv_attn_cuda_opts o = split_opts(st_of(m), &sh, call->num_seqs);
-    return pkv_attn_decode_contig_cuda_ex(&sh, call->num_seqs, q, &ck, att, &o, stream);
+    if (call->all_single) {
+        pkv_attn_cuda_opts o = split_opts(st_of(m), &sh, call->num_seqs);
+        return pkv_attn_decode_contig_cuda_ex(&sh, call->num_seqs, q, &ck, att, &o, stream);
+    }
+    // The packed row count is the call's token count: no read-back, no sync.
+    return pkv_attn_prefill_contig_cuda_ex(&sh, call->num_seqs, s->indptr, call->num_tokens, q,
+                                           &ck, att, stream);
 }
 
 static pkv_status cuda_attention(pkv_model *m, uint32_t layer, const pkvi_call *call,
@@ -460,12 +411,7 @@ static pkv_status cuda_attention(pkv_model *m, uint32_t layer, const pkvi_call *
     pkv_status st = narrow_n(m, T * m->q_dim, kv->dtype, s->q, s->q16);
     if (st == PKV_OK) st = narrow_n(m, T * m->kv_dim, kv->dtype, s->k, s->k16);
     if (st == PKV_OK) st = narrow_n(m, T * m->kv_dim, kv->dtype, s->v, s->v16);
-    const int causal = kv->kind == PKVI_KV_CONTIG && !call->all_single;
-    // The contiguous causal pass reads fp32 q: give it the rounded values that
-    // every other path sees, and round its fp32 output like theirs.
-    if (st == PKV_OK && causal) st = widen_n(m, T * m->q_dim, kv->dtype, s->q16, s->q);
     if (st == PKV_OK) st = attend(m, layer, call, kv, s->q16, s->k16, s->v16, s->att16);
-    if (st == PKV_OK && causal) st = narrow_n(m, T * m->q_dim, kv->dtype, s->att, s->att16);
     if (st == PKV_OK) st = widen_n(m, T * m->q_dim, kv->dtype, s->att16, s->att);
     return st;
 }
