@@ -56,6 +56,11 @@ static pkv_status store_new(const pkv_model *model, uint32_t max_rows, uint64_t 
     kv->dtype = dtype;
     kv->esize = pkv_dtype_size(dtype);
     kv->bytes_each = each;
+    const pkv_model_config *c = &model->cfg;
+    kv->head_stride = arena * c->head_dim;
+    kv->token_stride = c->head_dim;
+    kv->layer_stride = kv->head_stride * c->num_kv_heads;
+    kv->row_unit = c->head_dim;
     kv->len = calloc(max_rows, sizeof *kv->len);
     kv->off = calloc(max_rows, sizeof *kv->off);
     kv->cap = calloc(max_rows, sizeof *kv->cap);
@@ -95,6 +100,30 @@ pkv_status pkvi_contig_kv_wrap(const pkv_model *model, uint32_t max_rows, uint64
     (*out)->k = k;
     (*out)->v = v;
     (*out)->borrowed = 1;
+    return PKV_OK;
+}
+
+pkv_status pkvi_contig_kv_wrap_slots(const pkv_model *model, uint32_t num_slots, uint32_t max_len,
+                                     pkv_dtype dtype, void *k, void *v, uint64_t layer_stride,
+                                     uint64_t row_unit, pkv_contig_kv **out) {
+    if (!k || !v || max_len == 0) return PKV_ERR_INVALID_ARG;
+    pkv_status st = store_new(model, num_slots, (uint64_t)num_slots * max_len, dtype, out);
+    if (st != PKV_OK) return st;
+    pkv_contig_kv *kv = *out;
+    const pkv_model_config *c = &model->cfg;
+    kv->k = k;
+    kv->v = v;
+    kv->borrowed = 1;
+    kv->max_len = max_len;
+    kv->hiwater = num_slots;
+    kv->head_stride = c->head_dim;
+    kv->token_stride = (uint64_t)c->num_kv_heads * c->head_dim;
+    kv->layer_stride = layer_stride;
+    kv->row_unit = row_unit;
+    for (uint32_t r = 0; r < num_slots; r++) {
+        kv->off[r] = r;
+        kv->cap[r] = max_len;
+    }
     return PKV_OK;
 }
 
@@ -185,20 +214,25 @@ pkv_status pkv_contig_kv_place(pkv_contig_kv *kv, uint32_t row, uint64_t offset,
     return PKV_OK;
 }
 
-// Copy the first n tokens of the extent at token slot `src` to the one at `dst`,
-// every layer and kv head (n x head_dim elements per head plane).
+// Copy the first n tokens of the row at offset `src` (in row units) to the one at
+// `dst`, every layer and kv head: one run per head when a head's tokens are
+// adjacent (head-major), one per layer when a token's heads are (token-major).
 static pkv_status copy_tokens(pkv_contig_kv *kv, uint64_t src, uint64_t dst, uint32_t n) {
     pkv_model *m = (pkv_model *)kv->model;
     const pkv_model_config *c = &m->cfg;
-    const uint64_t hd = c->head_dim, plane = kv->arena * hd;
-    const size_t bytes = (size_t)n * hd * kv->esize;
-    for (uint64_t p = 0; p < (uint64_t)c->num_layers * c->num_kv_heads && bytes > 0; p++) {
-        const uint64_t s = (p * plane + src * hd) * kv->esize, d = (p * plane + dst * hd) * kv->esize;
-        char *k = kv->k, *v = kv->v;
-        pkv_status st = m->ops->copy(m, k + d, k + s, bytes);
-        if (st == PKV_OK) st = m->ops->copy(m, v + d, v + s, bytes);
-        if (st != PKV_OK) return st;
-    }
+    const uint64_t hd = c->head_dim, es = kv->esize;
+    const int head_major = kv->token_stride == hd;
+    const uint32_t runs = head_major ? c->num_kv_heads : 1;
+    const size_t bytes = (size_t)n * (head_major ? hd : kv->token_stride) * es;
+    for (uint32_t l = 0; l < c->num_layers && bytes > 0; l++)
+        for (uint32_t h = 0; h < runs; h++) {
+            const uint64_t base = l * kv->layer_stride + h * kv->head_stride;
+            const uint64_t s = (base + src * kv->row_unit) * es, d = (base + dst * kv->row_unit) * es;
+            char *k = kv->k, *v = kv->v;
+            pkv_status st = m->ops->copy(m, k + d, k + s, bytes);
+            if (st == PKV_OK) st = m->ops->copy(m, v + d, v + s, bytes);
+            if (st != PKV_OK) return st;
+        }
     return PKV_OK;
 }
 

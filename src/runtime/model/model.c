@@ -590,7 +590,7 @@ pkv_status pkv_model_prefill_contig(pkv_model *m, pkv_contig_kv *kv, uint32_t S,
     pkvi_meta *h = &m->meta;
     for (uint32_t i = 0; i < S; i++) {
         h->lens[i] = (int32_t)kv->len[rows[i]];
-        h->row_off[i] = (int64_t)(kv->off[rows[i]] * m->cfg.head_dim);
+        h->row_off[i] = (int64_t)(kv->off[rows[i]] * kv->row_unit);
     }
     uint32_t nt = 0;
     TRY(fill_tokens(m, S, counts, tokens, &nt));
@@ -601,7 +601,9 @@ pkv_status pkv_model_prefill_contig(pkv_model *m, pkv_contig_kv *kv, uint32_t S,
     t.dtype = kv->dtype;
     t.ck = kv->k;
     t.cv = kv->v;
-    t.arena = kv->arena;
+    t.c_layer_stride = kv->layer_stride;
+    t.c_head_stride = kv->head_stride;
+    t.c_token_stride = kv->token_stride;
     t.max_len = max_len;
     pkvi_call call = {S, nt, nt == S};
     m->prof.bookkeeping += pkvi_now_seconds() - t0;

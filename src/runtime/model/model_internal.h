@@ -101,10 +101,11 @@ typedef struct pkvi_kv_target {
     // paged 8-bit stores (int8, fp8): the scale geometry; the fp8 tensor scales of
     // each layer come from the model (kv_scales), so k_scale / v_scale are unused
     pkv_attn_kv_quant quant;
-    // contiguous: K and V bases [L][kv_heads][arena][hd]; a sequence's row is its
-    // extent of token slots (row_off), the same in every head plane and layer
+    // contiguous: K and V bases of layer 0; element (layer l, row at row_off,
+    // kv head h, token t, dim d) at base + layer_stride l + row_off + head_stride h
+    // + token_stride t + d (pkv_contig_kv's layout)
     void *ck, *cv;
-    uint64_t arena;   // token slots per head plane
+    uint64_t c_layer_stride, c_head_stride, c_token_stride;
     uint32_t max_len; // longest context of this call (bounds the kernels' plans)
 } pkvi_kv_target;
 
@@ -182,9 +183,15 @@ struct pkv_contig_kv {
     uint64_t *off;    // [max_rows] host: first token slot of the row's extent
     uint32_t *cap;    // [max_rows] host: extent length in slots (0 = no extent)
     uint32_t hiwater; // rows at or above it have no extent (bounds the overlap scan)
-    void *k, *v;      // device [L][kv_heads][arena][hd] of dtype
+    void *k, *v;      // device K and V of layer 0, of dtype
+    // Layout, in elements: (layer l, row r, kv head h, token t) at
+    // layer_stride l + off[r] x row_unit + head_stride h + token_stride t.
+    // Own buffers: [L][kv_heads][arena][hd] (row_unit hd, off in token slots);
+    // a VMM space's: per layer and K/V one buffer of [slot][token][kv_head][hd]
+    // (row_unit = a slot's elements, off = the slot).
+    uint64_t layer_stride, head_stride, token_stride, row_unit;
     uint64_t bytes_each;
-    int borrowed;     // k and v belong to the caller (pkvi_contig_kv_wrap)
+    int borrowed;     // k and v belong to the caller (pkvi_contig_kv_wrap*)
 };
 
 // An arena store over caller memory (k and v: device buffers of
@@ -193,6 +200,13 @@ struct pkv_contig_kv {
 uint64_t pkvi_contig_kv_arena_bytes(const pkv_model *model, uint64_t arena_tokens, pkv_dtype dtype);
 pkv_status pkvi_contig_kv_wrap(const pkv_model *model, uint32_t max_rows, uint64_t arena_tokens,
                                pkv_dtype dtype, void *k, void *v, pkv_contig_kv **out);
+// A fixed-row store over the buffers of a VMM space (pkv/vmm.h, vAttention's
+// layout): row r is slot r of max_len tokens, token-major [token][kv_head][hd];
+// layer l's K is k + layer_stride x l (elements), V likewise from v; a slot is
+// row_unit elements. The caller maps memory behind the prefix each row uses.
+pkv_status pkvi_contig_kv_wrap_slots(const pkv_model *model, uint32_t num_slots, uint32_t max_len,
+                                     pkv_dtype dtype, void *k, void *v, uint64_t layer_stride,
+                                     uint64_t row_unit, pkv_contig_kv **out);
 
 // Engine helpers shared by the loader and the contiguous store.
 pkv_status pkvi_model_alloc(const pkv_model_config *c, const pkv_model_params *p,

@@ -238,9 +238,9 @@ static pkv_status attend(pkv_model *m, uint32_t layer, const pkvi_call *call,
         if (call->all_single) return pkv_attn_decode_paged_cpu(&sh, call->num_seqs, q, &pk, att);
         return pkv_attn_prefill_paged_cpu(&sh, call->num_seqs, s->indptr, q, &pk, att);
     }
-    // Contiguous: per layer [kv_heads][arena][hd]; sequence i's row starts at
-    // row_off[i] in every head plane.
-    const uint64_t token_stride = hd, head_stride = kv->arena * hd, layer_stride = head_stride * kvh;
+    // Contiguous: the store's strides; sequence i's row starts at row_off[i].
+    const uint64_t token_stride = kv->c_token_stride, head_stride = kv->c_head_stride,
+                   layer_stride = kv->c_layer_stride;
     char *kc = (char *)kv->ck + layer_stride * layer * es;
     char *vc = (char *)kv->cv + layer_stride * layer * es;
     for (uint32_t t = 0; t < call->num_tokens; t++) {

@@ -239,11 +239,11 @@ static __global__ void from_half_kernel(size_t n, const H *src, float *dst) {
 
 template <typename T>
 static __global__ void contig_write_kernel(uint32_t kvh, uint32_t hd, uint64_t head_stride,
-                                    const int32_t *tseq, const int32_t *pos, const int64_t *row_off,
-                                    const T *k, const T *v, T *ck, T *cv) {
-    // k, v: [T][kvh][hd] -> ck, cv: [kvh][arena][hd] (one layer), rows at row_off
+                                    uint64_t token_stride, const int32_t *tseq, const int32_t *pos,
+                                    const int64_t *row_off, const T *k, const T *v, T *ck, T *cv) {
+    // k, v: [T][kvh][hd] -> the store's rows of one layer, at row_off
     uint32_t t = blockIdx.x, h = blockIdx.y;
-    size_t dst = (size_t)row_off[tseq[t]] + h * head_stride + (size_t)pos[t] * hd;
+    size_t dst = (size_t)row_off[tseq[t]] + h * head_stride + (size_t)pos[t] * token_stride;
     size_t src = ((size_t)t * kvh + h) * hd;
     for (uint32_t i = threadIdx.x; i < hd; i += blockDim.x) {
         ck[dst + i] = k[src + i];
@@ -344,8 +344,8 @@ static pkv_status contig_write(pkv_model *m, const pkvi_call *call, const pkvi_k
     const uint32_t hd = c->head_dim, kvh = c->num_kv_heads;
     // Grid: (token, kv head), threads over head_dim.
     contig_write_kernel<T><<<dim3(call->num_tokens, kvh), 128, 0, st_of(m)->stream>>>(
-        kvh, hd, kv->arena * hd, s->tseq, s->pos, s->row_off, (const T *)k, (const T *)v, (T *)kc,
-        (T *)vc);
+        kvh, hd, kv->c_head_stride, kv->c_token_stride, s->tseq, s->pos, s->row_off, (const T *)k,
+        (const T *)v, (T *)kc, (T *)vc);
     return launched();
 }
 
@@ -383,9 +383,8 @@ static pkv_status attend(pkv_model *m, uint32_t layer, const pkvi_call *call,
         return pkv_attn_prefill_paged_cuda_ex(&sh, call->num_seqs, s->indptr, call->num_tokens, q,
                                               &pk, att, stream);
     }
-    const uint32_t hd = c->head_dim, kvh = c->num_kv_heads;
-    // Per layer [kv_heads][arena][hd]; sequence i's row at row_off[i] in each plane.
-    const uint64_t head_stride = kv->arena * hd, layer_stride = head_stride * kvh;
+    // The store's strides; sequence i's row at row_off[i].
+    const uint64_t head_stride = kv->c_head_stride, layer_stride = kv->c_layer_stride;
     char *kc = (char *)kv->ck + layer_stride * layer * es;
     char *vc = (char *)kv->cv + layer_stride * layer * es;
     pkv_status st;
@@ -393,7 +392,7 @@ static pkv_status attend(pkv_model *m, uint32_t layer, const pkvi_call *call,
     else if (kv->dtype == PKV_DTYPE_F16) st = contig_write<__half>(m, call, kv, k, v, kc, vc);
     else st = contig_write<__nv_bfloat16>(m, call, kv, k, v, kc, vc);
     if (st != PKV_OK) return st;
-    pkv_attn_contig_kv ck = {kc, vc, 0, head_stride, hd, kv->max_len, s->lens, s->row_off};
+    pkv_attn_contig_kv ck = {kc, vc, 0, head_stride, kv->c_token_stride, kv->max_len, s->lens, s->row_off};
     if (call->all_single) {
         pkv_attn_cuda_opts o = split_opts(st_of(m), &sh, call->num_seqs);
         return pkv_attn_decode_contig_cuda_ex(&sh, call->num_seqs, q, &ck, att, &o, stream);

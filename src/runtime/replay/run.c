@@ -12,6 +12,12 @@
 //   parent's K/V into each sample's extent and an extent that moves
 //   (pow2-grow's regrowth, realloc-copy's every token) has its K/V copied to the
 //   new one, for real, at the start of the next step (timed in it);
+// - the vmm policy (vAttention) is run over a real VMM space (pkv/vmm.h: host
+//   memfd pages, or the CUDA driver's cuMemMap): every sequence owns a slot, a
+//   virtually contiguous max-length row in each layer's K and V buffer; physical
+//   pages are mapped behind it as it grows (at the start of the step that needs
+//   them, timed in it) and unmapped once the policy releases it (at the start of
+//   the next step); the contiguous kernel reads the rows in place, token-major;
 // - every other policy (malloc-per-token, plugins with neither) is run over a
 //   per-token table that the executor keeps (a pkv_seqset of block size 1 over
 //   one arena of the policy's capacity): malloc-per-token's real layout. Forks
@@ -20,7 +26,9 @@
 // Backend calls: the calls a policy reports (malloc-per-request,
 // malloc-per-token, realloc-copy) are made for real on the backend (host
 // allocator; cudaMalloc/cudaFree), held while the policy holds them, timed, and
-// charged to the step in which they happen. The arena (cache) is one call.
+// charged to the step in which they happen. The arena (cache) is one call. For
+// vmm the real calls are the space's page maps and unmaps (its modelled calls,
+// with map-ahead and deferred reclamation, are sim mode's).
 // Token ids are synthetic (a hash of request, sequence and position), so every
 // layout computes the same math; the greedy next token of every computed
 // position goes into an order-independent hash (report.run.token_hash) that
@@ -32,6 +40,7 @@
 #include "pkv/backend.h"
 #include "pkv/cache.h"
 #include "pkv/model.h"
+#include "pkv/vmm.h"
 #include "pkv_config.h"
 #include "replay_internal.h"
 #include "src/allocator/clock.h"
@@ -62,6 +71,12 @@ typedef struct run_exec {
     uint32_t *free_rows;  // [max_rows] store rows not in use (a stack)
     uint32_t nfree;
     uint8_t *fork_pending; // [sum of n]: (r, child) must copy child 0's K/V first
+    pkv_vmm_space *vmm;   // vmm policy: each sequence a slot of a VMM space, store
+                          // rows = slots (vAttention's layout); else NULL
+    uint64_t vmm_tb;      // K/V bytes of one token in one layer buffer (K or V)
+    uint32_t *dead;       // [dead_cap] slots the policy released: unmapped next step
+    uint32_t ndead, dead_cap;
+    double vmm_step_s;    // map and unmap seconds spent inside steps
     uint64_t *mbase;    // [num_requests]: first entry of request r in mseq
     pkv_seq_id *mseq;   // [sum of n]: mirror sequence (table) or store row (extent
                         // policies) of (r, child), -1 if none
@@ -217,6 +232,19 @@ static pkv_status run_on_fork(pkvi_executor *e, uint32_t r, uint32_t n) {
     run_exec *x = (run_exec *)e;
     // The samples share the prompt's outputs: they are hashed once, as child 0's.
     for (uint32_t c = 1; c < n; c++) x->hashed[x->hbase[r] + c] = x->hashed[x->hbase[r]];
+    if (x->vmm) {
+        // Each sample takes a slot now; its pages are mapped and the prompt
+        // copied at the start of the next step, which times both.
+        for (uint32_t c = 1; c < n; c++) {
+            pkv_seq_id *m = mirror(x, r, c);
+            uint32_t slot;
+            pkv_status st = *m >= 0 ? PKV_ERR_CORRUPT : pkv_vmm_slot_acquire(x->vmm, &slot);
+            if (st != PKV_OK) return st;
+            *m = (pkv_seq_id)slot;
+            x->fork_pending[x->mbase[r] + c] = 1;
+        }
+        return PKV_OK;
+    }
     if (x->store) {
         // Each sample's row takes its extent now, as the policy forked into it;
         // the copy runs at the start of the next step, which times it.
@@ -248,7 +276,12 @@ static void run_on_release(pkvi_executor *e, uint32_t r) {
     const uint32_t n = x->pol->cfg.max_seqs[r];
     for (uint32_t c = 0; c < n; c++) {
         pkv_seq_id *m = mirror(x, r, c);
-        if (*m >= 0 && x->store) {
+        if (*m >= 0 && x->vmm) {
+            // Unmapped at the start of the next step (timed there); dead slots
+            // stay taken until then. dead has room for every slot.
+            pkv_contig_kv_reset(x->store, (uint32_t)*m);
+            x->dead[x->ndead++] = (uint32_t)*m;
+        } else if (*m >= 0 && x->store) {
             // Its extent is free for other rows; the row id goes back on the stack.
             pkv_contig_kv_reset(x->store, (uint32_t)*m);
             pkv_contig_kv_place(x->store, (uint32_t)*m, 0, 0);
@@ -317,6 +350,42 @@ static pkv_status sync_rows(run_exec *x, const pkvi_step_batch *b) {
     return PKV_OK;
 }
 
+// vmm: one map or unmap call of the space, its time added to vmm_step_s.
+static pkv_status vmm_call(run_exec *x, uint32_t slot, int release, uint64_t bytes) {
+    const double t0 = pkvi_now_seconds();
+    pkv_status st = release ? pkv_vmm_slot_release(x->vmm, slot) : pkv_vmm_slot_resize(x->vmm, slot, bytes);
+    x->vmm_step_s += pkvi_now_seconds() - t0;
+    return st;
+}
+
+// vmm: unmap what the policy released, then map every batch entry's slot up to
+// its length after this step (a new sample first copies its parent's K/V into
+// pages mapped for them). The map and unmap calls are real and inside the
+// measured step.
+static pkv_status sync_vmm(run_exec *x, const pkvi_step_batch *b) {
+    pkv_status st = PKV_OK;
+    for (; x->ndead > 0 && st == PKV_OK; x->ndead--) st = vmm_call(x, x->dead[x->ndead - 1], 1, 0);
+    for (uint32_t i = 0; i < b->num_seqs && st == PKV_OK; i++) {
+        const pkvi_step_seq *s = &b->seqs[i];
+        pkv_seq_id *m = mirror(x, s->r, s->child);
+        uint32_t slot;
+        if (*m < 0 && (st = pkv_vmm_slot_acquire(x->vmm, &slot)) == PKV_OK) *m = (pkv_seq_id)slot;
+        uint8_t *f = &x->fork_pending[x->mbase[s->r] + s->child];
+        const pkv_seq_id parent = *mirror(x, s->r, 0);
+        if (st == PKV_OK && *f) {
+            if (parent < 0) return PKV_ERR_CORRUPT;
+            const uint32_t n = x->store->len[parent];
+            st = vmm_call(x, (uint32_t)*m, 0, (uint64_t)n * x->vmm_tb);
+            if (st == PKV_OK) st = pkv_contig_kv_copy_row(x->store, (uint32_t)parent, (uint32_t)*m);
+            x->copied += (uint64_t)n * x->row_bytes;
+            *f = 0;
+        }
+        if (st == PKV_OK)
+            st = vmm_call(x, (uint32_t)*m, 0, ((uint64_t)x->store->len[*m] + s->new_tokens) * x->vmm_tb);
+    }
+    return st;
+}
+
 // The sequence to run for batch entry s; in the per-token table, create it
 // when it first appears and append the step's new slots; in the store, append
 // them to its row (placed by sync_rows).
@@ -375,7 +444,9 @@ static pkv_status run_step(pkvi_executor *e, const pkvi_step_batch *b, double *s
     pkv_status st = reserve(x, b->num_seqs, ptok > nd ? ptok : nd);
     if (st != PKV_OK) return st;
     const double t0 = pkvi_now_seconds();
-    if (x->store) {
+    if (x->vmm) {
+        if ((st = sync_vmm(x, b)) != PKV_OK) return st; // pages mapped, forks copied
+    } else if (x->store) {
         if ((st = sync_rows(x, b)) != PKV_OK) return st; // the copies, on the real rows
     } else if (!x->own) {
         const pkv_block_copy *copies;
@@ -441,6 +512,8 @@ static pkv_status run_step(pkvi_executor *e, const pkvi_step_batch *b, double *s
 static void free_store(run_exec *x) {
     pkv_contig_kv_destroy(x->store);
     x->store = NULL;
+    pkv_vmm_space_destroy(x->vmm);
+    x->vmm = NULL;
     if (x->store_mem) pkv_backend_free(x->backend, x->store_mem, (size_t)x->store_bytes);
     x->store_mem = NULL;
 }
@@ -473,7 +546,42 @@ static void run_destroy(pkvi_executor *e) {
     free(x->pending);
     free(x->free_rows);
     free(x->fork_pending);
+    free(x->dead);
     free(x);
+}
+
+// vmm: a VMM space of the policy's page size with a slot per live sequence (and
+// as many again for slots released but not yet unmapped), one max_seq_len row in
+// each of the 2 x layers buffers, and as many physical pages as the budget holds;
+// the store reads its buffers in place.
+static pkv_status create_vmm(run_exec *x, const pkv_replay_params *p, const pkv_cache_params *cp) {
+    const size_t es = pkv_dtype_size(cp->dtype);
+    const uint32_t max_len = x->pol->cfg.max_seq_len;
+    x->vmm_tb = (uint64_t)cp->kv_heads * cp->head_dim * es;
+    if (x->nfree > UINT32_MAX / 2 || p->vmm_page_bytes == 0) return PKV_ERR_INVALID_ARG;
+    pkv_vmm_params vp = pkv_vmm_params_default();
+    vp.num_slots = 2 * x->nfree;
+    vp.num_buffers = 2 * cp->num_layers;
+    vp.buffer_bytes = (uint64_t)max_len * x->vmm_tb;
+    vp.page_bytes = p->vmm_page_bytes;
+    vp.max_pages = x->pol->cfg.capacity_bytes / p->vmm_page_bytes;
+    if (vp.max_pages < vp.num_buffers) return PKV_ERR_OUT_OF_BLOCKS;
+    pkv_status st = x->cuda ? pkv_vmm_space_create_cuda(0, &vp, &x->vmm)
+                            : pkv_vmm_space_create_host(&vp, &x->vmm);
+    pkv_vmm_info info;
+    void *k0 = NULL, *v0 = NULL;
+    if (st == PKV_OK) st = pkv_vmm_get_info(x->vmm, &info);
+    if (st == PKV_OK) st = pkv_vmm_buffer_ptr(x->vmm, 0, &k0);
+    if (st == PKV_OK) st = pkv_vmm_buffer_ptr(x->vmm, 1, &v0);
+    if (st != PKV_OK) return st;
+    // Buffer j is at base + j x slots x row bytes: layer l's K is buffer 2l.
+    const uint64_t row = info.buffer_bytes / es;
+    st = pkvi_contig_kv_wrap_slots(x->model, vp.num_slots, max_len, cp->dtype, k0, v0,
+                                   2ull * vp.num_slots * row, row, &x->store);
+    x->dead = malloc((size_t)vp.num_slots * sizeof *x->dead);
+    if (st == PKV_OK && !x->dead) st = PKV_ERR_OUT_OF_MEMORY;
+    if (st == PKV_OK) pkv_vmm_reset_stats(x->vmm); // the replay's calls, not the reservation
+    return st;
 }
 
 pkv_status pkvi_executor_run_create(const pkv_replay_params *p, pkvi_policy *pol,
@@ -538,8 +646,10 @@ pkv_status pkvi_executor_run_create(const pkv_replay_params *p, pkvi_policy *pol
     if (st == PKV_OK) st = pkv_model_cache_params(x->model, x->set ? pkv_seqset_block_size(x->set) : 1, &cp);
     // Extent policies on their contiguous rows (the store holds fp32/fp16/bf16
     // only: an 8-bit KV runs them through the per-token table instead).
-    const int use_store = st == PKV_OK && !x->set && pol->vt->extent_of && !pkv_dtype_is_quantized(cp.dtype);
-    if (st == PKV_OK && !x->set && !use_store) {
+    const int quantized = st == PKV_OK && pkv_dtype_is_quantized(cp.dtype);
+    const int use_vmm = st == PKV_OK && !x->set && pol->vt == &pkvi_policy_vmm_vtable && !quantized;
+    const int use_store = st == PKV_OK && !x->set && pol->vt->extent_of && !quantized;
+    if (st == PKV_OK && !x->set && !use_store && !use_vmm) {
         if (slots > PKV_POOL_MAX_BLOCKS) st = PKV_ERR_INVALID_ARG;
         if (st == PKV_OK) st = pkv_pool_create((uint32_t)slots, &x->own_pool);
         if (st == PKV_OK) st = pkv_seqset_create(x->own_pool, 1, &x->own);
@@ -552,7 +662,9 @@ pkv_status pkvi_executor_run_create(const pkv_replay_params *p, pkvi_policy *pol
     if (st == PKV_OK) {
         x->row_bytes = 2ull * cp.num_layers * cp.kv_heads * cp.head_dim * pkv_dtype_size(cp.dtype);
     }
-    if (st == PKV_OK && use_store) {
+    if (st == PKV_OK && use_vmm) {
+        st = create_vmm(x, p, &cp);
+    } else if (st == PKV_OK && use_store) {
         // One backend allocation (the arena sim counts), K half then V half.
         const uint64_t half = pkvi_contig_kv_arena_bytes(x->model, slots, cp.dtype);
         x->store_bytes = 2 * half;
@@ -573,7 +685,8 @@ pkv_status pkvi_executor_run_create(const pkv_replay_params *p, pkvi_policy *pol
         run_destroy(&x->base);
         return st;
     }
-    pol->real_calls = real_calls;
+    // vmm's modelled calls stay models: its real calls are the space's.
+    pol->real_calls = x->vmm ? NULL : real_calls;
     pol->real_ctx = x;
     *out = &x->base;
     return PKV_OK;
@@ -582,7 +695,18 @@ pkv_status pkvi_executor_run_create(const pkv_replay_params *p, pkvi_policy *pol
 pkv_status pkvi_executor_run_alloc_stats(pkvi_executor *e, pkv_replay_report *rep) {
     run_exec *x = (run_exec *)e;
     snprintf(rep->run.layout, sizeof rep->run.layout, "%s",
-             x->store ? "contiguous" : x->own ? "token-table" : "paged");
+             x->vmm ? "vmm" : x->store ? "contiguous" : x->own ? "token-table" : "paged");
+    pkv_vmm_stats vs;
+    memset(&vs, 0, sizeof vs);
+    const int vmm = x->vmm != NULL;
+    if (vmm) {
+        // Slots released after the last step: unmapped now, outside every step.
+        const double in_steps = x->vmm_step_s;
+        for (; x->ndead > 0; x->ndead--) vmm_call(x, x->dead[x->ndead - 1], 1, 0);
+        x->vmm_step_s = in_steps;
+        pkv_status st = pkv_vmm_get_stats(x->vmm, &vs);
+        if (st != PKV_OK) return st;
+    }
     // Free what is left and the arena first so that their frees are counted too.
     free_all_calls(x);
     pkv_cache_destroy(x->cache);
@@ -591,14 +715,16 @@ pkv_status pkvi_executor_run_alloc_stats(pkvi_executor *e, pkv_replay_report *re
     pkv_backend_stats s;
     pkv_status st = pkv_backend_get_stats(x->backend, &s);
     if (st != PKV_OK) return st;
-    rep->alloc.backend_alloc_calls = s.alloc_calls;
-    rep->alloc.backend_free_calls = s.free_calls;
-    rep->alloc.backend_alloc_seconds = s.alloc_seconds;
-    rep->alloc.backend_free_seconds = s.free_seconds;
+    // vmm: the page maps and unmaps are its allocation calls, all inside steps
+    // but those of the slots released after the last one.
+    rep->alloc.backend_alloc_calls = s.alloc_calls + vs.map_calls;
+    rep->alloc.backend_free_calls = s.free_calls + vs.unmap_calls;
+    rep->alloc.backend_alloc_seconds = s.alloc_seconds + vs.map_seconds;
+    rep->alloc.backend_free_seconds = s.free_seconds + vs.unmap_seconds;
+    if (vmm) rep->alloc.step_seconds = x->vmm_step_s;
     rep->alloc.seconds_measured = 1;
     rep->run.token_hash = x->token_hash;
     rep->run.tokens = x->tokens;
     rep->run.copied_bytes = x->copied;
-
     return PKV_OK;
 }
