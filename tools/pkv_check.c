@@ -522,9 +522,12 @@ static void group_bad(ctx *c) {
     for (size_t i = 0; i < (size_t)2 * bs * dim; i++) {
         kc[i] = (float)rng_unit(c);
     }
-    for (int variant = 0; variant < 2; variant++) {
+    // 0, 1: paged (a bad block id, a bad length); 2, 3: contiguous rows at
+    // seq_offsets (a negative offset, one not 16-byte aligned).
+    for (int variant = 0; variant < 4; variant++) {
         int32_t table[2 * 2] = {0, 1, 1, 99}; // seq 1's second block is out of range
         int32_t lens[2] = {20, 20};
+        const int64_t offs[2] = {0, variant == 2 ? -(int64_t)dim : 1};
         if (variant == 1) {
             table[3] = 0;
             lens[1] = 33; // longer than 2 blocks of 16
@@ -536,19 +539,29 @@ static void group_bad(ctx *c) {
         }
         pkv_attn_paged_kv kv = {kc, kc, (uint64_t)bs * dim, (uint64_t)bs * dim, dim, bs, 2,
                                 table, 2, lens};
+        pkv_attn_contig_kv ckv = {kc, kc, 0, (uint64_t)2 * bs * dim, dim, 2 * bs, lens, offs};
         float cpu[64];
         float gpu[2 * 64];
-        const char *what = variant ? "bad length poisons its sequence"
-                                   : "bad block id poisons its sequence";
+        const char *names[4] = {"bad block id poisons its sequence",
+                                "bad length poisons its sequence",
+                                "negative row offset poisons its sequence",
+                                "misaligned row offset poisons its sequence"};
+        const char *what = names[variant];
         dev_list dl = {{0}, 0, 0};
-        int ok = pkv_attn_decode_paged_cpu(&sh, 1, q, &kv, cpu) == PKV_OK;
+        int ok = (variant < 2 ? pkv_attn_decode_paged_cpu(&sh, 1, q, &kv, cpu)
+                              : pkv_attn_decode_contig_cpu(&sh, 1, q, &ckv, cpu)) == PKV_OK;
         pkv_attn_paged_kv dkv = kv;
+        pkv_attn_contig_kv dckv = ckv;
         dkv.k_cache = dkv.v_cache = dev_copy(&dl, kc, (size_t)2 * bs * dim * sizeof(float));
+        dckv.k_cache = dckv.v_cache = dkv.k_cache;
         dkv.block_tables = dev_copy(&dl, table, sizeof table);
-        dkv.seq_lens = dev_copy(&dl, lens, sizeof lens);
+        dkv.seq_lens = dckv.seq_lens = dev_copy(&dl, lens, sizeof lens);
+        dckv.seq_offsets = dev_copy(&dl, offs, sizeof offs);
         void *dq = dev_copy(&dl, q, sizeof q);
         void *dout = dev_copy(&dl, NULL, sizeof q);
-        ok = ok && !dl.bad && pkv_attn_decode_paged_cuda(&sh, 2, dq, &dkv, dout, NULL) == PKV_OK &&
+        ok = ok && !dl.bad &&
+             (variant < 2 ? pkv_attn_decode_paged_cuda(&sh, 2, dq, &dkv, dout, NULL)
+                          : pkv_attn_decode_contig_cuda(&sh, 2, dq, &dckv, dout, NULL)) == PKV_OK &&
              cudaMemcpy(gpu, dout, sizeof gpu, cudaMemcpyDeviceToHost) == cudaSuccess;
         size_t where = 0;
         double err = ok ? compare(PKV_DTYPE_F32, cpu, gpu, 64, &where) : INFINITY;

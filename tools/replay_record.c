@@ -85,6 +85,8 @@ static const field fields[] = {
     F("schedule_deviations", T_U64, schedule_deviations),
     F("run.token_hash", T_U64, run.token_hash),
     F("run.tokens", T_U64, run.tokens),
+    F("run.layout", T_STR, run.layout),
+    F("run.copied_bytes", T_U64, run.copied_bytes),
     // replay_seconds (host wall time) is left out on purpose: it differs from
     // run to run, and it lives in the stamp's wall_seconds instead.
 };

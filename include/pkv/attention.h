@@ -51,7 +51,8 @@ extern "C" {
 // fp32 scale of (block b, kv head h, token t) is at byte
 //   k_cache + block_stride * b + scale_offset + 4 * (scale_head_stride * h
 //   + scale_token_stride * t)
-// (V likewise from v_cache; contiguous caches: seq_stride * s for block_stride * b).
+// (V likewise from v_cache; contiguous caches: seq_stride * s, or seq_offsets[s],
+// for block_stride * b).
 // For a pkv_cache take scale_offset and the scale strides from its geometry.
 typedef struct pkv_attn_kv_quant {
     pkv_dtype kv_dtype;          // PKV_DTYPE_INT8, PKV_DTYPE_FP8_E4M3 or PKV_DTYPE_FP8_E5M2

@@ -4,9 +4,13 @@
 // SwiGLU, GQA) on one device (CPU or CUDA) and runs forward passes whose keys and
 // values go to a KV store that the CALLER owns:
 //   - a paged store: a pkv_cache (memory) + a pkv_seqset (block tables), or
-//   - a contiguous store: a pkv_contig_kv (one max_len row per sequence),
+//   - a contiguous store: a pkv_contig_kv (one row of consecutive slots per
+//     sequence, at a fixed stride or where the caller places it),
 // or to no store at all (pkv_model_forward_nocache recomputes whole sequences).
-// The same forward code runs every store and both devices.
+// The same forward code runs every store and both devices; on CUDA every store
+// (and the no-cache path, which prefills through a contiguous one) needs a
+// head_dim the CUDA attention kernels take: 64, 128 or 256 (else
+// PKV_ERR_UNSUPPORTED).
 //
 // Step protocol (paged), for an external scheduler:
 //   1. pkv_seq_append(set, id, n, NULL) for every sequence that gets n new tokens

@@ -400,7 +400,8 @@ typedef struct pkv_replay_report {
         uint64_t tokens;
         // The layout the K/V lived in: "paged" (the policy's block tables),
         // "contiguous" (each sequence in the extent the policy placed it in, read
-        // by the contiguous kernel) or "token-table" (a block-size-1 table); and
+        // by the contiguous kernel), "vmm" (a slot of a VMM space per sequence,
+        // pages mapped as it grows) or "token-table" (a block-size-1 table); and
         // the K/V bytes the executor copied (forks, moves, copy-on-write).
         char layout[16];
         uint64_t copied_bytes;

@@ -664,9 +664,10 @@ static pkv_status contig_args(const pkv_attn_shape *shape, const void *q,
     }
     size_t es = pkv_dtype_size(shape->dtype);
     if (!pkvi_aligned16(q) || !pkvi_aligned16(out) || !pkvi_aligned16(kv->k_cache) ||
-        !pkvi_aligned16(kv->v_cache) || !pkvi_stride16(kv->seq_stride, es) ||
+        !pkvi_aligned16(kv->v_cache) ||
+        (kv->seq_offsets == nullptr && !pkvi_stride16(kv->seq_stride, es)) ||
         !pkvi_stride16(kv->head_stride, es) || !pkvi_stride16(kv->token_stride, es)) {
-        return PKV_ERR_UNSUPPORTED;
+        return PKV_ERR_UNSUPPORTED; // (seq_stride is unused with seq_offsets)
     }
     *a = dec_args{};
     a->q = q;

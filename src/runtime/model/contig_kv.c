@@ -190,7 +190,6 @@ static int overlaps(const pkv_contig_kv *kv, uint32_t self, uint64_t off, uint64
 
 // The extent [off, off + cap) of an arena store, checked.
 static pkv_status check_extent(const pkv_contig_kv *kv, uint32_t row, uint64_t off, uint32_t cap) {
-    if (kv->max_len != 0) return PKV_ERR_UNSUPPORTED; // fixed rows do not move
     if (cap == 0 || off > kv->arena || cap > kv->arena - off) return PKV_ERR_INVALID_ARG;
     if (overlaps(kv, row, off, cap)) return PKV_ERR_BUSY;
     return PKV_OK;
@@ -199,9 +198,9 @@ static pkv_status check_extent(const pkv_contig_kv *kv, uint32_t row, uint64_t o
 pkv_status pkv_contig_kv_place(pkv_contig_kv *kv, uint32_t row, uint64_t offset,
                                uint32_t capacity) {
     if (!kv || row >= kv->max_rows) return PKV_ERR_INVALID_ARG;
-    if (kv->len[row] != 0) return PKV_ERR_BUSY; // its tokens would be lost: move it
+    if (kv->max_len != 0) return PKV_ERR_UNSUPPORTED; // fixed rows do not move
+    if (kv->len[row] != 0) return PKV_ERR_BUSY;       // its tokens would be lost: move it
     if (capacity == 0) {
-        if (kv->max_len != 0) return PKV_ERR_UNSUPPORTED;
         kv->cap[row] = 0;
         kv->off[row] = 0;
         return PKV_OK;
@@ -238,7 +237,9 @@ static pkv_status copy_tokens(pkv_contig_kv *kv, uint64_t src, uint64_t dst, uin
 
 pkv_status pkv_contig_kv_move_row(pkv_contig_kv *kv, uint32_t row, uint64_t offset,
                                   uint32_t capacity) {
-    if (!kv || row >= kv->max_rows || kv->cap[row] == 0) return PKV_ERR_INVALID_ARG;
+    if (!kv || row >= kv->max_rows) return PKV_ERR_INVALID_ARG;
+    if (kv->max_len != 0) return PKV_ERR_UNSUPPORTED; // fixed rows do not move
+    if (kv->cap[row] == 0) return PKV_ERR_INVALID_ARG;
     if (capacity < kv->len[row]) return PKV_ERR_BUFFER_TOO_SMALL;
     pkv_status st = check_extent(kv, row, offset, capacity);
     if (st != PKV_OK) return st;

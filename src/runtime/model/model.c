@@ -293,7 +293,7 @@ static pkv_status upload_meta(pkv_model *m, uint32_t T, uint32_t S, uint32_t tab
     UP(lens, S);
     UP(indptr, S + 1);
     UP(last, S);
-    UP(row_off, S);
+    if (table == 0) UP(row_off, S); // contiguous stores only
     UP(table, table);
 #undef UP
     return st;

@@ -75,7 +75,7 @@ typedef struct pkvi_scratch {
     int32_t *indptr; // [S + 1] packed token offsets
     int32_t *last;   // [S] row of each sequence's last token in x
     int64_t *row_off; // [S] contiguous store: element offset of each sequence's row
-                      // inside a head plane (token offset x head_dim)
+                      // from a layer's K (V) base (the store's off x row_unit)
     int32_t *table;  // [S][max_blocks] block tables (paged)
     int64_t *slots;  // [T] cache slot of each new token (paged)
 } pkvi_scratch;

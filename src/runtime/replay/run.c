@@ -253,9 +253,11 @@ static pkv_status run_on_fork(pkvi_executor *e, uint32_t r, uint32_t n) {
             uint64_t off, slots;
             x->pol->vt->extent_of(x->pol->state, r, c, &off, &slots);
             if (*m >= 0 || x->nfree == 0 || slots == 0 || slots > UINT32_MAX) return PKV_ERR_CORRUPT;
-            *m = (pkv_seq_id)x->free_rows[--x->nfree];
-            pkv_status st = pkv_contig_kv_place(x->store, (uint32_t)*m, off, (uint32_t)slots);
+            const uint32_t row = x->free_rows[x->nfree - 1];
+            pkv_status st = pkv_contig_kv_place(x->store, row, off, (uint32_t)slots);
             if (st != PKV_OK) return st;
+            x->nfree--;
+            *m = (pkv_seq_id)row;
             x->fork_pending[x->mbase[r] + c] = 1;
         }
         return PKV_OK;
@@ -364,7 +366,8 @@ static pkv_status vmm_call(run_exec *x, uint32_t slot, int release, uint64_t byt
 // measured step.
 static pkv_status sync_vmm(run_exec *x, const pkvi_step_batch *b) {
     pkv_status st = PKV_OK;
-    for (; x->ndead > 0 && st == PKV_OK; x->ndead--) st = vmm_call(x, x->dead[x->ndead - 1], 1, 0);
+    while (x->ndead > 0 && st == PKV_OK)
+        if ((st = vmm_call(x, x->dead[x->ndead - 1], 1, 0)) == PKV_OK) x->ndead--;
     for (uint32_t i = 0; i < b->num_seqs && st == PKV_OK; i++) {
         const pkvi_step_seq *s = &b->seqs[i];
         pkv_seq_id *m = mirror(x, s->r, s->child);
@@ -377,6 +380,7 @@ static pkv_status sync_vmm(run_exec *x, const pkvi_step_batch *b) {
             const uint32_t n = x->store->len[parent];
             st = vmm_call(x, (uint32_t)*m, 0, (uint64_t)n * x->vmm_tb);
             if (st == PKV_OK) st = pkv_contig_kv_copy_row(x->store, (uint32_t)parent, (uint32_t)*m);
+            if (st != PKV_OK) return st;
             x->copied += (uint64_t)n * x->row_bytes;
             *f = 0;
         }
@@ -558,9 +562,16 @@ static pkv_status create_vmm(run_exec *x, const pkv_replay_params *p, const pkv_
     const size_t es = pkv_dtype_size(cp->dtype);
     const uint32_t max_len = x->pol->cfg.max_seq_len;
     x->vmm_tb = (uint64_t)cp->kv_heads * cp->head_dim * es;
-    if (x->nfree > UINT32_MAX / 2 || p->vmm_page_bytes == 0) return PKV_ERR_INVALID_ARG;
+    if (p->vmm_page_bytes == 0) return PKV_ERR_INVALID_ARG;
+    // A live sequence holds at least one page in each of the 2L buffers, and so
+    // does a released one until it is unmapped: twice the budget's page groups
+    // bound the slots (virtual memory and the space's page table grow with them).
+    const uint64_t groups = x->pol->cfg.capacity_bytes / (2ull * cp->num_layers * p->vmm_page_bytes);
+    const uint64_t live = groups < x->nfree ? groups : x->nfree;
+    if (live == 0) return PKV_ERR_OUT_OF_BLOCKS;
+    if (live > UINT32_MAX / 2) return PKV_ERR_INVALID_ARG;
     pkv_vmm_params vp = pkv_vmm_params_default();
-    vp.num_slots = 2 * x->nfree;
+    vp.num_slots = (uint32_t)(2 * live);
     vp.num_buffers = 2 * cp->num_layers;
     vp.buffer_bytes = (uint64_t)max_len * x->vmm_tb;
     vp.page_bytes = p->vmm_page_bytes;
@@ -667,8 +678,8 @@ pkv_status pkvi_executor_run_create(const pkv_replay_params *p, pkvi_policy *pol
     } else if (st == PKV_OK && use_store) {
         // One backend allocation (the arena sim counts), K half then V half.
         const uint64_t half = pkvi_contig_kv_arena_bytes(x->model, slots, cp.dtype);
+        if (half == 0 || half > SIZE_MAX / 2) st = PKV_ERR_OUT_OF_MEMORY;
         x->store_bytes = 2 * half;
-        if (half == 0 || x->store_bytes > SIZE_MAX) st = PKV_ERR_OUT_OF_MEMORY;
         if (st == PKV_OK) st = pkv_backend_alloc(x->backend, (size_t)x->store_bytes, &x->store_mem);
         // Touched now: untouched host pages would read as the shared zero page.
         if (st == PKV_OK) st = pkv_backend_memset(x->backend, x->store_mem, 0, (size_t)x->store_bytes);
