@@ -12,6 +12,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "pkv/model.h"
 #include "replay_tools.h"
 
 typedef struct shared {
@@ -28,6 +29,7 @@ typedef struct worker {
     unsigned id;
     rt_timeline *timeline;   // of the run in progress, NULL if none is kept
     rt_result *requests;     // where completed requests go, NULL if not kept
+    pkv_model *model;        // run mode: this worker's decoder, built once for its points
 } worker;
 
 static int on_progress(void *user, const pkv_replay_progress *pg) {
@@ -69,6 +71,17 @@ static pkv_status run_one(worker *w, const rt_point *pt, double scale, rt_timeli
     // The replay divides arrival times itself, so the shared trace keeps all it
     // was loaded with (Mooncake hash ids included) and is never copied.
     prm.load_scale = scale;
+    // Run mode: every point runs the same model; build its weights once per
+    // worker (a model is used by one thread at a time).
+    if (prm.mode == PKV_REPLAY_RUN && !w->model) {
+        pkv_model_params mp = pkv_model_params_default();
+        mp.device = prm.run_cuda ? PKV_DEVICE_CUDA : PKV_DEVICE_CPU;
+        mp.seed = prm.seed;
+        mp.num_threads = prm.run_threads;
+        pkv_status st = pkv_model_create(&prm.model, &mp, &w->model);
+        if (st != PKV_OK) return st;
+    }
+    if (prm.mode == PKV_REPLAY_RUN) prm.run_model = w->model;
     w->timeline = tl;
     w->requests = keep;
     pkv_status st = pkv_replay_run(job->trace, &prm, rep);
@@ -161,6 +174,8 @@ static void *work(void *arg) {
         r->request_rate = rt_request_rate(job->trace, r->point.load_scale);
         r->ran = 1;
     }
+    pkv_model_destroy(w->model);
+    w->model = NULL;
     atomic_fetch_sub(&sh->active, 1);
     return NULL;
 }
@@ -189,14 +204,14 @@ pkv_status rt_run(const rt_job *job) {
     unsigned started = 0;
     atomic_store(&sh.active, nw);
     for (unsigned i = 0; i < nw; i++) {
-        ws[i] = (worker){&sh, i, NULL, NULL};
+        ws[i] = (worker){&sh, i, NULL, NULL, NULL};
         if (pthread_create(&th[i], NULL, work, &ws[i]) != 0) break;
         started++;
     }
     atomic_fetch_sub(&sh.active, nw - started);
     if (started == 0) { // no threads at all: work here
         atomic_store(&sh.active, 1);
-        ws[0] = (worker){&sh, 0, NULL, NULL};
+        ws[0] = (worker){&sh, 0, NULL, NULL, NULL};
         work(&ws[0]);
     }
     // Redraw four times a second until every worker is done.

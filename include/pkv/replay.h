@@ -277,6 +277,12 @@ typedef struct pkv_replay_params {
     int run_cuda;                  // 1: CUDA backend, 0 (default): host
     uint32_t run_threads;          // CPU threads, 0 = all
     uint64_t seed;                 // weights and token ids in run mode, default 1
+    // Run mode: a decoder to run (borrowed, NULL = build one from model, seed,
+    // run_cuda and run_threads for this call). Its config must equal `model` and
+    // its device the run's (else PKV_ERR_INVALID_ARG); it must not be used
+    // elsewhere during the call. A sweep of many points builds one per worker
+    // thread instead of one per point (a 7B model's random weights take seconds).
+    struct pkv_model *run_model;
     int validate;                  // 1: check every invariant after every step (slow)
     // Optional callbacks (may be NULL); `user` is passed back. on_progress runs
     // after every step (keep it cheap); a nonzero return stops the replay, which

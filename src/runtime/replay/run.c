@@ -83,6 +83,7 @@ typedef struct run_exec {
     uint64_t *hbase;    // [num_requests]: first entry of request r in hashed
     uint32_t *hashed;   // [sum of n]: highest position of (r, child) already hashed
     pkv_model *model;
+    int model_borrowed; // params.run_model: not ours to destroy
     pkv_backend *backend;
     pkv_cache *cache;
     void *scratch;      // [2][COPY_CHUNK] for executed copies
@@ -535,7 +536,7 @@ static void run_destroy(pkvi_executor *e) {
     pkv_seqset_destroy(x->own);
     pkv_pool_destroy(x->own_pool);
     if (x->scratch) pkv_backend_free(x->backend, x->scratch, 2 * (size_t)COPY_CHUNK);
-    pkv_model_destroy(x->model);
+    if (!x->model_borrowed) pkv_model_destroy(x->model);
     pkv_backend_destroy(x->backend);
     free(x->mbase);
     free(x->mseq);
@@ -552,6 +553,21 @@ static void run_destroy(pkvi_executor *e) {
     free(x->fork_pending);
     free(x->dead);
     free(x);
+}
+
+// params.run_model stands for params.model on the run's device: the same
+// config field by field (the name aside: a loaded file may say "custom").
+static int borrowed_model_ok(const pkv_replay_params *p) {
+    pkv_model_config c;
+    if (pkv_model_get_config(p->run_model, &c) != PKV_OK) return 0;
+    const pkv_model_config *w = &p->model;
+    const pkv_device dev = p->run_cuda ? PKV_DEVICE_CUDA : PKV_DEVICE_CPU;
+    return pkv_model_device(p->run_model) == dev && c.num_layers == w->num_layers &&
+           c.d_model == w->d_model && c.num_heads == w->num_heads &&
+           c.num_kv_heads == w->num_kv_heads && c.head_dim == w->head_dim && c.d_ff == w->d_ff &&
+           c.vocab_size == w->vocab_size && c.max_seq_len == w->max_seq_len && c.norm == w->norm &&
+           c.ffn == w->ffn && c.pos == w->pos && c.tied_embeddings == w->tied_embeddings &&
+           c.use_bias == w->use_bias && c.norm_eps == w->norm_eps && c.rope_theta == w->rope_theta;
 }
 
 // vmm: a VMM space of the policy's page size with a slot per live sequence (and
@@ -652,7 +668,13 @@ pkv_status pkvi_executor_run_create(const pkv_replay_params *p, pkvi_policy *pol
     mp.num_threads = p->run_threads;
     if (st == PKV_OK)
         st = p->run_cuda ? pkv_backend_create_cuda(0, &x->backend) : pkv_backend_create_host(&x->backend);
-    if (st == PKV_OK) st = pkv_model_create(&p->model, &mp, &x->model);
+    if (st == PKV_OK && p->run_model) {
+        st = borrowed_model_ok(p) ? PKV_OK : PKV_ERR_INVALID_ARG;
+        x->model = p->run_model;
+        x->model_borrowed = 1;
+    } else if (st == PKV_OK) {
+        st = pkv_model_create(&p->model, &mp, &x->model);
+    }
     pkv_cache_params cp;
     if (st == PKV_OK) st = pkv_model_cache_params(x->model, x->set ? pkv_seqset_block_size(x->set) : 1, &cp);
     // Extent policies on their contiguous rows (the store holds fp32/fp16/bf16
