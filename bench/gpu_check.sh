@@ -9,9 +9,11 @@
 #   4. bench_attention --gpu, GQA 32/8 and MHA 32/32, batch 1-256, context 1k-32k,
 #      fp16, table and JSON from the same run;
 #   5. bench_alloc: pool against cudaMalloc/cudaFree (the allocation cost rows);
-#   6. the decoder's per-op profile on the CUDA backend.
+#   6. the decoder's per-op profile on the CUDA backend;
+#   7. replay run mode of every policy on CUDA (tiny model), calibrated sim;
+#   8. the same at llama2-7b's shape (random weights, 8 GiB of fp32 K/V).
 # Every step has a timeout and the whole run a deadline (DEADLINE_S, default
-# 330 s after the start, under 6 minutes); a step that fails or times out is
+# 450 s after the start, under 8 minutes); a step that fails or times out is
 # recorded and the next one runs. OUT_DIR/report.md is written as the steps
 # go, so it exists whatever happens; every step's output is in OUT_DIR/*.log.
 #
@@ -29,7 +31,7 @@ if [ "${1:-}" = "--dry-run" ]; then
     shift
 fi
 if [ $# -lt 1 ] || [ "$1" = "--help" ] || [ "$1" = "-h" ]; then
-    sed -n '3,27p' "$0" | sed 's/^# \{0,1\}//' >&2
+    sed -n '3,25p' "$0" | sed 's/^# \{0,1\}//' >&2
     exit 2
 fi
 out=$1
@@ -37,7 +39,7 @@ build=${2:-build-gpucheck}
 mkdir -p "$out" || exit 2
 report="$out/report.md"
 start=$(date +%s)
-deadline=$((start + ${DEADLINE_S:-330}))
+deadline=$((start + ${DEADLINE_S:-450}))
 status=0
 jobs=$(nproc 2>/dev/null || echo 4)
 [ -x /usr/local/cuda/bin/nvcc ] && PATH="$PATH:/usr/local/cuda/bin" && export PATH
@@ -235,6 +237,19 @@ gpu replay_run_cuda 45 "$build/tools/pkv-replay" --quiet --mode run --cuda --kv-
     --calibrate-out "$out/replay_calibration_cuda.json" "$out/replay_run8.csv"
 section "Replay: run mode of every policy on CUDA, calibrated sim" \
     "pkv-replay --mode run --cuda --policy all --calibrate-out" replay_run_cuda.log
+
+# ---- 8. the same at llama2-7b's shape (issue 16) ----
+# Random weights (fp32, 27 GB: built once for all nine policies), fp32 K/V of
+# 1 MiB per token, an 8 GiB budget, the first 4 requests of conv_small: real
+# cudaMalloc per token and per request at sizes an engine sees, realloc-copy's
+# GB-sized row copies, vmm's cuMemMap of 2 MiB pages, and the layouts' step
+# times at a 7B model's weight and K/V traffic.
+head -5 traces/conv_small.csv >"$out/replay_run4.csv"
+gpu replay_run_7b 120 "$build/tools/pkv-replay" --quiet --mode run --cuda --model llama2-7b \
+    --kv-mem 8G --policy all --json "$out/replay_run_7b.json" \
+    --calibrate-out "$out/replay_calibration_7b.json" "$out/replay_run4.csv"
+section "Replay: run mode of every policy on CUDA, llama2-7b shape" \
+    "pkv-replay --mode run --cuda --model llama2-7b --kv-mem 8G --policy all" replay_run_7b.log
 
 finish
 cat "$report"

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "pkv/backend.h"
+#include "pkv/model.h"
 #include "pkv/replay.h"
 #include "pkv/trace.h"
 #include "replay_helpers.h"
@@ -176,6 +177,42 @@ Test(replay_run_all, tight_budget_same_decisions, .timeout = 300) {
         free(sr.v);
     }
     cr_assert_gt(tight, 0, "the budget is not tight: the test shows nothing");
+    pkv_trace_destroy(t);
+}
+
+// A borrowed decoder (params.run_model, as a sweep shares one per worker) runs
+// the same math as one built for the call; one of another shape is refused.
+Test(replay_run_all, borrowed_model_same_tokens_and_checked) {
+    pkv_trace *t = trace_at_zero();
+    const uint64_t ample = 64ull << 20;
+    steps rec;
+    pkv_replay_params p = params(PKV_POLICY_CONTIG_POW2_GROW, PKV_REPLAY_RUN, ample);
+    pkv_replay_report own = replay(t, p, &rec);
+    free(rec.v);
+    pkv_model *m = NULL;
+    pkv_model_params mp = pkv_model_params_default();
+    mp.seed = p.seed;
+    cr_assert_eq(pkv_model_create(&p.model, &mp, &m), PKV_OK);
+    p.run_model = m;
+    for (int i = 0; i < 2; i++) { // reused: nothing of one replay leaks into the next
+        pkv_replay_report borrowed = replay(t, p, &rec);
+        free(rec.v);
+        cr_assert_eq(borrowed.run.token_hash, own.run.token_hash, "replay %d", i);
+        cr_assert_eq(borrowed.run.tokens, own.run.tokens);
+        cr_assert_eq(borrowed.run.copied_bytes, own.run.copied_bytes);
+    }
+    pkv_replay_params bad = p;
+    bad.model.d_ff += 1; // the model says one shape, the params another
+    pkv_replay_report rep;
+    cr_assert_eq(pkv_replay_run(t, &bad, &rep), PKV_ERR_INVALID_ARG);
+    bad = p;
+    bad.run_cuda = 1; // a CPU model for a CUDA run
+    pkv_status st = pkv_replay_run(t, &bad, &rep);
+    cr_assert(st == PKV_ERR_INVALID_ARG || st == PKV_ERR_NO_DEVICE || st == PKV_ERR_UNSUPPORTED ||
+                  st == PKV_ERR_BACKEND,
+              "a CPU model in a CUDA run: %s", pkv_status_str(st));
+    cr_assert_neq(st, PKV_OK);
+    pkv_model_destroy(m);
     pkv_trace_destroy(t);
 }
 
