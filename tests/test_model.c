@@ -230,17 +230,26 @@ Test(model, paged_prefill_and_decode_match_reference) {
     check_paged_steps(&l, 4, PKV_LAYOUT_NHD);
 }
 
+// Two 24-token sequences of `m`'s vocabulary and the reference logits at every
+// position of each ([24][vocab], malloc'd).
+static void two_references(pkv_model *m, int32_t t0[24], int32_t t1[24], float **r0, float **r1) {
+    ref_model r = ref_of(m);
+    const uint32_t V = r.c.vocab_size;
+    fill_tokens(t0, 24, V, 4);
+    fill_tokens(t1, 24, V, 5);
+    *r0 = malloc((size_t)24 * V * sizeof(float));
+    *r1 = malloc((size_t)24 * V * sizeof(float));
+    ref_forward(&r, t0, 24, *r0);
+    ref_forward(&r, t1, 24, *r1);
+}
+
 Test(model, contiguous_steps_with_scattered_rows_match_reference) {
     pkv_model_config c = small_llama_config();
     pkv_model *m = make(&c, 5);
-    ref_model r = ref_of(m);
     const uint32_t V = c.vocab_size;
     int32_t t0[24], t1[24];
-    fill_tokens(t0, 24, V, 4);
-    fill_tokens(t1, 24, V, 5);
-    float *r0 = malloc((size_t)24 * V * sizeof(float)), *r1 = malloc((size_t)24 * V * sizeof(float));
-    ref_forward(&r, t0, 24, r0);
-    ref_forward(&r, t1, 24, r1);
+    float *r0, *r1;
+    two_references(m, t0, t1, &r0, &r1);
     pkv_contig_kv *kv = NULL;
     cr_assert_eq(pkv_contig_kv_create(m, 5, 32, PKV_DTYPE_F32, &kv), PKV_OK);
     cr_expect_eq(pkv_contig_kv_bytes(kv), 2ull * 2 * 5 * 2 * 32 * 16 * 4);
@@ -289,14 +298,10 @@ Test(model, contiguous_steps_with_scattered_rows_match_reference) {
 Test(model, contiguous_arena_rows_placed_and_moved_match_reference) {
     pkv_model_config c = small_llama_config();
     pkv_model *m = make(&c, 5);
-    ref_model r = ref_of(m);
     const uint32_t V = c.vocab_size;
     int32_t t0[24], t1[24];
-    fill_tokens(t0, 24, V, 4);
-    fill_tokens(t1, 24, V, 5);
-    float *r0 = malloc((size_t)24 * V * sizeof(float)), *r1 = malloc((size_t)24 * V * sizeof(float));
-    ref_forward(&r, t0, 24, r0);
-    ref_forward(&r, t1, 24, r1);
+    float *r0, *r1;
+    two_references(m, t0, t1, &r0, &r1);
     pkv_contig_kv *kv = NULL;
     cr_assert_eq(pkv_contig_kv_create_arena(m, 4, 100, PKV_DTYPE_F32, &kv), PKV_OK);
     cr_expect_eq(pkv_contig_kv_bytes(kv), 2ull * 2 * 2 * 100 * 16 * 4); // layers, kv heads, dim

@@ -649,6 +649,22 @@ extern "C" pkv_status pkv_attn_decode_paged_cuda(const pkv_attn_shape *shape, ui
     return pkv_attn_decode_paged_cuda_ex(shape, num_seqs, q, kv, out, nullptr, stream);
 }
 
+// A prefill launch of either layout once its descriptor is checked: no split-K,
+// num_rows packed query rows (the caller's count: no read-back).
+static pkv_status launch_prefill(const pkv_attn_shape *shape, dec_args a, uint32_t num_seqs,
+                                 const int32_t *q_indptr, uint32_t num_rows,
+                                 uint32_t max_context, void *stream) {
+    if (q_indptr == nullptr) {
+        return PKV_ERR_INVALID_ARG;
+    }
+    if (num_seqs == 0 || num_rows == 0) {
+        return PKV_OK;
+    }
+    a.q_indptr = q_indptr;
+    split_req req = {nullptr, max_context};
+    return launch(shape, a, num_seqs, num_rows, req, static_cast<cudaStream_t>(stream));
+}
+
 // The host checks of a contiguous call and its launch arguments.
 static pkv_status contig_args(const pkv_attn_shape *shape, const void *q,
                               const pkv_attn_contig_kv *kv, void *out, dec_args *a) {
@@ -707,15 +723,7 @@ extern "C" pkv_status pkv_attn_prefill_contig_cuda_ex(const pkv_attn_shape *shap
     if (st != PKV_OK) {
         return st;
     }
-    if (q_indptr == nullptr) {
-        return PKV_ERR_INVALID_ARG;
-    }
-    if (num_seqs == 0 || num_rows == 0) {
-        return PKV_OK;
-    }
-    a.q_indptr = q_indptr;
-    split_req req = {nullptr, kv->max_seq_len};
-    return launch(shape, a, num_seqs, num_rows, req, static_cast<cudaStream_t>(stream));
+    return launch_prefill(shape, a, num_seqs, q_indptr, num_rows, kv->max_seq_len, stream);
 }
 
 extern "C" pkv_status pkv_attn_decode_contig_cuda(const pkv_attn_shape *shape,
@@ -735,16 +743,8 @@ extern "C" pkv_status pkv_attn_prefill_paged_cuda_ex(const pkv_attn_shape *shape
     if (st != PKV_OK) {
         return st;
     }
-    if (q_indptr == nullptr) {
-        return PKV_ERR_INVALID_ARG;
-    }
-    if (num_seqs == 0 || num_rows == 0) {
-        return PKV_OK;
-    }
-    dec_args a = paged_args(q, kv, out);
-    a.q_indptr = q_indptr;
-    split_req req = {nullptr, kv->max_blocks_per_seq * kv->block_size};
-    return launch(shape, a, num_seqs, num_rows, req, static_cast<cudaStream_t>(stream));
+    return launch_prefill(shape, paged_args(q, kv, out), num_seqs, q_indptr, num_rows,
+                          kv->max_blocks_per_seq * kv->block_size, stream);
 }
 
 // The grid needs the packed row count, q_indptr[num_seqs], which lives on the
