@@ -273,6 +273,15 @@ static pkv_status buddy_validate(const void *state) {
     return PKV_OK;
 }
 
+// Run mode: the decoder keeps each sequence's K/V in its buddy block.
+static void buddy_extent_of(const void *state, uint32_t r, uint32_t child, uint64_t *offset,
+                            uint64_t *slots) {
+    const buddy *b = state;
+    const int held = child < b->count[r];
+    *offset = held ? b->off[b->base[r] + child] : 0;
+    *slots = held ? (uint64_t)1 << b->order[b->base[r] + child] : 0;
+}
+
 static const pkv_policy_vtable buddy_vtable = {
     .abi_version = PKV_POLICY_ABI_VERSION,
     .name = "buddy",
@@ -287,6 +296,7 @@ static const pkv_policy_vtable buddy_vtable = {
     .stats = buddy_stats,
     .reservation = buddy_reservation,
     .validate = buddy_validate,
+    .extent_of = buddy_extent_of,
 };
 
 const pkv_policy_vtable *pkv_policy_plugin_entry(uint32_t host_abi);
