@@ -35,7 +35,7 @@ def main():
         r0, cfg = load(d, t + "_paged16")
         print("#### %s\n" % title)
         print("GPU %s, KV budget %.2f GiB, %d bytes of KV per token.\n" % (
-            cfg["gpu"], cfg["kv_budget_bytes"] / 2**30, r0["kv_bytes_per_token"]))
+            cfg["gpu"], r0["memory"]["capacity_bytes"] / 2**30, r0["kv_bytes_per_token"]))
         print("| policy | done | waste % | tokens / reserved / internal / external / free "
               "(% of budget) | map / unmap calls | call s in steps | tok/s | TPOT p50 ms "
               "| TTFT p50 s | preempt |")
