@@ -51,6 +51,8 @@ CASES = [
      ["--prompt-median", "1e300", "--prompt-max", "4294967295", "--requests", "5"], 1, "",
      rejected_all_policies(0, 5)),
     # Defect 2: non-finite arrivals from the generator.
+    ("requests beyond memory", ["pkv-tracegen", "--requests", "4294967296"], None, None, 2,
+     "pkv-tracegen: --requests 4294967296 needs", None),
     ("d2 burst-cv 1e200", ["pkv-tracegen", "--arrival", "bursty", "--burst-cv", "1e200", "--requests", "3"], None,
      None, 2, "pkv-tracegen: invalid parameters", None),
     ("d2 burst-cv inf", ["pkv-tracegen", "--arrival", "bursty", "--burst-cv", "inf"], None, None, 2,

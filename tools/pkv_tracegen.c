@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "pkv/trace.h"
 #include "cli.h"
@@ -138,6 +139,15 @@ int main(int argc, char **argv) {
         else BAD("unknown option '%s' (see --help)", a);
     }
     if (p.parallel_frac == 0) p.n_min = p.n_max = 1;
+    // The trace is built in memory before it is written: refuse one that cannot
+    // fit rather than let the system swap or kill the process (2^32 requests
+    // need ~160 GiB).
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    const double need = (double)p.num_requests * sizeof(pkv_trace_request);
+    if (pages > 0 && page > 0 && need > 0.5 * (double)pages * (double)page)
+        BAD("--requests %llu needs %.1f GiB of memory, more than half of this machine's %.1f GiB",
+            (unsigned long long)p.num_requests, need / (1u << 30),
+            (double)pages * (double)page / (1u << 30));
     pkv_trace *t = NULL;
     pkv_status st = pkv_trace_generate(&p, &t);
     if (st == PKV_ERR_INVALID_ARG)
