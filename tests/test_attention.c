@@ -494,9 +494,9 @@ Test(attention_contig, carved_rows_at_offsets_equal_paged) {
         const size_t es = pkv_dtype_size(dt);
         int64_t offs[4];
         uint64_t arena = 0;
-        for (uint32_t s = 4; s-- > 0;) {
-            offs[s] = (int64_t)(arena * dim);
-            arena += (uint64_t)lens[s] + 5;
+        for (uint32_t i = 0; i < 4; i++) { // the last sequence first
+            offs[3 - i] = (int64_t)(arena * dim);
+            arena += (uint64_t)lens[3 - i] + 5;
         }
         const size_t n = (size_t)kvh * arena * dim;
         void *kc = xcalloc(n, es);

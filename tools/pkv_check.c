@@ -321,7 +321,8 @@ static void run_case(ctx *c, pkv_dtype dt, uint32_t heads, uint32_t kvh, uint32_
         const int carved = bs >= 32;
         int64_t *offs = calloc(nseq, sizeof *offs);
         uint64_t arena = 0;
-        for (uint32_t s = nseq; s-- > 0;) {
+        for (uint32_t i = 0; i < nseq; i++) { // the last sequence first
+            const uint32_t s = nseq - 1 - i;
             offs[s] = (int64_t)arena * dim;
             arena += (uint64_t)lens[s] + 3;
         }
