@@ -368,6 +368,137 @@ Test(model, contiguous_arena_rows_placed_and_moved_match_reference) {
     pkv_model_destroy(m);
 }
 
+// ---- the arena store against a reference model ----
+
+// What an arena store should hold: extents, lengths, and the tag written into
+// each stored token (the same in every layer, head and element, K and V).
+typedef struct arena_ref {
+    uint64_t off[6];
+    uint32_t cap[6], len[6];
+    float tag[6][64];
+} arena_ref;
+
+static float *arena_elem(pkv_contig_kv *kv, int v, uint32_t layer, uint32_t row, uint32_t head,
+                         uint32_t t) {
+    float *base = v ? kv->v : kv->k;
+    return base + layer * kv->layer_stride + kv->off[row] * kv->row_unit + head * kv->head_stride +
+           (uint64_t)t * kv->token_stride;
+}
+
+// The store's bookkeeping and every stored token's K/V equal the reference's.
+static void arena_check(pkv_contig_kv *kv, const pkv_model_config *c, const arena_ref *ref, int step) {
+    for (uint32_t r = 0; r < 6; r++) {
+        cr_assert_eq(kv->cap[r], ref->cap[r], "step %d row %u capacity", step, r);
+        cr_assert_eq(kv->len[r], ref->len[r], "step %d row %u length", step, r);
+        if (ref->cap[r]) cr_assert_eq(kv->off[r], ref->off[r], "step %d row %u offset", step, r);
+        for (uint32_t t = 0; t < ref->len[r]; t++)
+            for (uint32_t l = 0; l < c->num_layers; l++)
+                for (uint32_t h = 0; h < c->num_kv_heads; h++)
+                    for (int v = 0; v < 2; v++) {
+                        const float *e = arena_elem(kv, v, l, r, h, t);
+                        for (uint32_t d = 0; d < c->head_dim; d++)
+                            cr_assert_eq(e[d], ref->tag[r][t], "step %d row %u token %u layer %u head %u",
+                                         step, r, t, l, h);
+                    }
+    }
+}
+
+static int arena_overlaps(const arena_ref *ref, uint32_t self, uint64_t off, uint64_t cap) {
+    for (uint32_t r = 0; r < 6; r++)
+        if (r != self && ref->cap[r] && off < ref->off[r] + ref->cap[r] && ref->off[r] < off + cap)
+            return 1;
+    return 0;
+}
+
+// Random place / unplace / move / append / reset / copy on a 64-slot arena with
+// six rows, each checked against the reference: the status it must return (an
+// overlap refused exactly when extents meet, errors changing nothing), and the
+// K/V of every stored token carried by moves and copies.
+Test(model, contiguous_arena_random_ops_match_a_reference_model) {
+    pkv_model_config c = small_llama_config();
+    pkv_model *m = make(&c, 5);
+    pkv_contig_kv *kv = NULL;
+    cr_assert_eq(pkv_contig_kv_create_arena(m, 6, 64, PKV_DTYPE_F32, &kv), PKV_OK);
+    arena_ref ref;
+    memset(&ref, 0, sizeof ref);
+    uint64_t x = 12345;
+    float next_tag = 1.0f;
+    int moved = 0, refused = 0;
+    for (int step = 0; step < 4000; step++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        const uint32_t op = (uint32_t)(x >> 60) % 6, row = (uint32_t)(x >> 40) % 6;
+        const uint64_t off = (x >> 20) % 70;
+        const uint32_t cap = (uint32_t)(x >> 8) % 13, n = (uint32_t)(x >> 4) % 4, other = (uint32_t)x % 6;
+        pkv_status want = PKV_OK, got;
+        const int bad_extent = cap == 0 || off > 64 || cap > 64 - off;
+        switch (op) {
+        case 0: // place (capacity 0: take the extent away)
+            if (ref.len[row]) want = PKV_ERR_BUSY;
+            else if (cap && bad_extent) want = PKV_ERR_INVALID_ARG;
+            else if (cap && arena_overlaps(&ref, row, off, cap)) want = PKV_ERR_BUSY;
+            got = pkv_contig_kv_place(kv, row, off, cap);
+            if (want == PKV_OK) {
+                ref.off[row] = cap ? off : 0;
+                ref.cap[row] = cap;
+            }
+            break;
+        case 1: { // move, keeping the tokens
+            const int same = off == ref.off[row];
+            if (!ref.cap[row]) want = PKV_ERR_INVALID_ARG;
+            else if (cap < ref.len[row]) want = PKV_ERR_BUFFER_TOO_SMALL;
+            else if (bad_extent) want = PKV_ERR_INVALID_ARG;
+            else if (arena_overlaps(&ref, row, off, cap)) want = PKV_ERR_BUSY;
+            else if (!same && off < ref.off[row] + ref.cap[row] && ref.off[row] < off + cap)
+                want = PKV_ERR_BUSY; // allocate-copy-free: never over its old extent
+            got = pkv_contig_kv_move_row(kv, row, off, cap);
+            if (want == PKV_OK) {
+                moved += !same && ref.len[row] > 0;
+                ref.off[row] = off;
+                ref.cap[row] = cap;
+            }
+            break;
+        }
+        case 2: // append n tokens and write their K/V, as a forward pass would
+            if (n > ref.cap[row] - ref.len[row]) want = PKV_ERR_BUFFER_TOO_SMALL;
+            got = pkv_contig_kv_append(kv, row, n);
+            if (want == PKV_OK)
+                for (uint32_t i = 0; i < n; i++) {
+                    const uint32_t t = ref.len[row]++;
+                    ref.tag[row][t] = next_tag;
+                    for (uint32_t l = 0; l < c.num_layers; l++)
+                        for (uint32_t h = 0; h < c.num_kv_heads; h++)
+                            for (int v = 0; v < 2; v++) {
+                                float *e = arena_elem(kv, v, l, row, h, t);
+                                for (uint32_t d = 0; d < c.head_dim; d++) e[d] = next_tag;
+                            }
+                    next_tag += 1.0f;
+                }
+            break;
+        case 3: // reset
+            got = pkv_contig_kv_reset(kv, row);
+            ref.len[row] = 0;
+            break;
+        default: // copy row -> other (a fork)
+            if (row != other && ref.len[row] > ref.cap[other]) want = PKV_ERR_BUFFER_TOO_SMALL;
+            got = pkv_contig_kv_copy_row(kv, row, other);
+            if (want == PKV_OK && row != other) {
+                memcpy(ref.tag[other], ref.tag[row], ref.len[row] * sizeof(float));
+                ref.len[other] = ref.len[row];
+            }
+            break;
+        }
+        refused += want != PKV_OK;
+        cr_assert_eq(got, want, "step %d: op %u row %u off %llu cap %u n %u other %u: %s, want %s", step, op,
+                     row, (unsigned long long)off, cap, n, other, pkv_status_str(got), pkv_status_str(want));
+        arena_check(kv, &c, &ref, step);
+    }
+    // The run covered what it claims to: moves that carried tokens, and refusals.
+    cr_assert_gt(moved, 20, "only %d moves with tokens", moved);
+    cr_assert_gt(refused, 200, "only %d refusals", refused);
+    pkv_contig_kv_destroy(kv);
+    pkv_model_destroy(m);
+}
+
 // ---- llama2.c checkpoint --------------------------------------------------
 
 typedef struct ckpt {
