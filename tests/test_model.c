@@ -403,6 +403,13 @@ static void arena_check(pkv_contig_kv *kv, const pkv_model_config *c, const aren
     }
 }
 
+// A 64-bit LCG step (wraps modulo 2^64 by design: rng_next is in the CI's
+// integer-sanitizer suppressions).
+static uint64_t rng_next(uint64_t *x) {
+    *x = *x * 6364136223846793005ull + 1442695040888963407ull;
+    return *x;
+}
+
 static int arena_overlaps(const arena_ref *ref, uint32_t self, uint64_t off, uint64_t cap) {
     for (uint32_t r = 0; r < 6; r++)
         if (r != self && ref->cap[r] && off < ref->off[r] + ref->cap[r] && ref->off[r] < off + cap)
@@ -425,7 +432,7 @@ Test(model, contiguous_arena_random_ops_match_a_reference_model) {
     float next_tag = 1.0f;
     int moved = 0, refused = 0;
     for (int step = 0; step < 4000; step++) {
-        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        rng_next(&x);
         const uint32_t op = (uint32_t)(x >> 60) % 6, row = (uint32_t)(x >> 40) % 6;
         const uint64_t off = (x >> 20) % 70;
         const uint32_t cap = (uint32_t)(x >> 8) % 13, n = (uint32_t)(x >> 4) % 4, other = (uint32_t)x % 6;
