@@ -59,7 +59,9 @@ static void usage(FILE *f) {
     // Two literals: one would pass the 4095 characters ISO C asks compilers to support.
     fputs(
         "Mode and hardware:\n"
-        "  --mode M            sim (default: roofline model) or run (execute the decoder)\n"
+        "  --mode M            sim (default: roofline model) or run (execute the decoder,\n"
+        "                      each policy on its own K/V layout: paged tables, contiguous\n"
+        "                      rows at its extents, a VMM space, or a per-token table)\n"
         "  --model NAME        model preset (sim default llama2-7b, run default tiny)\n"
         "  --gpu NAME          a100-80g (default), h100-80g, h200-141g (sim)\n"
         "  --kv-dtype T        sim: KV element type, fp16 (default) or 8-bit int8, fp8_e4m3,\n"

@@ -260,6 +260,11 @@ pkv_status pkv_replay_write_table(FILE *f, const pkv_replay_report *r, size_t n)
     }
     for (size_t i = 0; i < n; i++) {
         if (r[i].failure[0]) fprintf(f, "%s: completed nothing: %s\n", r[i].policy, r[i].failure);
+        if (r[i].run.layout[0]) // run mode: what the decoder actually ran on
+            fprintf(f, "%s: ran on the %s layout, %llu positions computed (token hash %016llx), "
+                       "%.3f GiB of K/V copied\n",
+                    r[i].policy, r[i].run.layout, (unsigned long long)r[i].run.tokens,
+                    (unsigned long long)r[i].run.token_hash, (double)r[i].run.copied_bytes / GiB);
         if (r[i].padding_tokens)
             fprintf(f, "%s: static batching computed %llu padding tokens; padding held %.1f%% of "
                        "the KV budget (time-averaged, inside token states)\n",
