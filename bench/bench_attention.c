@@ -625,7 +625,7 @@ static int run_gpu_point(const opts *o, const host_data *h, pkv_dtype dt, uint32
         c.q = dq;
         c.out = dout;
         set_descs(o, batch, h, pk, pv, ck, cv, tab, lens, &c.pkv, &c.ckv);
-        c.co = (pkv_attn_cuda_opts){ws, wsb, 0, (uint32_t)sms};
+        c.co = (pkv_attn_cuda_opts){ws, wsb, 0, (uint32_t)sms, 0};
         rc = time_pair(gpu_call, &c, o->min_time, &r->tp, &r->tc, &r->mp, &r->mc);
     }
     *splits = ns;

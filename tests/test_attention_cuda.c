@@ -193,7 +193,7 @@ static void run_case(pkv_dtype dt, uint32_t heads, uint32_t kvh, uint32_t dim, u
     void *dout = dev_copy(NULL, qn * es);
     void *dind = dev_copy(indptr, (nseq + 1) * sizeof(int32_t));
     void *ws = NULL;
-    pkv_attn_cuda_opts opts = {NULL, 0, splits, 0};
+    pkv_attn_cuda_opts opts = {NULL, 0, splits, 0, 0};
     if (splits != 1) {
         size_t bytes = 0;
         cr_assert_eq(pkv_attn_cuda_workspace_bytes(&sh, nseq, splits ? splits : 64, &bytes),

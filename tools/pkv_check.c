@@ -270,7 +270,11 @@ static void run_case(ctx *c, pkv_dtype dt, uint32_t heads, uint32_t kvh, uint32_
     void *dq = dev_copy(&dl, q, qn * es);
     void *dout = dev_copy(&dl, NULL, qn * es);
     void *dind = dev_copy(&dl, indptr, (nseq + 1) * sizeof(int32_t));
-    pkv_attn_cuda_opts opts = {NULL, 0, splits, 0};
+    // Odd split counts plan from the call's exact longest context (opts.max_context)
+    // rather than the table width: the same outputs either way.
+    uint32_t longest = 1;
+    for (uint32_t s = 0; s < nseq; s++) longest = (uint32_t)lens[s] > longest ? (uint32_t)lens[s] : longest;
+    pkv_attn_cuda_opts opts = {NULL, 0, splits, 0, splits % 2 ? longest : 0};
     if (splits != 1) {
         size_t bytes = 0;
         if (pkv_attn_cuda_workspace_bytes(&sh, nseq, splits ? splits : 64,
@@ -524,8 +528,9 @@ static void group_bad(ctx *c) {
         kc[i] = (float)rng_unit(c);
     }
     // 0, 1: paged (a bad block id, a bad length); 2, 3: contiguous rows at
-    // seq_offsets (a negative offset, one not 16-byte aligned).
-    for (int variant = 0; variant < 4; variant++) {
+    // seq_offsets (a negative offset, one not 16-byte aligned); 4: paged, a
+    // context longer than the caller's opts.max_context.
+    for (int variant = 0; variant < 5; variant++) {
         int32_t table[2 * 2] = {0, 1, 1, 99}; // seq 1's second block is out of range
         int32_t lens[2] = {20, 20};
         const int64_t offs[2] = {0, variant == 2 ? -(int64_t)dim : 1};
@@ -533,6 +538,11 @@ static void group_bad(ctx *c) {
             table[3] = 0;
             lens[1] = 33; // longer than 2 blocks of 16
         }
+        if (variant == 4) {
+            table[3] = 0; // valid blocks; seq 1's 20 tokens exceed max_context 10
+            lens[0] = 10;
+        }
+        const pkv_attn_cuda_opts tight = {NULL, 0, 1, 0, 10};
         pkv_attn_shape sh = {1, 1, dim, PKV_DTYPE_F32, 0.125f, 1};
         float q[2 * 64];
         for (int i = 0; i < 2 * 64; i++) {
@@ -543,14 +553,16 @@ static void group_bad(ctx *c) {
         pkv_attn_contig_kv ckv = {kc, kc, 0, (uint64_t)2 * bs * dim, dim, 2 * bs, lens, offs};
         float cpu[64];
         float gpu[2 * 64];
-        const char *names[4] = {"bad block id poisons its sequence",
+        const char *names[5] = {"bad block id poisons its sequence",
                                 "bad length poisons its sequence",
                                 "negative row offset poisons its sequence",
-                                "misaligned row offset poisons its sequence"};
+                                "misaligned row offset poisons its sequence",
+                                "a context over opts.max_context poisons its sequence"};
         const char *what = names[variant];
         dev_list dl = {{0}, 0, 0};
-        int ok = (variant < 2 ? pkv_attn_decode_paged_cpu(&sh, 1, q, &kv, cpu)
-                              : pkv_attn_decode_contig_cpu(&sh, 1, q, &ckv, cpu)) == PKV_OK;
+        const int contig = variant == 2 || variant == 3;
+        int ok = (contig ? pkv_attn_decode_contig_cpu(&sh, 1, q, &ckv, cpu)
+                         : pkv_attn_decode_paged_cpu(&sh, 1, q, &kv, cpu)) == PKV_OK;
         pkv_attn_paged_kv dkv = kv;
         pkv_attn_contig_kv dckv = ckv;
         dkv.k_cache = dkv.v_cache = dev_copy(&dl, kc, (size_t)2 * bs * dim * sizeof(float));
@@ -561,8 +573,10 @@ static void group_bad(ctx *c) {
         void *dq = dev_copy(&dl, q, sizeof q);
         void *dout = dev_copy(&dl, NULL, sizeof q);
         ok = ok && !dl.bad &&
-             (variant < 2 ? pkv_attn_decode_paged_cuda(&sh, 2, dq, &dkv, dout, NULL)
-                          : pkv_attn_decode_contig_cuda(&sh, 2, dq, &dckv, dout, NULL)) == PKV_OK &&
+             (contig      ? pkv_attn_decode_contig_cuda(&sh, 2, dq, &dckv, dout, NULL)
+              : variant < 4 ? pkv_attn_decode_paged_cuda(&sh, 2, dq, &dkv, dout, NULL)
+                            : pkv_attn_decode_paged_cuda_ex(&sh, 2, dq, &dkv, dout, &tight, NULL)) ==
+                 PKV_OK &&
              cudaMemcpy(gpu, dout, sizeof gpu, cudaMemcpyDeviceToHost) == cudaSuccess;
         size_t where = 0;
         double err = ok ? compare(PKV_DTYPE_F32, cpu, gpu, 64, &where) : INFINITY;

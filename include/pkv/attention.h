@@ -215,6 +215,10 @@ typedef struct pkv_attn_cuda_opts {
     uint32_t num_splits;    // 0 = heuristic (pkv_attn_cuda_num_splits), 1 = never split,
                             // n = n partitions (reduced if the workspace is too small)
     uint32_t num_sms;       // 0 = ask the current device; else the SM count to plan for
+    uint32_t max_context;   // 0 = the descriptor's bound (below); else the longest context
+                            // of the call (<= that bound, else PKV_ERR_INVALID_ARG): the
+                            // split plan uses it, so layouts or table widths that differ
+                            // plan alike; a longer sequence's rows come back NaN
 } pkv_attn_cuda_opts;
 
 // The split-K heuristic (docs/KERNELS.md): the number of context partitions for a

@@ -564,17 +564,24 @@ static pkv_status launch(const pkv_attn_shape *sh, dec_args a, uint32_t num_seqs
     a.num_heads = sh->num_heads;
     a.group = sh->num_heads / sh->num_kv_heads;
     a.scale = sh->scale;
-    a.cap = req.max_context;
+    split_req r = req;
+    if (req.opts != nullptr && req.opts->max_context != 0) {
+        if (req.opts->max_context > req.max_context) {
+            return PKV_ERR_INVALID_ARG;
+        }
+        r.max_context = req.opts->max_context; // the caller's tight bound plans the split
+    }
+    a.cap = r.max_context;
     if (rows > (uint32_t)INT32_MAX || (uint64_t)sh->num_kv_heads * a.gpk > 65535u) {
         return PKV_ERR_UNSUPPORTED; // beyond the grid limits
     }
     switch (sh->dtype) {
     case PKV_DTYPE_F32:
-        return launch_d<float>(sh, a, rows, req, st);
+        return launch_d<float>(sh, a, rows, r, st);
     case PKV_DTYPE_F16:
-        return launch_d<__half>(sh, a, rows, req, st);
+        return launch_d<__half>(sh, a, rows, r, st);
     default:
-        return launch_d<__nv_bfloat16>(sh, a, rows, req, st);
+        return launch_d<__nv_bfloat16>(sh, a, rows, r, st);
     }
 }
 

@@ -472,7 +472,7 @@ pkv_status pkv_model_prefill_paged(pkv_model *m, pkv_cache *cache, pkv_seqset *s
     if (pkv_seqset_pending_copies(set) > 0) TRY(pkv_cache_apply_copies(cache, set, NULL));
 
     const uint32_t B = cp.block_size;
-    uint32_t max_blocks = 1;
+    uint32_t max_blocks = 1, max_len = 1;
     // Lengths first, into a small stack batch, so that scratch can be sized.
     uint64_t T = 0;
     for (uint32_t i = 0; i < S; i++) {
@@ -482,6 +482,7 @@ pkv_status pkv_model_prefill_paged(pkv_model *m, pkv_cache *cache, pkv_seqset *s
         if (m->cfg.pos == PKV_POS_LEARNED && len > m->cfg.max_seq_len) return PKV_ERR_INVALID_ARG;
         uint32_t nb = (len + B - 1) / B;
         if (nb > max_blocks) max_blocks = nb;
+        if (len > max_len) max_len = len;
         T += counts[i];
     }
     if (T > INT32_MAX || (uint64_t)S * max_blocks > INT32_MAX) return PKV_ERR_INVALID_ARG;
@@ -509,6 +510,7 @@ pkv_status pkv_model_prefill_paged(pkv_model *m, pkv_cache *cache, pkv_seqset *s
     kv.block_size = B;
     kv.num_blocks = pkv_pool_capacity(pkv_cache_pool(cache));
     kv.max_blocks = max_blocks;
+    kv.max_len = max_len;
     kv.quant.kv_dtype = cp.dtype;
     kv.quant.scale_offset = g.scale_offset;
     kv.quant.scale_head_stride = g.scale_head_stride;

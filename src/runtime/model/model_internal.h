@@ -106,7 +106,9 @@ typedef struct pkvi_kv_target {
     // + token_stride t + d (pkv_contig_kv's layout)
     void *ck, *cv;
     uint64_t c_layer_stride, c_head_stride, c_token_stride;
-    uint32_t max_len; // longest context of this call (bounds the kernels' plans)
+    // both kinds: the longest context of this call, which plans CUDA split-K (so
+    // that layouts split alike, whatever their table width)
+    uint32_t max_len;
 } pkvi_kv_target;
 
 typedef struct pkvi_call {

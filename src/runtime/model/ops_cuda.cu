@@ -28,8 +28,11 @@ typedef struct cuda_state {
 #define WS_CAP ((size_t)64 << 20)
 
 // Decode-attention options with a workspace for the heuristic's splits.
-static pkv_attn_cuda_opts split_opts(cuda_state *s, const pkv_attn_shape *sh, uint32_t num_seqs) {
-    pkv_attn_cuda_opts o = {NULL, 0, 0, 0};
+// Split-K options for a decode call whose longest context is max_len: planned
+// from that length, so that every layout (and table width) splits alike.
+static pkv_attn_cuda_opts split_opts(cuda_state *s, const pkv_attn_shape *sh, uint32_t num_seqs,
+                                     uint32_t max_len) {
+    pkv_attn_cuda_opts o = {NULL, 0, 0, 0, max_len};
     size_t need = 0;
     if (pkv_attn_cuda_workspace_bytes(sh, num_seqs, 64, &need) != PKV_OK || need > WS_CAP)
         need = WS_CAP;
@@ -376,7 +379,7 @@ static pkv_status attend(pkv_model *m, uint32_t layer, const pkvi_call *call,
                                 kv->block_size, kv->num_blocks, s->table, kv->max_blocks,
                                 s->lens};
         if (call->all_single) {
-            pkv_attn_cuda_opts o = split_opts(st_of(m), &sh, call->num_seqs);
+            pkv_attn_cuda_opts o = split_opts(st_of(m), &sh, call->num_seqs, kv->max_len);
             return pkv_attn_decode_paged_cuda_ex(&sh, call->num_seqs, q, &pk, att, &o, stream);
         }
         // The packed row count is the call's token count: no read-back, no sync.
@@ -394,7 +397,7 @@ static pkv_status attend(pkv_model *m, uint32_t layer, const pkvi_call *call,
     if (st != PKV_OK) return st;
     pkv_attn_contig_kv ck = {kc, vc, 0, head_stride, kv->c_token_stride, kv->max_len, s->lens, s->row_off};
     if (call->all_single) {
-        pkv_attn_cuda_opts o = split_opts(st_of(m), &sh, call->num_seqs);
+        pkv_attn_cuda_opts o = split_opts(st_of(m), &sh, call->num_seqs, kv->max_len);
         return pkv_attn_decode_contig_cuda_ex(&sh, call->num_seqs, q, &ck, att, &o, stream);
     }
     // The packed row count is the call's token count: no read-back, no sync.
