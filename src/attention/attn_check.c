@@ -129,3 +129,33 @@ pkv_status pkvi_attn_check_quant(const pkv_attn_kv_quant *qz) {
     }
     return PKV_OK;
 }
+
+pkv_status pkvi_attn_check_cpu_paged(const pkv_attn_shape *shape, const pkv_attn_kv_quant *quant,
+                                     int quantized, const pkv_attn_paged_kv *kv, uint32_t num_seqs,
+                                     const void *q, const void *out, int prefill,
+                                     const int32_t *q_indptr) {
+    pkv_status st = pkvi_attn_check_shape(shape, 0);
+    if (st == PKV_OK && quantized) st = pkvi_attn_check_quant(quant);
+    if (st == PKV_OK) st = pkvi_attn_check_paged_desc(kv);
+    if (st == PKV_OK && (q == NULL || out == NULL || (prefill && q_indptr == NULL))) {
+        st = PKV_ERR_INVALID_ARG;
+    }
+    if (st == PKV_OK) st = pkvi_attn_check_paged_tables(kv, num_seqs);
+    if (st == PKV_OK && prefill) st = pkvi_attn_check_prefill(kv->seq_lens, num_seqs, q_indptr);
+    return st;
+}
+
+pkv_status pkvi_attn_check_cpu_contig(const pkv_attn_shape *shape, const pkv_attn_kv_quant *quant,
+                                      int quantized, const pkv_attn_contig_kv *kv, uint32_t num_seqs,
+                                      const void *q, const void *out, int prefill,
+                                      const int32_t *q_indptr) {
+    pkv_status st = pkvi_attn_check_shape(shape, 0);
+    if (st == PKV_OK && quantized) st = pkvi_attn_check_quant(quant);
+    if (st == PKV_OK) st = pkvi_attn_check_contig_desc(kv);
+    if (st == PKV_OK && (q == NULL || out == NULL || (prefill && q_indptr == NULL))) {
+        st = PKV_ERR_INVALID_ARG;
+    }
+    if (st == PKV_OK) st = pkvi_attn_check_contig_lens(kv, num_seqs);
+    if (st == PKV_OK && prefill) st = pkvi_attn_check_prefill(kv->seq_lens, num_seqs, q_indptr);
+    return st;
+}

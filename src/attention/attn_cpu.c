@@ -284,81 +284,19 @@ static kv_view contig_view(const void *desc, size_t es, uint32_t s, uint32_t kvh
     return v;
 }
 
-// Decode for either layout: one work item per (sequence, kv head, query sub-group),
-// spread over threads. The layouts differ only in `view`, which is what makes the
-// paged / contiguous comparison a comparison of address arithmetic alone.
-static void decode_items(const pkv_attn_shape *shape, uint32_t num_seqs, const void *q,
-                         const void *desc, const int32_t *seq_lens,
-                         kv_view (*view)(const void *, size_t, uint32_t, uint32_t), void *out) {
+// Decode or prefill for either layout: one work item per (query row, kv head,
+// query sub-group), spread over threads. Decode (q_indptr NULL): row s is
+// sequence s, over its whole context. Prefill: rows are the packed prompt rows,
+// and row j of an n-token prompt is position len - n + j, seeing tokens 0..that.
+// The layouts differ only in `view`, which is what makes the paged / contiguous
+// comparison a comparison of address arithmetic alone.
+static void run_items(const pkv_attn_shape *shape, uint32_t num_seqs, const int32_t *q_indptr,
+                      const void *q, const void *desc, const int32_t *seq_lens,
+                      kv_view (*view)(const void *, size_t, uint32_t, uint32_t), void *out) {
     const size_t es = pkv_dtype_size(shape->dtype);
     const uint32_t group = pkvi_attn_cpu_item_group(shape);
     const uint32_t subs = shape->num_heads / shape->num_kv_heads / group;
-    const uint64_t items = (uint64_t)num_seqs * shape->num_kv_heads * subs;
-    const int nt = pkvi_attn_cpu_thread_count(shape, items);
-    const int f16c = cpu_has_f16c();
-    (void)nt;
-#ifdef _OPENMP
-#pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
-#endif
-    for (int64_t it = 0; it < (int64_t)items; it++) {
-        uint32_t sub = (uint32_t)((uint64_t)it % subs);
-        uint32_t kvh = (uint32_t)((uint64_t)it / subs % shape->num_kv_heads);
-        uint32_t s = (uint32_t)((uint64_t)it / subs / shape->num_kv_heads);
-        uint32_t h0 = kvh * (shape->num_heads / shape->num_kv_heads) + sub * group;
-        size_t row = ((size_t)s * shape->num_heads + h0) * shape->head_dim * es;
-        kv_view v = view(desc, es, s, kvh);
-        attend(shape, &v, (uint32_t)seq_lens[s], (const char *)q + row, (char *)out + row, group,
-               f16c);
-    }
-}
-
-pkv_status pkv_attn_decode_paged_cpu(const pkv_attn_shape *shape, uint32_t num_seqs,
-                                     const void *q, const pkv_attn_paged_kv *kv, void *out) {
-    pkv_status st = pkvi_attn_check_shape(shape, 0);
-    if (st == PKV_OK) st = pkvi_attn_check_paged_desc(kv);
-    if (st == PKV_OK && (q == NULL || out == NULL)) st = PKV_ERR_INVALID_ARG;
-    if (st == PKV_OK) st = pkvi_attn_check_paged_tables(kv, num_seqs);
-    if (st != PKV_OK) return st;
-    decode_items(shape, num_seqs, q, kv, kv->seq_lens, paged_view, out);
-    return PKV_OK;
-}
-
-pkv_status pkv_attn_decode_contig_cpu(const pkv_attn_shape *shape, uint32_t num_seqs,
-                                      const void *q, const pkv_attn_contig_kv *kv, void *out) {
-    pkv_status st = pkvi_attn_check_shape(shape, 0);
-    if (st == PKV_OK) st = pkvi_attn_check_contig_desc(kv);
-    if (st == PKV_OK && (q == NULL || out == NULL)) st = PKV_ERR_INVALID_ARG;
-    if (st == PKV_OK) st = pkvi_attn_check_contig_lens(kv, num_seqs);
-    if (st != PKV_OK) return st;
-    decode_items(shape, num_seqs, q, kv, kv->seq_lens, contig_view, out);
-    return PKV_OK;
-}
-
-// The prompt whose packed rows contain row r (q_indptr is non-decreasing).
-static uint32_t find_seq(const int32_t *q_indptr, uint32_t num_seqs, int64_t r) {
-    uint32_t lo = 0;
-    uint32_t hi = num_seqs; // invariant: q_indptr[lo] <= r < q_indptr[hi]
-    while (hi - lo > 1) {
-        uint32_t mid = lo + (hi - lo) / 2;
-        if (q_indptr[mid] <= r) {
-            lo = mid;
-        } else {
-            hi = mid;
-        }
-    }
-    return lo;
-}
-
-// Prefill for either layout: one work item per (packed query row, kv head, query
-// sub-group); row j of an n-token prompt is position len - n + j and sees tokens
-// 0..that.
-static void prefill_items(const pkv_attn_shape *shape, uint32_t num_seqs, const int32_t *q_indptr,
-                          const void *q, const void *desc, const int32_t *seq_lens,
-                          kv_view (*view)(const void *, size_t, uint32_t, uint32_t), void *out) {
-    const size_t es = pkv_dtype_size(shape->dtype);
-    const uint32_t group = pkvi_attn_cpu_item_group(shape);
-    const uint32_t subs = shape->num_heads / shape->num_kv_heads / group;
-    const uint64_t rows = (uint64_t)q_indptr[num_seqs];
+    const uint64_t rows = q_indptr ? (uint64_t)q_indptr[num_seqs] : num_seqs;
     const uint64_t items = rows * shape->num_kv_heads * subs;
     const int nt = pkvi_attn_cpu_thread_count(shape, items);
     const int f16c = cpu_has_f16c();
@@ -370,9 +308,15 @@ static void prefill_items(const pkv_attn_shape *shape, uint32_t num_seqs, const 
         uint32_t sub = (uint32_t)((uint64_t)it % subs);
         uint32_t kvh = (uint32_t)((uint64_t)it / subs % shape->num_kv_heads);
         int64_t r = (int64_t)((uint64_t)it / subs / shape->num_kv_heads);
-        uint32_t s = find_seq(q_indptr, num_seqs, r);
-        int64_t n = (int64_t)q_indptr[s + 1] - q_indptr[s];
-        uint32_t ctx = (uint32_t)(seq_lens[s] - n + (r - q_indptr[s]) + 1);
+        uint32_t s, ctx;
+        if (q_indptr != NULL) {
+            s = pkvi_attn_find_seq(q_indptr, num_seqs, r);
+            int64_t n = (int64_t)q_indptr[s + 1] - q_indptr[s];
+            ctx = (uint32_t)(seq_lens[s] - n + (r - q_indptr[s]) + 1);
+        } else {
+            s = (uint32_t)r;
+            ctx = (uint32_t)seq_lens[s];
+        }
         uint32_t h0 = kvh * (shape->num_heads / shape->num_kv_heads) + sub * group;
         size_t row = ((size_t)r * shape->num_heads + h0) * shape->head_dim * es;
         kv_view v = view(desc, es, s, kvh);
@@ -380,28 +324,36 @@ static void prefill_items(const pkv_attn_shape *shape, uint32_t num_seqs, const 
     }
 }
 
+pkv_status pkv_attn_decode_paged_cpu(const pkv_attn_shape *shape, uint32_t num_seqs,
+                                     const void *q, const pkv_attn_paged_kv *kv, void *out) {
+    pkv_status st = pkvi_attn_check_cpu_paged(shape, NULL, 0, kv, num_seqs, q, out, 0, NULL);
+    if (st != PKV_OK) return st;
+    run_items(shape, num_seqs, NULL, q, kv, kv->seq_lens, paged_view, out);
+    return PKV_OK;
+}
+
+pkv_status pkv_attn_decode_contig_cpu(const pkv_attn_shape *shape, uint32_t num_seqs,
+                                      const void *q, const pkv_attn_contig_kv *kv, void *out) {
+    pkv_status st = pkvi_attn_check_cpu_contig(shape, NULL, 0, kv, num_seqs, q, out, 0, NULL);
+    if (st != PKV_OK) return st;
+    run_items(shape, num_seqs, NULL, q, kv, kv->seq_lens, contig_view, out);
+    return PKV_OK;
+}
+
 pkv_status pkv_attn_prefill_paged_cpu(const pkv_attn_shape *shape, uint32_t num_seqs,
                                       const int32_t *q_indptr, const void *q,
                                       const pkv_attn_paged_kv *kv, void *out) {
-    pkv_status st = pkvi_attn_check_shape(shape, 0);
-    if (st == PKV_OK) st = pkvi_attn_check_paged_desc(kv);
-    if (st == PKV_OK && (q == NULL || out == NULL || q_indptr == NULL)) st = PKV_ERR_INVALID_ARG;
-    if (st == PKV_OK) st = pkvi_attn_check_paged_tables(kv, num_seqs);
-    if (st == PKV_OK) st = pkvi_attn_check_prefill(kv->seq_lens, num_seqs, q_indptr);
+    pkv_status st = pkvi_attn_check_cpu_paged(shape, NULL, 0, kv, num_seqs, q, out, 1, q_indptr);
     if (st != PKV_OK) return st;
-    prefill_items(shape, num_seqs, q_indptr, q, kv, kv->seq_lens, paged_view, out);
+    run_items(shape, num_seqs, q_indptr, q, kv, kv->seq_lens, paged_view, out);
     return PKV_OK;
 }
 
 pkv_status pkv_attn_prefill_contig_cpu(const pkv_attn_shape *shape, uint32_t num_seqs,
                                        const int32_t *q_indptr, const void *q,
                                        const pkv_attn_contig_kv *kv, void *out) {
-    pkv_status st = pkvi_attn_check_shape(shape, 0);
-    if (st == PKV_OK) st = pkvi_attn_check_contig_desc(kv);
-    if (st == PKV_OK && (q == NULL || out == NULL || q_indptr == NULL)) st = PKV_ERR_INVALID_ARG;
-    if (st == PKV_OK) st = pkvi_attn_check_contig_lens(kv, num_seqs);
-    if (st == PKV_OK) st = pkvi_attn_check_prefill(kv->seq_lens, num_seqs, q_indptr);
+    pkv_status st = pkvi_attn_check_cpu_contig(shape, NULL, 0, kv, num_seqs, q, out, 1, q_indptr);
     if (st != PKV_OK) return st;
-    prefill_items(shape, num_seqs, q_indptr, q, kv, kv->seq_lens, contig_view, out);
+    run_items(shape, num_seqs, q_indptr, q, kv, kv->seq_lens, contig_view, out);
     return PKV_OK;
 }

@@ -291,21 +291,6 @@ static void q_from_f32(pkv_dtype dt, const float *src, uint32_t n, void *dst) {
     }
 }
 
-// The prompt whose packed rows contain row r (q_indptr is non-decreasing).
-static uint32_t find_seq(const int32_t *q_indptr, uint32_t num_seqs, int64_t r) {
-    uint32_t lo = 0;
-    uint32_t hi = num_seqs; // q_indptr[lo] <= r < q_indptr[hi]
-    while (hi - lo > 1) {
-        uint32_t mid = lo + (hi - lo) / 2;
-        if (q_indptr[mid] <= r) {
-            lo = mid;
-        } else {
-            hi = mid;
-        }
-    }
-    return lo;
-}
-
 // Where one (sequence, kv head)'s rows and scales are. table == NULL: contiguous.
 typedef struct qview {
     const uint8_t *k, *v;   // token 0's row (contiguous) or the head inside block 0
@@ -562,7 +547,7 @@ static void run_items(const pkv_attn_shape *shape, const pkv_attn_kv_quant *qz, 
         uint32_t s = (uint32_t)r;
         uint32_t len;
         if (q_indptr != NULL) {
-            s = find_seq(q_indptr, num_seqs, (int64_t)r);
+            s = pkvi_attn_find_seq(q_indptr, num_seqs, (int64_t)r);
             // Row j of an n-token prompt is position len - n + j: it sees 0..that.
             int64_t n = (int64_t)q_indptr[s + 1] - q_indptr[s];
             len = (uint32_t)(pkv->seq_lens[s] - n + ((int64_t)r - q_indptr[s]) + 1);
@@ -580,11 +565,7 @@ pkv_status pkv_attn_decode_paged_quant_cpu(const pkv_attn_shape *shape,
                                            const pkv_attn_kv_quant *quant, uint32_t num_seqs,
                                            const void *q, const pkv_attn_paged_kv *kv,
                                            void *out) {
-    pkv_status st = pkvi_attn_check_shape(shape, 0);
-    if (st == PKV_OK) st = pkvi_attn_check_quant(quant);
-    if (st == PKV_OK) st = pkvi_attn_check_paged_desc(kv);
-    if (st == PKV_OK && (q == NULL || out == NULL)) st = PKV_ERR_INVALID_ARG;
-    if (st == PKV_OK) st = pkvi_attn_check_paged_tables(kv, num_seqs);
+    pkv_status st = pkvi_attn_check_cpu_paged(shape, quant, 1, kv, num_seqs, q, out, 0, NULL);
     if (st != PKV_OK) return st;
     run_items(shape, quant, num_seqs, NULL, num_seqs, q, kv, NULL, out);
     return PKV_OK;
@@ -594,11 +575,7 @@ pkv_status pkv_attn_decode_contig_quant_cpu(const pkv_attn_shape *shape,
                                             const pkv_attn_kv_quant *quant, uint32_t num_seqs,
                                             const void *q, const pkv_attn_contig_kv *kv,
                                             void *out) {
-    pkv_status st = pkvi_attn_check_shape(shape, 0);
-    if (st == PKV_OK) st = pkvi_attn_check_quant(quant);
-    if (st == PKV_OK) st = pkvi_attn_check_contig_desc(kv);
-    if (st == PKV_OK && (q == NULL || out == NULL)) st = PKV_ERR_INVALID_ARG;
-    if (st == PKV_OK) st = pkvi_attn_check_contig_lens(kv, num_seqs);
+    pkv_status st = pkvi_attn_check_cpu_contig(shape, quant, 1, kv, num_seqs, q, out, 0, NULL);
     if (st != PKV_OK) return st;
     run_items(shape, quant, num_seqs, NULL, num_seqs, q, NULL, kv, out);
     return PKV_OK;
@@ -608,12 +585,7 @@ pkv_status pkv_attn_prefill_paged_quant_cpu(const pkv_attn_shape *shape,
                                             const pkv_attn_kv_quant *quant, uint32_t num_seqs,
                                             const int32_t *q_indptr, const void *q,
                                             const pkv_attn_paged_kv *kv, void *out) {
-    pkv_status st = pkvi_attn_check_shape(shape, 0);
-    if (st == PKV_OK) st = pkvi_attn_check_quant(quant);
-    if (st == PKV_OK) st = pkvi_attn_check_paged_desc(kv);
-    if (st == PKV_OK && (q == NULL || out == NULL || q_indptr == NULL)) st = PKV_ERR_INVALID_ARG;
-    if (st == PKV_OK) st = pkvi_attn_check_paged_tables(kv, num_seqs);
-    if (st == PKV_OK) st = pkvi_attn_check_prefill(kv->seq_lens, num_seqs, q_indptr);
+    pkv_status st = pkvi_attn_check_cpu_paged(shape, quant, 1, kv, num_seqs, q, out, 1, q_indptr);
     if (st != PKV_OK) return st;
     run_items(shape, quant, num_seqs, q_indptr, (uint64_t)q_indptr[num_seqs], q, kv, NULL, out);
     return PKV_OK;

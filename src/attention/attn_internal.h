@@ -21,6 +21,22 @@ extern "C" {
 #define PKVI_ATTN_MIN_PARTITION 512u
 #define PKVI_ATTN_MAX_SPLITS 64u
 
+// The prompt whose packed rows contain row r of a prefill (q_indptr is
+// non-decreasing): the CPU drivers' map from a query row to its sequence.
+static inline uint32_t pkvi_attn_find_seq(const int32_t *q_indptr, uint32_t num_seqs, int64_t r) {
+    uint32_t lo = 0;
+    uint32_t hi = num_seqs; // invariant: q_indptr[lo] <= r < q_indptr[hi]
+    while (hi - lo > 1) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (q_indptr[mid] <= r) {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    return lo;
+}
+
 // ---- attn_check.c ----
 // Shape: non-NULL, heads >= 1 and kv heads divide them, a known dtype, a finite
 // scale, head_dim in 1..PKV_ATTN_CPU_MAX_HEAD_DIM (cuda = 0) or one of 64/128/256
@@ -36,6 +52,17 @@ pkv_status pkvi_attn_check_contig_lens(const pkv_attn_contig_kv *kv, uint32_t nu
 // Prefill: q_indptr[0] == 0, non-decreasing, prompt i no longer than seq_lens[i].
 pkv_status pkvi_attn_check_prefill(const int32_t *seq_lens, uint32_t num_seqs,
                                    const int32_t *q_indptr);
+// Every check of a CPU decode (q_indptr NULL) or prefill call, in the order the
+// calls document: shape, the 8-bit description (quantized: quant must be valid), the cache
+// descriptor, q / out / q_indptr, lengths and block ids, the prompt rows.
+pkv_status pkvi_attn_check_cpu_paged(const pkv_attn_shape *shape, const pkv_attn_kv_quant *quant,
+                                     int quantized, const pkv_attn_paged_kv *kv, uint32_t num_seqs,
+                                     const void *q, const void *out, int prefill,
+                                     const int32_t *q_indptr);
+pkv_status pkvi_attn_check_cpu_contig(const pkv_attn_shape *shape, const pkv_attn_kv_quant *quant,
+                                      int quantized, const pkv_attn_contig_kv *kv, uint32_t num_seqs,
+                                      const void *q, const void *out, int prefill,
+                                      const int32_t *q_indptr);
 // Cache write scalars (pointers, sizes); slots are checked by the caller.
 pkv_status pkvi_attn_check_write_args(const pkv_attn_shape *shape, const void *k,
                                       const void *v, const int64_t *slots, const void *k_cache,
