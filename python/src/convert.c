@@ -111,23 +111,28 @@ PyArrayObject *pkvpy_int_vector(PyObject *obj, int typenum, const char *what) {
     return out;
 }
 
-int pkvpy_u32(PyObject *obj, uint32_t *out, const char *what) {
+int pkvpy_index(PyObject *obj, const char *what, const char *not_int, long long *v,
+                int *overflow) {
     if (!PyIndex_Check(obj)) {
-        pkvpy_raise(PKV_ERR_INVALID_ARG, what, "expected an integer, got %s",
-                    Py_TYPE(obj)->tp_name);
+        pkvpy_raise(PKV_ERR_INVALID_ARG, what, "%s, got %s", not_int, Py_TYPE(obj)->tp_name);
         return -1;
     }
     PyObject *idx = PyNumber_Index(obj);
     if (!idx)
         return -1;
-    int overflow = 0;
-    long long v = PyLong_AsLongLongAndOverflow(idx, &overflow);
+    *overflow = 0;
+    *v = PyLong_AsLongLongAndOverflow(idx, overflow);
     Py_DECREF(idx);
-    if (v == -1 && PyErr_Occurred())
+    return *v == -1 && PyErr_Occurred() ? -1 : 0;
+}
+
+int pkvpy_u32(PyObject *obj, uint32_t *out, const char *what) {
+    long long v;
+    int overflow;
+    if (pkvpy_index(obj, what, "expected an integer", &v, &overflow) < 0)
         return -1;
     if (overflow || v < 0 || v > (long long)UINT32_MAX) {
-        pkvpy_raise(PKV_ERR_INVALID_ARG, what, "%s out of range 0..4294967295",
-                    overflow ? "value" : "value");
+        pkvpy_raise(PKV_ERR_INVALID_ARG, what, "value out of range 0..4294967295");
         return -1;
     }
     *out = (uint32_t)v;

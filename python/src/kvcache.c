@@ -207,19 +207,26 @@ static PyObject *KVCache_numpy(KVCacheObject *self, PyObject *unused) {
     return arr;
 }
 
-static int block_args(KVCacheObject *self, PyObject *args, const char *fmt, uint32_t *layer,
-                      int *block, int *kv, PyObject **extra) {
-    int l;
-    if (extra ? !PyArg_ParseTuple(args, fmt, &l, block, kv, extra)
-              : !PyArg_ParseTuple(args, fmt, &l, block, kv))
+// The (layer, block, kv[, extra]) arguments of the block methods, checked, and the
+// address of that half block (*ptr); a failure is raised as `method`'s.
+static int block_at(KVCacheObject *self, PyObject *args, const char *fmt, const char *method,
+                    uint32_t *layer, int *block, PyObject **extra, void **ptr) {
+    int l, kv;
+    if (extra ? !PyArg_ParseTuple(args, fmt, &l, block, &kv, extra)
+              : !PyArg_ParseTuple(args, fmt, &l, block, &kv))
         return -1;
     if (l < 0) {
         pkvpy_raise(PKV_ERR_INVALID_ARG, "KVCache", "layer %d out of range", l);
         return -1;
     }
     *layer = (uint32_t)l;
-    if (*kv != 0 && *kv != 1) {
-        pkvpy_raise(PKV_ERR_INVALID_ARG, "KVCache", "kv must be 0 (K) or 1 (V), not %d", *kv);
+    if (kv != 0 && kv != 1) {
+        pkvpy_raise(PKV_ERR_INVALID_ARG, "KVCache", "kv must be 0 (K) or 1 (V), not %d", kv);
+        return -1;
+    }
+    pkv_status st = pkv_cache_block_ptr(self->cache, *layer, *block, (pkv_kv)kv, ptr);
+    if (st != PKV_OK) {
+        pkvpy_raise(st, method, "layer %u, block %d", *layer, *block);
         return -1;
     }
     return 0;
@@ -234,31 +241,26 @@ static void half_shape(KVCacheObject *self, npy_intp dims[3]) {
 
 static PyObject *KVCache_block_ptr(KVCacheObject *self, PyObject *args) {
     uint32_t layer;
-    int block, kv;
-    if (block_args(self, args, "iii:block_ptr", &layer, &block, &kv, NULL) < 0)
-        return NULL;
+    int block;
     void *ptr;
-    pkv_status st = pkv_cache_block_ptr(self->cache, layer, block, (pkv_kv)kv, &ptr);
-    if (st != PKV_OK)
-        return pkvpy_raise(st, "KVCache.block_ptr", "layer %u, block %d", layer, block);
+    if (block_at(self, args, "iii:block_ptr", "KVCache.block_ptr", &layer, &block, NULL, &ptr) < 0)
+        return NULL;
     return PyLong_FromVoidPtr(ptr);
 }
 
 static PyObject *KVCache_read_block(KVCacheObject *self, PyObject *args) {
     uint32_t layer;
-    int block, kv;
-    if (block_args(self, args, "iii:read_block", &layer, &block, &kv, NULL) < 0)
-        return NULL;
+    int block;
     void *ptr;
-    pkv_status st = pkv_cache_block_ptr(self->cache, layer, block, (pkv_kv)kv, &ptr);
-    if (st != PKV_OK)
-        return pkvpy_raise(st, "KVCache.read_block", "layer %u, block %d", layer, block);
+    if (block_at(self, args, "iii:read_block", "KVCache.read_block", &layer, &block, NULL, &ptr) < 0)
+        return NULL;
     npy_intp dims[3];
     half_shape(self, dims);
     PyArrayObject *out = (PyArrayObject *)PyArray_SimpleNew(3, dims, dtype_num(self->params.dtype));
     if (!out)
         return NULL;
-    st = pkv_backend_download(self->backend, PyArray_DATA(out), ptr, (size_t)PyArray_NBYTES(out));
+    pkv_status st =
+        pkv_backend_download(self->backend, PyArray_DATA(out), ptr, (size_t)PyArray_NBYTES(out));
     if (st != PKV_OK) {
         Py_DECREF(out);
         return pkvpy_raise(st, "KVCache.read_block", "layer %u, block %d", layer, block);
@@ -268,14 +270,12 @@ static PyObject *KVCache_read_block(KVCacheObject *self, PyObject *args) {
 
 static PyObject *KVCache_write_block(KVCacheObject *self, PyObject *args) {
     uint32_t layer;
-    int block, kv;
+    int block;
     PyObject *values;
-    if (block_args(self, args, "iiiO:write_block", &layer, &block, &kv, &values) < 0)
-        return NULL;
     void *ptr;
-    pkv_status st = pkv_cache_block_ptr(self->cache, layer, block, (pkv_kv)kv, &ptr);
-    if (st != PKV_OK)
-        return pkvpy_raise(st, "KVCache.write_block", "layer %u, block %d", layer, block);
+    if (block_at(self, args, "iiiO:write_block", "KVCache.write_block", &layer, &block, &values,
+                 &ptr) < 0)
+        return NULL;
     npy_intp dims[3];
     half_shape(self, dims);
     PyArray_Descr *descr = PyArray_DescrFromType(dtype_num(self->params.dtype));
@@ -293,7 +293,7 @@ static PyObject *KVCache_write_block(KVCacheObject *self, PyObject *args) {
                            "values must have shape (%lld, %lld, %lld)", (long long)dims[0],
                            (long long)dims[1], (long long)dims[2]);
     }
-    st = pkv_backend_upload(self->backend, ptr, PyArray_DATA(a), (size_t)PyArray_NBYTES(a));
+    pkv_status st = pkv_backend_upload(self->backend, ptr, PyArray_DATA(a), (size_t)PyArray_NBYTES(a));
     Py_DECREF(a);
     if (st != PKV_OK)
         return pkvpy_raise(st, "KVCache.write_block", "layer %u, block %d", layer, block);

@@ -85,6 +85,10 @@ PyObject *pkvpy_raise_trace(pkv_status status, const char *what, const pkv_trace
 // `what`). New reference, or NULL with an exception set.
 PyArrayObject *pkvpy_int_vector(PyObject *obj, int typenum, const char *what);
 // A Python int that fits uint32 (`what` names it in the error). 0 ok, -1 error.
+// A Python integer (anything with __index__) as a long long; *overflow set when it
+// does not fit. Not an integer: `what` raises "<not_int>, got <type>". -1 on error.
+int pkvpy_index(PyObject *obj, const char *what, const char *not_int, long long *v,
+                int *overflow);
 int pkvpy_u32(PyObject *obj, uint32_t *out, const char *what);
 // New 1-D / 2-D arrays (uninitialized). NULL with MemoryError set.
 PyArrayObject *pkvpy_new_vector(npy_intp n, int typenum);

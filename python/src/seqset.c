@@ -14,18 +14,9 @@
                        " (include/pkv/seq.h); rebuild against a newer core")
 
 static int seq_arg(PyObject *arg, pkv_seq_id *id, const char *what) {
-    if (!PyIndex_Check(arg)) {
-        pkvpy_raise(PKV_ERR_INVALID_ARG, what, "a sequence id is an int, got %s",
-                    Py_TYPE(arg)->tp_name);
-        return -1;
-    }
-    PyObject *idx = PyNumber_Index(arg);
-    if (!idx)
-        return -1;
-    int overflow = 0;
-    long long v = PyLong_AsLongLongAndOverflow(idx, &overflow);
-    Py_DECREF(idx);
-    if (v == -1 && PyErr_Occurred())
+    long long v;
+    int overflow;
+    if (pkvpy_index(arg, what, "a sequence id is an int", &v, &overflow) < 0)
         return -1;
     if (overflow || v < INT32_MIN || v > INT32_MAX) {
         pkvpy_raise(PKV_ERR_NOT_FOUND, what, "sequence id out of the int32 range");
