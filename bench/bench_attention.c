@@ -25,6 +25,7 @@
 #include "pkv/attention.h"
 #include "pkv_config.h"
 #include "src/attention/half.h"
+#include "bench_clock.h"
 #if PKV_HAVE_CUDA
 #include <cuda_runtime_api.h>
 #endif
@@ -49,12 +50,6 @@ typedef struct opts {
     const char *json_out; // also write the JSON here (same run as the table)
     int gpu;
 } opts;
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static void usage(FILE *f) {
     fprintf(f,

@@ -25,15 +25,10 @@
 #include "pkv/pool.h"
 #include "pkv/seq.h"
 #include "pkv_config.h"
+#include "bench_clock.h"
 #if PKV_HAVE_BLAS
 #include <cblas.h>
 #endif
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;

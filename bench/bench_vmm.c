@@ -19,6 +19,7 @@
 #include "pkv/attention.h"
 #include "pkv/vmm.h"
 #include "src/attention/half.h"
+#include "bench_clock.h"
 
 #define MAX_LIST 8
 
@@ -31,12 +32,6 @@ typedef struct opts {
     uint32_t attn_page_kib;
     int json;
 } opts;
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static void usage(FILE *f) {
     fprintf(f,
