@@ -18,6 +18,8 @@ pip=("$vpy" -m pip install -q --disable-pip-version-check)
 # -C (config settings) needs pip >= 23.1; Python 3.9's bundled pip is older.
 "${pip[@]}" --upgrade "pip>=23.1"
 "${pip[@]}" "meson-python>=0.13" "meson>=1.1" ninja "numpy>=1.22" pytest
+# Dask's LocalCluster runs pagedkv.sweep on a distributed executor (test_sweep.py).
+"${pip[@]}" "dask[distributed]"
 # pandas only adds the DataFrame test; the package works without it.
 "${pip[@]}" pandas || echo "python: pandas not installed; its test will be skipped" >&2
 # --no-build-isolation: build with the venv's meson-python and numpy; a fixed build

@@ -13,4 +13,7 @@ if [[ ! -f "$build/build.ninja" ]]; then meson setup "$build" "$@"; fi
 ninja -C "$build"
 meson test -C "$build" --print-errorlogs --num-processes 2
 # The Python package and its pytest suite (python/run_tests.sh); PKV_SKIP_PYTHON=1 skips it.
-if [[ "${PKV_SKIP_PYTHON:-0}" != 1 ]]; then python/run_tests.sh build-py; fi
+# PKV_REPLAY: the tool just built, which pagedkv.sweep's reports must match byte for byte.
+if [[ "${PKV_SKIP_PYTHON:-0}" != 1 ]]; then
+    PKV_REPLAY="$(cd "$build" && pwd)/tools/pkv-replay" python/run_tests.sh build-py
+fi

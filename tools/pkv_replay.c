@@ -246,7 +246,7 @@ static int calibrate(const char *path, const pkv_trace *trace, const pkv_replay_
         return 2;                                                                                  \
     } while (0)
 
-int main(int argc, char **argv) {
+int rt_replay_main(int argc, char **argv) {
     pkv_replay_params prm = pkv_replay_params_default();
     pkv_trace_load_options lo = pkv_trace_load_options_default();
     if (argc > 1 && !strcmp(argv[1], "merge")) return rt_merge_main(argc - 1, argv + 1);

@@ -92,27 +92,37 @@ static void usage(FILE *f) {
 
 int rt_merge_main(int argc, char **argv) {
     const char *out_path = NULL;
-    const char *files[4096];
+    // As many shards as arguments: a sweep has one per point when every point is
+    // its own job (a Slurm array, pagedkv.sweep), thousands of them.
+    const char **files = calloc((size_t)argc, sizeof *files);
     size_t nf = 0;
+    if (!files) {
+        fprintf(stderr, "pkv-replay merge: out of memory\n");
+        return 1;
+    }
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             usage(stdout);
+            free(files);
             return 0;
         } else if (!strcmp(argv[i], "-o") || !strcmp(argv[i], "--output")) {
             if (i + 1 >= argc) {
                 fprintf(stderr, "pkv-replay merge: %s needs a file\n", argv[i]);
+                free(files);
                 return 2;
             }
             out_path = argv[++i];
         } else if (argv[i][0] == '-' && argv[i][1]) {
             fprintf(stderr, "pkv-replay merge: unknown option '%s' (see --help)\n", argv[i]);
+            free(files);
             return 2;
-        } else if (nf < sizeof files / sizeof files[0]) {
+        } else {
             files[nf++] = argv[i];
         }
     }
     if (nf == 0) {
         usage(stderr);
+        free(files);
         return 2;
     }
     text *t = calloc(nf, sizeof *t);
@@ -123,6 +133,7 @@ int rt_merge_main(int argc, char **argv) {
     FILE *out = NULL;
     if (!t) {
         fprintf(stderr, "pkv-replay merge: out of memory\n");
+        free(files);
         return 1;
     }
     for (size_t k = 0; k < nf; k++) {
@@ -223,5 +234,6 @@ done:
     for (size_t k = 0; k < nf; k++) unload(&t[k]);
     free(t);
     free(rows);
+    free(files);
     return rc;
 }

@@ -196,6 +196,13 @@ pkv_status rt_run(const rt_job *job);
 
 int rt_merge_main(int argc, char **argv);
 
+// ---- pkv_replay.c: the whole command line (replay_main.c's main calls it) ----
+
+// What `pkv-replay ARGS` does, exit code included. A function so that the Python
+// extension runs the same code (python/src/sweep.c, in a child process: it installs
+// a SIGINT handler and writes to stdout and stderr).
+int rt_replay_main(int argc, char **argv);
+
 #endif // PKV_TOOLS_REPLAY_TOOLS_H
 
 // ---- replay_doc.c: the whole JSON document and the CSV file ----

@@ -9,7 +9,8 @@ The allocator, batch-first (all in C, one call per engine step):
     kv = cache.numpy()      # [layers, blocks, 2, kv_heads, block_size, head_dim], no copy
     step = seqs.step(ids, counts)   # slot_mapping, block_tables, context_lens, copies
 
-The testbed: ``pagedkv.load_trace(path)``, ``pagedkv.replay(trace, policies=...)``.
+The testbed: ``pagedkv.load_trace(path)``, ``pagedkv.replay(trace, policies=...)``,
+``pagedkv.sweep(path, grid, executor)`` (a pkv-replay sweep over any executor).
 
 Errors are typed (``OutOfBlocks``, ``InvalidArgument``, ``NotFound``, ...), all
 subclasses of ``PagedKVError``, with ``.status``, ``.status_name`` and ``.detail``.
@@ -49,10 +50,12 @@ from ._core import (  # noqa: F401
     status_str,
 )
 from ._report import ReplayReport, make_trace, replay  # noqa: F401
+from .sweep import SweepError, SweepReport, sweep  # noqa: F401  (after .sweep: the function wins)
 
 __all__ = [
     "BlockPool", "SeqSet", "PrefixCache", "KVCache", "StepResult", "Trace",
     "load_trace", "parse_trace", "make_trace", "generate_trace", "replay", "ReplayReport",
+    "sweep", "SweepReport", "SweepError",
     "PagedKVError", "InvalidArgument", "OutOfBlocks", "OutOfMemory", "NotFound",
     "Unsupported", "NoDevice", "BackendError", "Corrupt", "BufferTooSmall", "FileError",
     "FormatError", "Busy", "LimitExceeded", "status_str", "POLICIES", "MODEL_PRESETS", "GPU_PRESETS",

@@ -107,6 +107,8 @@ int pkvpy_seqset_init_types(PyObject *module);
 
 // Module-level functions: load_trace, parse_trace, make_trace, generate_trace, replay_json.
 extern PyMethodDef pkvpy_trace_functions[];
+// _replay_cli: the pkv-replay tool in a child process (sweep.c, for pagedkv.sweep).
+extern PyMethodDef pkvpy_sweep_functions[];
 // TRACE_DTYPE (the structured dtype of pkv_trace_request), added to the module.
 int pkvpy_trace_init(PyObject *module);
 
