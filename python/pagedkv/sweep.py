@@ -12,7 +12,7 @@ import concurrent.futures
 import json
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from . import _core
 
@@ -61,7 +61,9 @@ class SweepReport(dict):
 def _value(v):
     if isinstance(v, bool):
         raise ValueError(f"sweep: a boolean inside a list ({v!r}) is not an option value")
-    return repr(v) if isinstance(v, float) else str(v)
+    # repr(float(...)): the shortest text that reads back as the same double (numpy's
+    # own repr would be "np.float64(2.5)").
+    return repr(float(v)) if isinstance(v, float) else str(v)
 
 
 def grid_args(grid):
@@ -77,10 +79,11 @@ def grid_args(grid):
                 args.append(opt)
             elif value is False or value is None:
                 continue
-            elif isinstance(value, (list, tuple)):
-                if not value:
+            elif isinstance(value, Iterable) and not isinstance(value, (str, bytes)):
+                values = list(value)  # a list, a tuple, a numpy array, a range
+                if not values:
                     raise ValueError(f"sweep: {key} is an empty list")
-                args += [opt, ",".join(_value(v) for v in value)]
+                args += [opt, ",".join(_value(v) for v in values)]
             else:
                 args += [opt, _value(value)]
     elif isinstance(grid, (list, tuple)) and all(isinstance(a, str) for a in grid):

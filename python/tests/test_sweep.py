@@ -88,6 +88,17 @@ def test_sweep_on_dask_local_cluster(trace_path):
     check_same(report, refs, 16)
 
 
+def test_grid_arguments():
+    import numpy as np
+    assert sweep_module.grid_args({"policy": ["paged", "vmm"], "load_scale": np.array([0.5, 2.0]),
+                                   "block_size": np.arange(8, 24, 8), "vmm_map_ahead": True,
+                                   "validate": False, "kv-mem": "4G"}) == \
+        ["--policy", "paged,vmm", "--load-scale", "0.5,2.0", "--block-size", "8,16",
+         "--vmm-map-ahead", "--kv-mem", "4G"]
+    with pytest.raises(ValueError, match="empty list"):
+        sweep_module.grid_args({"policy": []})
+
+
 def test_bad_grids_are_refused(trace_path):
     with pytest.raises(ValueError, match="--json"):
         pkv.sweep(trace_path, {"json": "out.json"})
