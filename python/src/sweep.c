@@ -7,7 +7,10 @@
 //
 // The tool runs in a forked child: it owns process-wide state that the Python process
 // must keep to itself (a SIGINT handler and the stop flag it sets, file descriptors 1
-// and 2). The child runs C only (no Python) and ends with _exit. The caller waits with
+// and 2). The child runs C only (no Python) and ends with _exit. POSIX promises only
+// async-signal-safe calls after fork in a threaded process; glibc's fork handlers keep
+// malloc and stdio usable in the child, and the tool takes no lock that a thread of
+// this process could hold (Linux is what this targets). The caller waits with
 // the GIL released, so threads of the interpreter (a Dask worker's heartbeat) go on and
 // several points run at once from a thread pool.
 #include "pkvpy.h"
