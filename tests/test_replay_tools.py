@@ -219,31 +219,36 @@ def test_stamp():
 
 def test_sigint_partial():
     # Run mode executes the decoder: minutes for conv_small, so the signal lands
-    # mid-replay.
+    # mid-replay. SIGTERM (Slurm's signal at a job's time limit) is handled as
+    # SIGINT (issue 25, item 10), exiting 128 + 15.
     trace = os.path.join(ROOT, "traces", "conv_small.csv")
-    out = tmp("partial.json")
-    p = subprocess.Popen([TOOL, trace, "--mode", "run", "--threads", "1", "-q", "--json", out,
-                          "--csv", tmp("partial.csv")],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(2.0)
-    p.send_signal(signal.SIGINT)
-    try:
-        _, err = p.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        check(False, "SIGINT stops the replay within 60 s")
-        return
-    check(p.returncode == 130, "SIGINT: exit 130 (got %d)" % p.returncode)
-    check("interrupted" in err, "SIGINT: says it was interrupted")
-    with open(out) as f:
-        doc = json.load(f)
-    check(doc["partial"] is True and doc["runs"] and doc["runs"][0]["partial"] is True,
-          "SIGINT: the report is written and marked partial")
-    r = doc["runs"][0]
-    check(r["requests"]["completed"] < r["requests"]["total"] and r["steps"] > 0,
-          "SIGINT: the report covers the %d steps replayed" % r["steps"])
-    with open(tmp("partial.csv")) as f:
-        check(",true," in f.read().split("\n")[1], "SIGINT: the CSV row says partial")
+    for sig, name, code in ((signal.SIGINT, "SIGINT", 130), (signal.SIGTERM, "SIGTERM", 143)):
+        out = tmp("partial_%s.json" % name)
+        p = subprocess.Popen([TOOL, trace, "--mode", "run", "--threads", "1", "-q", "--json", out,
+                              "--csv", tmp("partial_%s.csv" % name)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(2.0)
+        p.send_signal(sig)
+        try:
+            _, err = p.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            check(False, "%s stops the replay within 60 s" % name)
+            continue
+        check(p.returncode == code, "%s: exit %d (got %d)" % (name, code, p.returncode))
+        check("interrupted (%s)" % name in err, "%s: says it was interrupted" % name)
+        if not os.path.exists(out):
+            check(False, "%s: the report is written" % name)
+            continue
+        with open(out) as f:
+            doc = json.load(f)
+        check(doc["partial"] is True and doc["runs"] and doc["runs"][0]["partial"] is True,
+              "%s: the report is written and marked partial" % name)
+        r = doc["runs"][0]
+        check(r["requests"]["completed"] < r["requests"]["total"] and r["steps"] > 0,
+              "%s: the report covers the %d steps replayed" % (name, r["steps"]))
+        with open(tmp("partial_%s.csv" % name)) as f:
+            check(",true," in f.read().split("\n")[1], "%s: the CSV row says partial" % name)
 
 
 def test_progress_line():
@@ -410,11 +415,41 @@ def test_sim_efficiency():
           "--help states the sources")
 
 
+def test_timeline_breakdown():
+    # Issue 25, item 5: the timeline's columns are the report's memory.breakdown.*
+    # parts in bytes; they add up to the capacity on every row of every policy,
+    # and, time-weighted over every step, they are the report's fractions.
+    trace = os.path.join(ROOT, "traces", "conv_small.csv")
+    out, tl = tmp("bd.json"), tmp("bd_tl.csv")
+    # A small budget at a high load: external fragmentation in the contiguous ones.
+    run(trace, "--policy", "all", "--kv-mem", "2G", "--load-scale", "4", "-q", "--json", out,
+        "--timeline", tl, "--timeline-rows", "0")
+    parts = ["token_states", "reserved", "internal_frag", "external_frag", "free"]
+    with open(tl, newline="") as f:
+        rows = list(csv.DictReader(f))
+    bad = [r for r in rows
+           if sum(int(r[p + "_bytes"]) for p in parts) != int(r["capacity_bytes"])]
+    check(rows and not bad, "timeline: the five parts add up to capacity_bytes on all %d rows "
+          "(%d do not)" % (len(rows), len(bad)))
+    check(any(int(r["external_frag_bytes"]) > 0 for r in rows),
+          "timeline: some rows have external fragmentation (the case that did not add up)")
+    reports = {r["point"]["index"]: r for r in runs_of(out)}
+    worst = 0.0
+    for point, rep in reports.items():
+        rs = [r for r in rows if int(r["point"]) == point]
+        w = sum(float(r["step_ms"]) for r in rs)
+        for p in parts:
+            got = sum(float(r["step_ms"]) * int(r[p + "_bytes"]) / int(r["capacity_bytes"])
+                      for r in rs) / w
+            worst = max(worst, abs(got - rep["memory"]["breakdown"][p]))
+    check(worst < 1e-4, "timeline: time-weighted parts = memory.breakdown.* (worst %.2g)" % worst)
+
+
 def test_bad_usage():
     trace = os.path.join(ROOT, "traces", "conv_small.csv")
     for args in (["--point", "4/3"], ["--point", "0/3"], ["--jobs", "0"],
                  ["--slo", "ttft_p99<=2"], ["--slo", "foo<=1s"], ["--slo", "ttft_p99<=1s"],
-                 ["--load-scale", "1,-2"], ["--block-size", "8,,x"], ["--kv-mem", "1Q"],
+                 ["--load-scale", "1,-2"], ["--block-size", "8,,x"], ["--kv-mem", "1Q"], ["--kv-mem", "1.5"],
                  ["--policy", "paged,nope"], ["--batching", "static", "--chunked-prefill", "512"],
                  ["--alloc-model", "none", "--alloc-call-us", "5"], ["--alloc-model", "/nonexistent.json"]):
         run(trace, "-q", *args, expect=2)
@@ -428,7 +463,8 @@ def main():
         TMP = d
         for t in (test_sweep_jobs_and_individual_runs, test_shards_merge, test_slo_hand_computed,
                   test_stamp, test_sigint_partial, test_progress_line, test_plots,
-                  test_cost_fields_and_failure, test_sim_efficiency, test_bad_usage):
+                  test_cost_fields_and_failure, test_sim_efficiency, test_timeline_breakdown,
+                  test_bad_usage):
             print("--", t.__name__)
             t()
     print("%d failure(s)" % len(FAILS))
