@@ -41,7 +41,9 @@ static void usage(FILE *f) {
         "                      without --policy only the plugins run\n"
         "  --schedule S        own (default: each policy schedules by arrival time) or\n"
         "                      'fixed-from P': every policy replays the admissions,\n"
-        "                      preemptions and steps that policy P took (one point only)\n"
+        "                      preemptions and steps that policy P took (one point only);\n"
+        "                      a policy short of memory cannot follow it and deviates: the\n"
+        "                      table's 'sched dev' counts the events (0: it followed it)\n"
         , f);
     fputs( // two literals: ISO C caps one at 4095 bytes
         "  --block-size N,...  paged block size in tokens (default 16)\n"
@@ -765,7 +767,7 @@ int main(int argc, char **argv) {
         } else {
             rt_timeline_header(tf);
             for (size_t i = 0; i < mine; i++)
-                if (results[i].ran) rt_timeline_write(tf, &results[i].timeline, &results[i].point);
+                if (results[i].ran) rt_timeline_write(tf, &results[i]);
             if (ferror(tf) || fclose(tf) != 0) wrc = 1;
         }
     }

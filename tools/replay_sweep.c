@@ -220,7 +220,11 @@ void rt_timeline_header(FILE *f) {
           f);
 }
 
-void rt_timeline_write(FILE *f, const rt_timeline *t, const rt_point *p) {
+void rt_timeline_write(FILE *f, const rt_result *r) {
+    // block_size: the report's (1, a token, for policies without blocks), as in
+    // the table, --json and --csv.
+    const rt_timeline *t = &r->timeline;
+    const rt_point *p = &r->point;
     for (size_t i = 0; i < t->n; i++) {
         const pkv_replay_step *s = &t->rows[i];
         fprintf(f, "%s,%llu,%.6f,%u,%u,%llu,%llu,%llu,%llu,%llu,%llu,%.6f,%.6f,%u,%u,%.9g\n",
@@ -229,7 +233,7 @@ void rt_timeline_write(FILE *f, const rt_timeline *t, const rt_point *p) {
                 (unsigned long long)s->reservation_bytes,
                 (unsigned long long)s->internal_frag_bytes, (unsigned long long)s->ext_frag_bytes,
                 (unsigned long long)s->idle_free_bytes, (unsigned long long)s->capacity_bytes,
-                s->step_s * 1e3, s->alloc_s * 1e3, p->index, p->block_size, p->load_scale);
+                s->step_s * 1e3, s->alloc_s * 1e3, p->index, r->report.block_size, p->load_scale);
     }
 }
 
@@ -245,7 +249,7 @@ void rt_requests_write(FILE *f, const rt_result *r) {
         const pkv_replay_request_done *d = &r->requests[i];
         const double e2e = (d->finish_s - d->arrival_s) * 1e3;
         fprintf(f, "%u,%s,%u,%.9g,%llu,%.6f,%.6f,%.6f,%.6f,", p->index, rt_point_policy(p),
-                p->block_size, p->load_scale, (unsigned long long)d->index, d->arrival_s,
+                r->report.block_size, p->load_scale, (unsigned long long)d->index, d->arrival_s,
                 d->first_token_s, d->finish_s, (d->first_token_s - d->arrival_s) * 1e3);
         if (d->output_tokens > 1)
             fprintf(f, "%.6f", (d->finish_s - d->first_token_s) * 1e3 / (d->output_tokens - 1));

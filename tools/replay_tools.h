@@ -104,7 +104,7 @@ typedef struct rt_timeline {
 void rt_timeline_add(rt_timeline *t, const pkv_replay_step *s);
 void rt_timeline_free(rt_timeline *t);
 void rt_timeline_header(FILE *f);
-void rt_timeline_write(FILE *f, const rt_timeline *t, const rt_point *p);
+void rt_timeline_write(FILE *f, const rt_result *r); // its timeline's rows
 
 // ---- replay_progress.c: the progress line and SIGINT/SIGTERM ----
 
