@@ -213,12 +213,14 @@ def capacity(timeline, out=None, title=None, report=None, max_points=4000, laten
     axes[-1][0].set_xlabel("time (s, simulated or replayed)")
     if latency:
         axes[-1][1].set_xlabel("step latency (ms)")
+    # Title (one or two lines) at the top, the legend under it, then the panels.
+    h = fig.get_figheight()
     handles, names = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, names, loc="upper center", ncol=len(PARTS), fontsize=8,
-               bbox_to_anchor=(0.5, 1.0 - 0.55 / fig.get_figheight()))
     fig.suptitle(title or _title("KV cache capacity over time (the KV budget, stacked)", report),
-                 fontsize=11)
-    fig.tight_layout(rect=(0, 0, 1, 1 - 0.9 / fig.get_figheight()))
+                 fontsize=11, y=1.0 - 0.05 / h, va="top")
+    fig.legend(handles, names, loc="upper center", ncol=len(PARTS), fontsize=8,
+               bbox_to_anchor=(0.5, 1.0 - 0.5 / h))
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.85 / h))
     return _finish(fig, out, dpi)
 
 
