@@ -50,20 +50,24 @@ labels = [a.get_ylabel() for a in fig.axes]
 check(len(labels) == 2 and "% of reserved" in labels[0] and "% of the KV budget" in labels[1]
       and "budget" not in labels[0] and "reserved" not in labels[1],
       "waste: one denominator per axis (%s)" % labels)
-bars = fig.axes[1].patches
+
+
+def bar_tops(ax):
+    """The top of each stacked bar of `ax`, by x position."""
+    tops = {}
+    for b in ax.patches:
+        x = round(b.get_x() + b.get_width() / 2, 3)
+        tops[x] = max(tops.get(x, 0.0), b.get_y() + b.get_height())
+    return tops
+
+
 runs = len(fig.axes[1].get_xticks())
-tops = {}
-for b in bars:
-    x = round(b.get_x() + b.get_width() / 2, 3)
-    tops[x] = max(tops.get(x, 0.0), b.get_y() + b.get_height())
+tops = bar_tops(fig.axes[1])
 check(runs > 1 and len(tops) == runs and all(abs(t - 100) < 0.2 for t in tops.values()),
       "waste: every run's budget bar adds up to 100 %% (%s)" %
       ", ".join("%.2f" % t for t in tops.values()))
-left = {}
-for b in fig.axes[0].patches:
-    x = round(b.get_x() + b.get_width() / 2, 3)
-    left[x] = max(left.get(x, 0.0), b.get_y() + b.get_height())
-check(all(t <= 100 for t in left.values()), "waste: the reserved panel stays within 100 %")
+check(all(t <= 100 for t in bar_tops(fig.axes[0]).values()),
+      "waste: the reserved panel stays within 100 %")
 
 fig = plot.cdf(rq, os.path.join(outdir, "cdf.png"), report=report)
 styles = [(l.get_linestyle(), l.get_linewidth()) for l in fig.axes[0].get_lines()]

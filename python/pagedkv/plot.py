@@ -318,23 +318,22 @@ def waste(sweep, out=None, title=None, report=None, dpi=100):
         return [100 * _num(r, key, sweep, line) if r[key] != "" else 0.0
                 for line, r in enumerate(rows, 2)]
 
+    def stack(ax, layers):  # (key, name, color) bottom to top
+        bottom = [0.0] * len(labels)
+        for key, name, color in layers:
+            vals = column(key)
+            ax.bar(x, vals, bottom=bottom, label=name, color=color)
+            bottom = [b + v for b, v in zip(bottom, vals)]
+
     fig, axes = plt.subplots(1, 2, figsize=(max(10.0, 1.3 * len(labels)), 4.6))
     x = range(len(labels))
     ax = axes[0]
-    bottom = [0.0] * len(labels)
-    for key, name, color in ((own[0], "internal fragmentation", PARTS[2][2]),
-                             (own[1], "reserved, filled later", PARTS[1][2])):
-        vals = column(key)
-        ax.bar(x, vals, bottom=bottom, label=name, color=color)
-        bottom = [b + v for b, v in zip(bottom, vals)]
+    stack(ax, ((own[0], "internal fragmentation", PARTS[2][2]),
+               (own[1], "reserved, filled later", PARTS[1][2])))
     ax.set_ylabel("% of reserved KV memory (time-averaged)")
     ax.set_title("waste of what each policy reserved", fontsize=9)
     ax = axes[1]
-    bottom = [0.0] * len(labels)
-    for key, (_, name, color) in zip(parts, PARTS):
-        vals = column(key)
-        ax.bar(x, vals, bottom=bottom, label=name, color=color)
-        bottom = [b + v for b, v in zip(bottom, vals)]
+    stack(ax, [(key, name, color) for key, (_, name, color) in zip(parts, PARTS)])
     ax.set_ylim(0, 100)
     ax.set_ylabel("% of the KV budget (time-averaged)")
     ax.set_title("the whole budget", fontsize=9)
