@@ -82,6 +82,15 @@ for tool in "$prefix"/bin/pkv-*; do
     fi
 done
 
+# The installed pkv-plot finds its plotting module (share/pagedkv/plot.py): on a
+# missing input it says that, or that matplotlib is missing, never that the module is.
+"$prefix/bin/pkv-plot" waste "$work/none.csv" -o "$work/out/none.png" >"$work/out/plot.log" 2>&1 || true
+if grep -q "cannot find" "$work/out/plot.log"; then
+    echo "FAIL installed pkv-plot: $(cat "$work/out/plot.log")"; fail=1
+else
+    echo "ok   installed pkv-plot loads its module"
+fi
+
 # The documented lines as written (issue 25): the README's out-of-tree builds, each
 # program then run without LD_LIBRARY_PATH (the rpath finds the library), and
 # POLICIES.md's plugin lines: the plugins the build made, one built from the clone,
