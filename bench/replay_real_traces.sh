@@ -1,8 +1,11 @@
 #!/bin/sh
 # SPDX-License-Identifier: MIT
-# Replay the public traces of ../shared/traces (see SOURCES.md there; not part
-# of the project) through every KV policy, as recorded in docs/BENCHMARKS.md.
+# Replay the public traces (not part of the repository: scripts/fetch_traces.sh
+# downloads them, by default into traces/real/) through every KV policy, as
+# recorded in docs/BENCHMARKS.md.
 # usage: bench/replay_real_traces.sh BUILD_DIR TRACE_DIR OUT_DIR
+#   e.g. bench/replay_real_traces.sh build traces/real /tmp/realbench
+# A trace missing from TRACE_DIR is fetched there first.
 # Every run is sim mode with the default allocation cost model (cuda-boyer:
 # 50 us per cudaMalloc/cudaFree, synchronizing) unless its name says otherwise.
 set -eu
@@ -10,6 +13,10 @@ B=${1:?build dir}
 T=${2:?trace dir}
 O=${3:?output dir}
 mkdir -p "$O"
+S=$(cd "$(dirname "$0")/.." && pwd)/scripts/fetch_traces.sh
+for f in azure_code_2023.csv azure_conv_2023.csv mooncake_fast25_conversation.jsonl; do
+  [ -f "$T/$f" ] || "$S" --dest "$T" "${f%.*}"
+done
 R="$B/tools/pkv-replay --quiet"
 # A policy that completes nothing makes pkv-replay exit 1; keep going.
 run() { out=$1; shift; $R "$@" --json "$O/$out.json" > "$O/$out.txt" || true; }

@@ -1,16 +1,22 @@
 #!/bin/sh
 # SPDX-License-Identifier: MIT
-# Paging vs vAttention-style virtual-contiguous KV on the public traces of
-# ../shared/traces, as recorded in docs/BENCHMARKS.md ("vmm vs paged"): paged at
+# Paging vs vAttention-style virtual-contiguous KV on the public traces
+# (scripts/fetch_traces.sh, by default into traces/real/), as recorded in docs/BENCHMARKS.md ("vmm vs paged"): paged at
 # block 16, contiguous-oracle, and vmm at 2 MiB and 64 KiB pages, plain and with
 # map-ahead + deferred reclamation, under three costs per map/unmap call (0, 5 and
 # 50 us: the cuda-boyer cudaMalloc figure; cuMemMap is not measured on a GPU here).
 # usage: bench/replay_vmm_traces.sh BUILD_DIR TRACE_DIR OUT_DIR
+#   e.g. bench/replay_vmm_traces.sh build traces/real /tmp/vmmruns
+# A trace missing from TRACE_DIR is fetched there first.
 set -eu
 B=${1:?build dir}
 T=${2:?trace dir}
 O=${3:?output dir}
 mkdir -p "$O"
+S=$(cd "$(dirname "$0")/.." && pwd)/scripts/fetch_traces.sh
+for f in azure_code_2023.csv azure_conv_2023.csv mooncake_fast25_conversation.jsonl; do
+  [ -f "$T/$f" ] || "$S" --dest "$T" "${f%.*}"
+done
 R="$B/tools/pkv-replay --quiet"
 run() { # name trace-file model ctx extra...
   name=$1; tr=$2; model=$3; ctx=$4; shift 4

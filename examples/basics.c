@@ -1,10 +1,12 @@
 // SPDX-License-Identifier: MIT
 // The README's example: a pool-backed KV cache, two sequences sharing a prompt
 // by fork, copy-on-write, and the block tables an attention kernel reads.
-// Built and run by the test suite, so the README cannot drift from the API.
+// Built and run by the test suite, and tests/readme_snippets.py checks that every
+// statement of the README's excerpt is one of this file's: the README cannot drift
+// from the API.
 #include <stdio.h>
 
-#include "pkv/pkv.h"
+#include <pkv/pkv.h>
 
 #define CHECK(call)                                                                \
     do {                                                                           \
@@ -23,7 +25,8 @@ int main(void) {
     pkv_backend *host;
     pkv_cache *cache;
     pkv_seqset *seqs;
-    CHECK(pkv_pool_create(8, &pool));
+    const uint32_t num_blocks = 8;
+    CHECK(pkv_pool_create(num_blocks, &pool));
     CHECK(pkv_backend_create_host(&host)); // or pkv_backend_create_cuda(0, &dev)
     pkv_cache_params p = pkv_cache_params_default();
     p.num_layers = 32;
@@ -48,19 +51,26 @@ int main(void) {
     CHECK(pkv_cache_apply_copies(cache, seqs, NULL)); // one batched backend copy
 
     // Block tables for the attention kernel, vLLM style (padded) ...
-    pkv_seq_id batch[2] = {prompt, sample};
+    pkv_seq_id ids[2] = {prompt, sample};
+    const uint32_t n = 2, max_blocks = 4;
     int32_t table[2 * 4], lens[2];
-    CHECK(pkv_seqset_export_padded(seqs, batch, 2, 4, -1, table, lens));
+    CHECK(pkv_seqset_export_padded(seqs, ids, n, max_blocks, -1, table, lens));
     printf("prompt: %d tokens, blocks %d %d\n", lens[0], table[0], table[1]);
     printf("sample: %d tokens, blocks %d %d (block 0 shared, block 1 copied)\n", lens[1],
            table[4], table[5]);
+    // ... or FlashInfer style (CSR: indptr, indices, last page length).
+    int32_t indptr[3], indices[8], last_len[2];
+    const uint32_t cap = 8;
+    CHECK(pkv_seqset_export_csr(seqs, ids, n, indptr, indices, cap, last_len));
+    printf("csr: indptr %d %d %d, last pages %d %d tokens\n", indptr[0], indptr[1], indptr[2],
+           last_len[0], last_len[1]);
 
     // An engine step: both sequences decode one token in one call (all or nothing),
     // with the slot mapping of the whole batch; then speculative tokens rolled back.
     const uint32_t counts[2] = {1, 1};
     uint32_t need;
-    CHECK(pkv_seqset_blocks_needed_batch(seqs, batch, counts, 2, &need));
-    CHECK(pkv_seqset_append_batch(seqs, batch, counts, 2, slots));
+    CHECK(pkv_seqset_blocks_needed_batch(seqs, ids, counts, 2, &need));
+    CHECK(pkv_seqset_append_batch(seqs, ids, counts, 2, slots));
     CHECK(pkv_cache_apply_copies(cache, seqs, NULL));
     printf("step: %u new blocks, slots %lld %lld\n", need, (long long)slots[0], (long long)slots[1]);
     CHECK(pkv_seq_append(seqs, sample, 4, NULL)); // 4 draft tokens ...

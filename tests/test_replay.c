@@ -464,9 +464,28 @@ Test(replay_params, sizes_parse_with_binary_suffixes) {
     cr_expect_eq(pkv_size_parse("", &v), PKV_ERR_INVALID_ARG);
     cr_expect_eq(pkv_size_parse("G", &v), PKV_ERR_INVALID_ARG);
     cr_expect_eq(pkv_size_parse("-1G", &v), PKV_ERR_INVALID_ARG);
-    cr_expect_eq(pkv_size_parse("1.5G", &v), PKV_ERR_INVALID_ARG);
-    cr_expect_eq(pkv_size_parse("1GB", &v), PKV_ERR_INVALID_ARG);
     cr_expect_eq(pkv_size_parse("99999999T", &v), PKV_ERR_INVALID_ARG, "overflow");
+}
+
+// Issue 25, item 12: one grammar for every tool. GB is 10^9 and GiB (and G) 2^30,
+// as pkv-size always read them; pkv-replay refused "40GB" before.
+Test(replay_params, sizes_parse_decimal_and_binary_units) {
+    uint64_t v;
+    const struct { const char *text; uint64_t bytes; } ok[] = {
+        {"40GB", 40000000000ull},     {"40gb", 40000000000ull},   {"40GiB", 40ull << 30},
+        {"40gib", 40ull << 30},       {"40G", 40ull << 30},       {"512B", 512},
+        {"1.5G", 3ull << 29},         {"1.5GiB", 3ull << 29},     {"0.5GB", 500000000ull},
+        {"141GB", 141000000000ull},   {"64KiB", 65536},           {"2MB", 2000000},
+        {"1TB", 1000000000000ull},    {"0.1K", 102},              {"0", 0},
+    };
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        cr_expect_eq(pkv_size_parse(ok[i].text, &v), PKV_OK, "%s", ok[i].text);
+        cr_expect_eq(v, ok[i].bytes, "%s: %llu", ok[i].text, (unsigned long long)v);
+    }
+    const char *bad[] = {"1.5", "1.", ".5G", "1GBB", "1iB", "1Gi", "1 G", "1e9", "1X", "G",
+                         "18446744073709551616", "17179869184GiB", "20000000TB", "1.5B"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        cr_expect_eq(pkv_size_parse(bad[i], &v), PKV_ERR_INVALID_ARG, "%s", bad[i]);
 }
 
 Test(replay_params, budget_and_presets) {

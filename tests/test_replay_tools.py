@@ -219,31 +219,36 @@ def test_stamp():
 
 def test_sigint_partial():
     # Run mode executes the decoder: minutes for conv_small, so the signal lands
-    # mid-replay.
+    # mid-replay. SIGTERM (Slurm's signal at a job's time limit) is handled as
+    # SIGINT (issue 25, item 10), exiting 128 + 15.
     trace = os.path.join(ROOT, "traces", "conv_small.csv")
-    out = tmp("partial.json")
-    p = subprocess.Popen([TOOL, trace, "--mode", "run", "--threads", "1", "-q", "--json", out,
-                          "--csv", tmp("partial.csv")],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(2.0)
-    p.send_signal(signal.SIGINT)
-    try:
-        _, err = p.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        check(False, "SIGINT stops the replay within 60 s")
-        return
-    check(p.returncode == 130, "SIGINT: exit 130 (got %d)" % p.returncode)
-    check("interrupted" in err, "SIGINT: says it was interrupted")
-    with open(out) as f:
-        doc = json.load(f)
-    check(doc["partial"] is True and doc["runs"] and doc["runs"][0]["partial"] is True,
-          "SIGINT: the report is written and marked partial")
-    r = doc["runs"][0]
-    check(r["requests"]["completed"] < r["requests"]["total"] and r["steps"] > 0,
-          "SIGINT: the report covers the %d steps replayed" % r["steps"])
-    with open(tmp("partial.csv")) as f:
-        check(",true," in f.read().split("\n")[1], "SIGINT: the CSV row says partial")
+    for sig, name, code in ((signal.SIGINT, "SIGINT", 130), (signal.SIGTERM, "SIGTERM", 143)):
+        out = tmp("partial_%s.json" % name)
+        p = subprocess.Popen([TOOL, trace, "--mode", "run", "--threads", "1", "-q", "--json", out,
+                              "--csv", tmp("partial_%s.csv" % name)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(2.0)
+        p.send_signal(sig)
+        try:
+            _, err = p.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            check(False, "%s stops the replay within 60 s" % name)
+            continue
+        check(p.returncode == code, "%s: exit %d (got %d)" % (name, code, p.returncode))
+        check("interrupted (%s)" % name in err, "%s: says it was interrupted" % name)
+        if not os.path.exists(out):
+            check(False, "%s: the report is written" % name)
+            continue
+        with open(out) as f:
+            doc = json.load(f)
+        check(doc["partial"] is True and doc["runs"] and doc["runs"][0]["partial"] is True,
+              "%s: the report is written and marked partial" % name)
+        r = doc["runs"][0]
+        check(r["requests"]["completed"] < r["requests"]["total"] and r["steps"] > 0,
+              "%s: the report covers the %d steps replayed" % (name, r["steps"]))
+        with open(tmp("partial_%s.csv" % name)) as f:
+            check(",true," in f.read().split("\n")[1], "%s: the CSV row says partial" % name)
 
 
 def test_progress_line():
@@ -282,34 +287,62 @@ def test_progress_line():
     check(" requests (" not in p.stderr, "no progress line when stderr is not a terminal")
 
 
+def python_with_matplotlib():
+    """An interpreter that can import matplotlib: this one, or the system's (where
+    scripts/deps.sh --plots installs Debian's python3-matplotlib); None if neither."""
+    for exe in (sys.executable, "/usr/bin/python3"):
+        if exe and os.path.exists(exe) and subprocess.run(
+                [exe, "-c", "import matplotlib"], capture_output=True).returncode == 0:
+            return exe
+    return None
+
+
 def test_plots():
-    # pkv-plot draws every figure from real outputs when matplotlib is there,
-    # and says how to get it (exit 1) when it is not.
+    # pkv-plot draws every figure from real outputs under an interpreter with
+    # matplotlib; under one without it, it names that interpreter and the pip
+    # command for it (issue 25, item 2: scripts/deps.sh alone did not help a venv,
+    # pyenv or conda python3).
     plot = os.path.join(ROOT, "tools", "pkv_plot.py")
     trace = os.path.join(ROOT, "traces", "conv_small.csv")
     run(trace, "--policy", "paged,contiguous-max", "--load-scale", "1,2", "-q", "--csv",
-        tmp("p.csv"), "--timeline", tmp("p_tl.csv"), "--requests", tmp("p_rq.csv"))
+        tmp("p.csv"), "--timeline", tmp("p_tl.csv"), "--requests", tmp("p_rq.csv"),
+        "--json", tmp("p.json"))
     run(trace, "--policy", "paged,contiguous-max", "--load-scale", "0.5,8", "-q",
-        "--slo", "ttft_p99<=1s", "--csv", tmp("p_slo.csv"))
-    try:
-        import matplotlib  # noqa: F401
-        have = True
-    except ImportError:
-        have = False
-    for cmd, src in (("capacity", "p_tl.csv"), ("cdf", "p_rq.csv"), ("norm", "p.csv"),
-                     ("waste", "p.csv"), ("slo", "p_slo.csv")):
-        out = tmp("plot_%s.png" % cmd)
-        p = subprocess.run([sys.executable, plot, cmd, tmp(src), "-o", out],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        if have:
+        "--slo", "ttft_p99<=1s", "--csv", tmp("p_slo.csv"), "--json", tmp("p_slo.json"))
+    py = python_with_matplotlib()
+    if py is None:
+        print("skip  drawing: no python3 here has matplotlib")
+    else:
+        for cmd, src, rep in (("capacity", "p_tl.csv", "p.json"), ("cdf", "p_rq.csv", "p.json"),
+                              ("norm", "p.csv", "p.json"), ("waste", "p.csv", "p.json"),
+                              ("slo", "p_slo.csv", "p_slo.json")):
+            out = tmp("plot_%s.png" % cmd)
+            p = subprocess.run([py, plot, cmd, tmp(src), "-o", out, "--report", tmp(rep)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             check(p.returncode == 0 and os.path.getsize(out) > 10000,
-                  "pkv-plot %s draws %s" % (cmd, out))
-        else:
-            check(p.returncode == 1 and "scripts/deps.sh --plots" in p.stderr,
-                  "pkv-plot %s without matplotlib: exit 1 and how to install it" % cmd)
-    p = subprocess.run([sys.executable, plot, "norm", tmp("p_tl.csv"), "-o", tmp("x.png")],
-                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    check(p.returncode == (2 if have else 1), "pkv-plot norm on a timeline: bad input")
+                  "pkv-plot %s draws %s %s" % (cmd, out, p.stderr.strip()))
+        p = subprocess.run([py, plot, "norm", tmp("p_tl.csv"), "-o", tmp("x.png")],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        check(p.returncode == 2 and "no column" in p.stderr,
+              "pkv-plot norm on a timeline: bad input, exit 2 naming the column")
+        p = subprocess.run([py, os.path.join(ROOT, "tests", "plot_check.py"), ROOT,
+                            tmp("p_tl.csv"), tmp("p_rq.csv"), tmp("p.csv"), tmp("p.json"), TMP],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        print(p.stdout, end="")
+        check(p.returncode == 0, "plot_check.py: the figures show what they say")
+    # A fresh venv has no matplotlib: the message names its interpreter and pip.
+    venv = tmp("venv_noplot")
+    v = subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], capture_output=True)
+    vpy = os.path.join(venv, "bin", "python3")
+    if v.returncode != 0 or not os.path.exists(vpy):
+        print("skip  no venv module here")
+    else:
+        p = subprocess.run([vpy, plot, "capacity", tmp("p_tl.csv"), "-o", tmp("y.png")],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        check(p.returncode == 1 and vpy in p.stderr and
+              "%s -m pip install matplotlib" % vpy in p.stderr and "deps.sh" not in p.stderr,
+              "pkv-plot under a venv python3 without matplotlib: exit 1, names it and its pip "
+              "(%s)" % p.stderr.strip())
     with open(tmp("p_rq.csv")) as f:
         n = len(f.read().strip().split("\n")) - 1
     check(n == 4 * 400, "--requests: one row per completed request of each run (%d)" % n)
@@ -410,11 +443,69 @@ def test_sim_efficiency():
           "--help states the sources")
 
 
+def test_timeline_breakdown():
+    # Issue 25, item 5: the timeline's columns are the report's memory.breakdown.*
+    # parts in bytes; they add up to the capacity on every row of every policy,
+    # and, time-weighted over every step, they are the report's fractions.
+    trace = os.path.join(ROOT, "traces", "conv_small.csv")
+    out, tl = tmp("bd.json"), tmp("bd_tl.csv")
+    # A small budget at a high load: external fragmentation in the contiguous ones.
+    run(trace, "--policy", "all", "--kv-mem", "4G", "--load-scale", "4", "-q", "--json", out,
+        "--timeline", tl, "--timeline-rows", "0")
+    parts = ["token_states", "reserved", "internal_frag", "external_frag", "free"]
+    with open(tl, newline="") as f:
+        rows = list(csv.DictReader(f))
+    bad = [r for r in rows
+           if sum(int(r[p + "_bytes"]) for p in parts) != int(r["capacity_bytes"])]
+    check(rows and not bad, "timeline: the five parts add up to capacity_bytes on all %d rows "
+          "(%d do not)" % (len(rows), len(bad)))
+    check(any(int(r["external_frag_bytes"]) > 0 for r in rows),
+          "timeline: some rows have external fragmentation (the case that did not add up)")
+    reports = {r["point"]["index"]: r for r in runs_of(out)}
+    sizes = {(int(r["point"]), r["block_size"]) for r in rows}
+    check(all(str(reports[p]["block_size"]) == b for p, b in sizes),
+          "timeline: block_size is the report's (1 without blocks) on every row")
+    worst = 0.0
+    for point, rep in reports.items():
+        rs = [r for r in rows if int(r["point"]) == point]
+        w = sum(float(r["step_ms"]) for r in rs)
+        for p in parts:
+            got = sum(float(r["step_ms"]) * int(r[p + "_bytes"]) / int(r["capacity_bytes"])
+                      for r in rs) / w
+            worst = max(worst, abs(got - rep["memory"]["breakdown"][p]))
+    check(worst < 1e-4, "timeline: time-weighted parts = memory.breakdown.* (worst %.2g)" % worst)
+
+
+def test_table_says_rejected_and_deviations():
+    # Issue 25, items 8 and 11: the table says how many requests were rejected and
+    # why, and how often each policy deviated from a fixed schedule.
+    trace = os.path.join(ROOT, "traces", "conv_small.csv")
+    out = tmp("tab.json")
+    p = run(trace, "--policy", "paged,contiguous-max", "--max-seq-len", "1024", "--kv-mem", "4G",
+            "--schedule", "fixed-from", "paged", "-q", "--json", out)
+    runs = {r["policy"]: r for r in runs_of(out)}
+    lines_ = p.stdout.split("\n")
+    head = next((l for l in lines_ if l.startswith("policy ") and "done" in l), "")
+    check("rejected" in head and "sched dev" in head,
+          "table: rejected and sched dev columns (%r)" % head)
+    for name, r in runs.items():
+        row = next((l.split() for l in lines_ if l.startswith(name + " ")), [])
+        check(len(row) > 3 and row[2] == str(r["requests"]["rejected"]) and
+              row[-1] == str(r["schedule_deviations"]),
+              "table: %s's rejected (%s) and sched dev (%s) are the report's" %
+              (name, row[2] if len(row) > 2 else "?", row[-1] if row else "?"))
+    longs = runs["paged"]["requests"]["rejected_too_long"]
+    check(longs > 0 and ("rejected by every policy: %d longer than the model's context" % longs)
+          in p.stdout, "table: says why %d requests were rejected" % longs)
+    check(runs["contiguous-max"]["schedule_deviations"] > 0,
+          "contiguous-max deviates from paged's schedule at 4 GiB")
+
+
 def test_bad_usage():
     trace = os.path.join(ROOT, "traces", "conv_small.csv")
     for args in (["--point", "4/3"], ["--point", "0/3"], ["--jobs", "0"],
                  ["--slo", "ttft_p99<=2"], ["--slo", "foo<=1s"], ["--slo", "ttft_p99<=1s"],
-                 ["--load-scale", "1,-2"], ["--block-size", "8,,x"], ["--kv-mem", "1Q"],
+                 ["--load-scale", "1,-2"], ["--block-size", "8,,x"], ["--kv-mem", "1Q"], ["--kv-mem", "1.5"],
                  ["--policy", "paged,nope"], ["--batching", "static", "--chunked-prefill", "512"],
                  ["--alloc-model", "none", "--alloc-call-us", "5"], ["--alloc-model", "/nonexistent.json"]):
         run(trace, "-q", *args, expect=2)
@@ -428,7 +519,8 @@ def main():
         TMP = d
         for t in (test_sweep_jobs_and_individual_runs, test_shards_merge, test_slo_hand_computed,
                   test_stamp, test_sigint_partial, test_progress_line, test_plots,
-                  test_cost_fields_and_failure, test_sim_efficiency, test_bad_usage):
+                  test_cost_fields_and_failure, test_sim_efficiency, test_timeline_breakdown,
+                  test_table_says_rejected_and_deviations, test_bad_usage):
             print("--", t.__name__)
             t()
     print("%d failure(s)" % len(FAILS))

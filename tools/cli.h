@@ -20,4 +20,10 @@ static inline int cli_parse_u64(const char *s, uint64_t *v) {
     return 1;
 }
 
+// How every tool's --help states the size grammar (pkv_size_parse in
+// pkv/replay.h is the one parser; DESIGN.md "Sizes" documents it).
+#define CLI_SIZE_UNITS                                                                   \
+    "SIZE: bytes, or a number and a unit: GB, MB, KB, TB = powers of 1000 (80GB =\n"     \
+    "80e9); GiB or G, MiB or M, KiB or K, TiB or T = powers of 1024 (40G = 40GiB)\n"
+
 #endif // PKV_TOOLS_CLI_H

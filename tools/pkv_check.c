@@ -737,8 +737,15 @@ int main(int argc, char **argv) {
     int ndev = 0;
     cudaError_t e = cudaGetDeviceCount(&ndev);
     if (e != cudaSuccess || ndev == 0) {
-        fprintf(stderr, "pkv-check: no CUDA device (%s); nothing to check\n",
-                e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+        // Without any NVIDIA driver the runtime reports cudaErrorInsufficientDriver
+        // (35), whose text ("CUDA driver version is insufficient for CUDA runtime
+        // version") sends a user to upgrade a driver that is not there.
+        const char *why = e == cudaSuccess ? "0 devices"
+                          : (int)e == 35
+                              ? "no NVIDIA driver, or one older than this build's CUDA runtime: "
+                                "nvidia-smi shows the driver and the CUDA version it supports"
+                              : cudaGetErrorString(e);
+        fprintf(stderr, "pkv-check: no CUDA device (%s); nothing to check\n", why);
         return EXIT_NO_DEVICE;
     }
     struct cudaDeviceProp prop;

@@ -4,9 +4,11 @@
 // CSV per step for plots). Lists of block sizes, load scales and budgets run as
 // a sweep (tools/replay_*.c hold the sweep, SLO search, stamp, progress and
 // merge; this file parses options and wires them). Exit codes: 0 ok, 1 runtime
-// failure, 2 bad usage or input, 130 interrupted (the report written is partial).
+// failure, 2 bad usage or input, 130 interrupted by SIGINT or 143 by SIGTERM (the
+// report written is partial).
 #include <dlfcn.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +18,7 @@
 #include "pkv/policy.h"
 #include "pkv/replay.h"
 #include "pkv/trace.h"
+#include "cli.h"
 #include "replay_tools.h"
 
 static void usage(FILE *f) {
@@ -38,7 +41,9 @@ static void usage(FILE *f) {
         "                      without --policy only the plugins run\n"
         "  --schedule S        own (default: each policy schedules by arrival time) or\n"
         "                      'fixed-from P': every policy replays the admissions,\n"
-        "                      preemptions and steps that policy P took (one point only)\n"
+        "                      preemptions and steps that policy P took (one point only);\n"
+        "                      a policy short of memory cannot follow it and deviates: the\n"
+        "                      table's 'sched dev' counts the events (0: it followed it)\n"
         , f);
     fputs( // two literals: ISO C caps one at 4095 bytes
         "  --block-size N,...  paged block size in tokens (default 16)\n"
@@ -66,7 +71,7 @@ static void usage(FILE *f) {
         "  --gpu NAME          a100-80g (default), h100-80g, h200-141g (sim)\n"
         "  --kv-dtype T        sim: KV element type, fp16 (default) or 8-bit int8, fp8_e4m3,\n"
         "                      fp8_e5m2: capacity and roofline KV bytes per token\n"
-        "  --kv-mem SIZE,...   KV budget, e.g. 40G (K/M/G/T = powers of 1024); default\n"
+        "  --kv-mem SIZE,...   KV budget, e.g. 40GiB or 40G (2^30), 40GB (10^9); default\n"
         "                      (GPU memory - weights) x --gpu-util in sim, 64M in run mode\n"
         "  --gpu-util F        utilization factor for the default budget (default 0.9)\n"
         "  --alloc-model M     sim: cost of backend alloc/free calls: cuda-boyer (default,\n"
@@ -112,8 +117,9 @@ static void usage(FILE *f) {
         "  --timeline-rows N   at most 2N rows per run, evenly thinned (default 2000; 0 = all)\n"
         "  --requests FILE     one CSV row per completed request of every run (latency CDFs)\n"
         "  --validate          check every invariant after every step (slow)\n"
-        "  --quiet             no progress bar\n"
-        "  --help              this text\n",
+        "  -q, --quiet         no progress bar\n"
+        "  --help              this text\n"
+        CLI_SIZE_UNITS,
         f);
 }
 
@@ -411,7 +417,7 @@ int rt_replay_main(int argc, char **argv) {
         } else if (!strcmp(a, "--swap-space")) {
             NEED();
             if (pkv_size_parse(v, &prm.swap_space_bytes) != PKV_OK)
-                BAD("--swap-space must be a size like 4G (K/M/G/T = powers of 1024), got '%s'", v);
+                BAD("--swap-space must be a size like 4G, 4GiB or 4GB, got '%s'", v);
         } else if (!strcmp(a, "--batching")) {
             NEED();
             if (!strcmp(v, "continuous")) prm.batching = PKV_BATCHING_CONTINUOUS;
@@ -662,7 +668,7 @@ int rt_replay_main(int argc, char **argv) {
             prm.mode == PKV_REPLAY_SIM ? prm.alloc_model.name : "measured",
             step_time);
     fflush(table_out);
-    rt_install_sigint();
+    rt_install_stop_signals();
     struct timespec w0, w1;
     clock_gettime(CLOCK_MONOTONIC, &w0);
     const rt_job job = {
@@ -724,18 +730,15 @@ int rt_replay_main(int argc, char **argv) {
     };
     rt_print_table(table_out, &doc);
     if (sched) {
-        fprintf(table_out, "schedule: fixed from %s (%llu steps, %llu events)\n", fixed_from,
+        fprintf(table_out, "schedule: fixed from %s (%llu steps, %llu events; deviations: the "
+                           "table's sched dev)\n", fixed_from,
                 (unsigned long long)pkv_replay_schedule_steps(sched),
                 (unsigned long long)pkv_replay_schedule_events(sched));
-        for (size_t i = 0; i < mine; i++)
-            if (results[i].ran && results[i].report.schedule_deviations)
-                fprintf(table_out, "  %s deviated from it %llu times (docs/POLICIES.md)\n",
-                        results[i].report.policy,
-                        (unsigned long long)results[i].report.schedule_deviations);
     }
     if (calibrate_out && !rc && calibrate(calibrate_out, trace, &prm, results, mine, table_out) != 0) rc = 1;
     if (rt_stop_requested)
-        fprintf(stderr, "pkv-replay: interrupted; the report covers what was replayed (partial)\n");
+        fprintf(stderr, "pkv-replay: interrupted (%s); the report covers what was replayed (partial)\n",
+                rt_stop_requested == SIGTERM ? "SIGTERM" : "SIGINT");
     if (json_path) {
         FILE *jf = strcmp(json_path, "-") ? fopen(json_path, "w") : stdout;
         if (!jf) {
@@ -764,7 +767,7 @@ int rt_replay_main(int argc, char **argv) {
         } else {
             rt_timeline_header(tf);
             for (size_t i = 0; i < mine; i++)
-                if (results[i].ran) rt_timeline_write(tf, &results[i].timeline, &results[i].point);
+                if (results[i].ran) rt_timeline_write(tf, &results[i]);
             if (ferror(tf) || fclose(tf) != 0) wrc = 1;
         }
     }
@@ -789,6 +792,6 @@ int rt_replay_main(int argc, char **argv) {
     pkv_trace_destroy(trace);
     rt_stamp_free(&stamp);
     if (wrc && !rc) rc = 1;
-    if (rc == 0 && rt_stop_requested) rc = 130;
+    if (rc == 0 && rt_stop_requested) rc = 128 + rt_stop_requested; // 130 SIGINT, 143 SIGTERM
     return rc;
 }

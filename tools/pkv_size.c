@@ -2,14 +2,15 @@
 // pkv-size: the KV-cache size calculator. KV bytes per token =
 // 2 x layers x kv_heads x head_dim x bytes per element (DESIGN.md); a request
 // of `seq` tokens holds seq times that, a batch holds batch times that. Given
-// a memory size it also says how many such requests fit after the weights.
-#include <errno.h>
+// a memory size (or a GPU preset) it also says how many such requests fit in the
+// KV budget, (memory - weights) x 0.9: pkv-replay's default budget rule.
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "pkv/model.h"
+#include "pkv/replay.h"
 #include "cli.h"
 
 static void usage(FILE *f) {
@@ -32,34 +33,19 @@ static void usage(FILE *f) {
             "  --block N          tokens per cache block, for the bytes per block (default 16)\n"
             "  --weights-dtype T  weight element type (default: same as --dtype, but fp16\n"
             "                     when --dtype is an 8-bit KV format)\n"
-            "  --memory SIZE      device memory, e.g. 80GB, 141GB, 80GiB, or bytes: how many\n"
-            "                     requests of --seq tokens fit after the weights\n"
+            "  --memory SIZE      device memory, e.g. 80GB, 141GB, 80GiB: how many requests\n"
+            "                     of --seq tokens fit in the KV budget\n"
+            "  --gpu NAME         device memory of a GPU preset, as pkv-replay --gpu: ");
+    const char *const *gpus = pkv_gpu_preset_names();
+    for (int i = 0; gpus[i]; i++) fprintf(f, "%s%s", i ? ", " : "", gpus[i]);
+    fprintf(f,
+            "\n"
+            "  --gpu-util F       share of (memory - weights) given to the KV cache, as\n"
+            "                     pkv-replay's default budget (default 0.9)\n"
             "  --json             one JSON object on stdout\n"
             "  --help             this text\n"
+            CLI_SIZE_UNITS
             "example: pkv-size --model gpt3-175b --seq 2048 --dtype fp16\n");
-}
-
-// "80GB" (decimal), "80GiB" (binary), "80G" (binary), or plain bytes.
-static int parse_size(const char *s, uint64_t *v) {
-    if (!s || !*s || *s == '-') return 0;
-    char *end = NULL;
-    errno = 0;
-    double x = strtod(s, &end);
-    if (errno || end == s || x < 0) return 0;
-    static const struct { const char *suf; double mul; } sufs[] = {
-        {"", 1},        {"B", 1},         {"K", 1024.0},   {"KiB", 1024.0}, {"KB", 1e3},
-        {"M", 1048576.0}, {"MiB", 1048576.0}, {"MB", 1e6}, {"G", 1073741824.0},
-        {"GiB", 1073741824.0}, {"GB", 1e9}, {"T", 1099511627776.0}, {"TiB", 1099511627776.0},
-        {"TB", 1e12},
-    };
-    for (size_t i = 0; i < sizeof sufs / sizeof sufs[0]; i++)
-        if (strcmp(end, sufs[i].suf) == 0) {
-            double b = x * sufs[i].mul;
-            if (b > 1.8e19) return 0;
-            *v = (uint64_t)b;
-            return 1;
-        }
-    return 0;
 }
 
 // Element bytes of a dtype name (pkv_dtype_from_name's names); 0 if unknown.
@@ -74,6 +60,7 @@ int main(int argc, char **argv) {
     const char *model = "tiny", *dtype = "fp16", *wdtype = NULL;
     uint64_t layers = 0, kv_heads = 0, head_dim = 0, params = 0, seq = 0, batch = 1, memory = 0;
     uint64_t block = 16;
+    double gpu_util = 0.9; // pkv_replay_params_default's: the same budget rule
     int json = 0, have_memory = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -109,8 +96,17 @@ int main(int argc, char **argv) {
         } else if (strcmp(a, "--batch") == 0) {
             ok = cli_parse_u64(v, &batch) && batch > 0 && batch < (1ull << 32);
         } else if (strcmp(a, "--memory") == 0) {
-            ok = parse_size(v, &memory);
+            ok = v && pkv_size_parse(v, &memory) == PKV_OK && memory > 0;
             have_memory = 1;
+        } else if (strcmp(a, "--gpu") == 0) {
+            pkv_gpu_spec g;
+            ok = v && pkv_gpu_preset(v, &g) == PKV_OK;
+            if (ok) memory = g.mem_bytes;
+            have_memory = 1;
+        } else if (strcmp(a, "--gpu-util") == 0) {
+            char *end = NULL;
+            gpu_util = v ? strtod(v, &end) : 0;
+            ok = v && end != v && *end == '\0' && gpu_util > 0 && gpu_util <= 1;
         } else {
             fprintf(stderr, "pkv-size: unknown option '%s' (see --help)\n", a);
             return 2;
@@ -162,9 +158,11 @@ int main(int argc, char **argv) {
     // Parameters: the preset's unless the shape was overridden (then only --params).
     const uint64_t nparams = params ? params : (custom ? 0 : pkv_model_param_count(&c));
     const uint64_t weights = nparams * wb;
+    // The KV budget: (memory - weights) x utilization, pkv_replay_kv_budget's rule
+    // (tests/size_cli.py checks that both tools give the same bytes).
     uint64_t fit = 0, left = 0;
     if (have_memory && memory > weights) {
-        left = memory - weights;
+        left = (uint64_t)((double)(memory - weights) * gpu_util);
         fit = per_request ? left / per_request : 0;
     }
     if (json) {
@@ -177,9 +175,9 @@ int main(int argc, char **argv) {
                c.name, custom ? "true" : "false", c.num_layers, c.num_kv_heads, c.head_dim, dtype,
                eb, seq, batch, block, per_block, per_token, per_request, total, nparams, weights);
         if (have_memory)
-            printf(", \"memory_bytes\": %" PRIu64 ", \"kv_budget_bytes\": %" PRIu64
+            printf(", \"memory_bytes\": %" PRIu64 ", \"gpu_util\": %g, \"kv_budget_bytes\": %" PRIu64
                    ", \"requests_fit\": %" PRIu64,
-                   memory, left, fit);
+                   memory, gpu_util, left, fit);
         printf("}\n");
         return 0;
     }
@@ -206,8 +204,9 @@ int main(int argc, char **argv) {
         if (memory <= weights)
             printf("requests that fit  0 (the weights alone need %.3f GiB)\n", gib(weights));
         else
-            printf("requests that fit  %" PRIu64 " of %" PRIu64 " tokens (%.3f GiB left for KV)\n",
-                   fit, seq, gib(left));
+            printf("kv budget          %" PRIu64 " bytes (%.3f GiB: (memory - weights) x %g)\n"
+                   "requests that fit  %" PRIu64 " of %" PRIu64 " tokens\n",
+                   left, gib(left), gpu_util, fit, seq);
     }
     return 0;
 }

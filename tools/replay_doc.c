@@ -184,9 +184,10 @@ void rt_print_table(FILE *f, const rt_doc *d) {
                 (double)reps[0].memory.capacity_bytes / (1024.0 * 1024 * 1024));
         pkv_replay_write_table(f, reps, n);
     } else if (!d->slo) {
-        fprintf(f, "%5s %-20s %5s %7s %8s %13s %9s %6s %9s %9s %9s %9s %7s\n", "point", "policy",
-                "block", "load", "kv_GiB", "done", "rsv_GiB", "waste%", "ttft_p99", "tpot_p50",
-                "norm_lat", "tok/s", "preempt");
+        fprintf(f, "%5s %-20s %5s %7s %8s %13s %8s %9s %6s %9s %9s %9s %9s %7s\n", "point",
+                "policy", "block", "load", "kv_GiB", "done", "rejected", "rsv_GiB", "waste%",
+                "ttft_p99", "tpot_p50", "norm_lat", "tok/s", "preempt");
+        uint64_t too_long = 0, no_mem = 0;
         for (size_t i = 0; i < d->num_results; i++) {
             const rt_result *r = &d->results[i];
             if (!r->ran) continue;
@@ -196,8 +197,13 @@ void rt_print_table(FILE *f, const rt_doc *d) {
             snprintf(done, sizeof done, "%llu/%llu%s",
                      (unsigned long long)r->report.requests.completed,
                      (unsigned long long)r->report.requests.total, r->report.partial ? "*" : "");
-            fprintf(f, "%5u %-20s %5u %7g %8s %13s %9s", r->point.index, r->report.policy,
-                    r->report.block_size, r->point.load_scale, kv, done, rsv);
+            fprintf(f, "%5u %-20s %5u %7g %8s %13s %8llu %9s", r->point.index, r->report.policy,
+                    r->report.block_size, r->point.load_scale, kv, done,
+                    (unsigned long long)r->report.requests.rejected, rsv);
+            if (r->report.requests.rejected_too_long > too_long)
+                too_long = r->report.requests.rejected_too_long;
+            if (r->report.requests.rejected_no_memory > no_mem)
+                no_mem = r->report.requests.rejected_no_memory;
             cell(f, 6, 1, 100 * r->report.memory.waste_frac);
             cell(f, 9, 1, r->report.latency.ttft_p99_ms);
             cell(f, 9, 2, r->report.latency.tpot_p50_ms);
@@ -208,6 +214,11 @@ void rt_print_table(FILE *f, const rt_doc *d) {
         fputs("(latencies in ms, norm_lat in ms per output token; * = partial; n/a: completed "
               "nothing)\n",
               f);
+        if (too_long || no_mem)
+            fprintf(f, "(rejected: up to %llu requests longer than the model's context "
+                       "(--max-seq-len) or wider than --max-batch, up to %llu needing more KV "
+                       "memory than the budget; per run: requests.rejected_* in --json/--csv)\n",
+                    (unsigned long long)too_long, (unsigned long long)no_mem);
     } else {
         fprintf(f, "SLO %s, load scale searched in [%g, %g]\n", d->slo->text, d->slo_lo, d->slo_hi);
         fprintf(f, "%5s %-20s %5s %8s %10s %9s %9s %9s %9s %9s %6s\n", "point", "policy", "block",

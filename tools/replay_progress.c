@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: MIT
-// The progress line of pkv-replay and its SIGINT handling. Workers publish their
+// The progress line of pkv-replay and its SIGINT/SIGTERM handling. Workers publish their
 // counters after every replay step (relaxed atomics, one slot per worker); the
 // main thread redraws the line every 250 ms from those counters, so the line
-// moves in any mode, and a slow step cannot hold it back. SIGINT only sets a
+// moves in any mode, and a slow step cannot hold it back. A stop signal sets a
 // flag that the workers' progress callbacks return to the replay, which then
 // stops and reports what it replayed (marked partial).
 #include <signal.h>
@@ -21,18 +21,21 @@ static double now_s(void) {
 
 atomic_int rt_stop_requested = 0;
 
-static void on_sigint(int sig) {
-    (void)sig;
-    atomic_store(&rt_stop_requested, 1);
-    signal(SIGINT, SIG_DFL); // a second ^C ends the process at once
+static void on_stop(int sig) {
+    atomic_store(&rt_stop_requested, sig); // the exit status is 128 + sig
+    signal(sig, SIG_DFL); // a second ^C (or TERM) ends the process at once
 }
 
-void rt_install_sigint(void) {
+// SIGTERM is what Slurm (at a job's time limit, before SIGKILL), systemd and
+// `kill` send: it stops the replay the way ^C does, so a job array cut short
+// still leaves its partial reports.
+void rt_install_stop_signals(void) {
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_sigint;
+    sa.sa_handler = on_stop;
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
 }
 
 typedef struct slot {

@@ -96,7 +96,7 @@ int rt_parse_load_scales(const char *text, rt_axes *a, char *err, size_t cap) {
 static int kv_item(const char *t, rt_axes *a, char *err, size_t cap) {
     uint64_t v;
     if (pkv_size_parse(t, &v) != PKV_OK || v == 0) {
-        snprintf(err, cap, "KV budget must be a size like 512M or 40G (K/M/G/T = powers of 1024), got '%s'", t);
+        snprintf(err, cap, "KV budget must be a size like 40G, 40GiB (2^30 bytes) or 40GB (10^9), got '%s'", t);
         return -1;
     }
     if (a->num_kv_mems == sizeof a->kv_mems / sizeof a->kv_mems[0]) {
@@ -209,26 +209,31 @@ void rt_timeline_free(rt_timeline *t) {
 }
 
 void rt_timeline_header(FILE *f) {
-    // The first twelve columns are the historical ones; internal_frag_bytes and
-    // alloc_ms feed the capacity breakdown; point, block_size and load_scale tell
-    // the runs of a sweep apart.
-    fputs("policy,step,time_s,running,waiting,used_bytes,reserved_bytes,reservation_bytes,"
-          "ext_frag_bytes,free_bytes,capacity_bytes,step_ms,internal_frag_bytes,alloc_ms,"
+    // The capacity breakdown of every step in bytes, the same five parts as the
+    // report's memory.breakdown.* (token_states + reserved + internal_frag +
+    // external_frag + free = capacity on every row; reserved is what is held for
+    // tokens to come, free excludes external fragmentation); point, block_size and
+    // load_scale tell the runs of a sweep apart.
+    fputs("policy,step,time_s,running,waiting,token_states_bytes,reserved_bytes,"
+          "internal_frag_bytes,external_frag_bytes,free_bytes,capacity_bytes,step_ms,alloc_ms,"
           "point,block_size,load_scale\n",
           f);
 }
 
-void rt_timeline_write(FILE *f, const rt_timeline *t, const rt_point *p) {
+void rt_timeline_write(FILE *f, const rt_result *r) {
+    // block_size: the report's (1, a token, for policies without blocks), as in
+    // the table, --json and --csv.
+    const rt_timeline *t = &r->timeline;
+    const rt_point *p = &r->point;
     for (size_t i = 0; i < t->n; i++) {
         const pkv_replay_step *s = &t->rows[i];
-        fprintf(f, "%s,%llu,%.6f,%u,%u,%llu,%llu,%llu,%llu,%llu,%llu,%.6f,%llu,%.6f,%u,%u,%.9g\n",
+        fprintf(f, "%s,%llu,%.6f,%u,%u,%llu,%llu,%llu,%llu,%llu,%llu,%.6f,%.6f,%u,%u,%.9g\n",
                 rt_point_policy(p), (unsigned long long)s->index, s->time_s, s->running,
                 s->waiting, (unsigned long long)s->used_bytes,
-                (unsigned long long)s->reserved_bytes, (unsigned long long)s->reservation_bytes,
-                (unsigned long long)s->ext_frag_bytes, (unsigned long long)s->free_bytes,
-                (unsigned long long)s->capacity_bytes, s->step_s * 1e3,
-                (unsigned long long)s->internal_frag_bytes, s->alloc_s * 1e3, p->index,
-                p->block_size, p->load_scale);
+                (unsigned long long)s->reservation_bytes,
+                (unsigned long long)s->internal_frag_bytes, (unsigned long long)s->ext_frag_bytes,
+                (unsigned long long)s->idle_free_bytes, (unsigned long long)s->capacity_bytes,
+                s->step_s * 1e3, s->alloc_s * 1e3, p->index, r->report.block_size, p->load_scale);
     }
 }
 
@@ -244,7 +249,7 @@ void rt_requests_write(FILE *f, const rt_result *r) {
         const pkv_replay_request_done *d = &r->requests[i];
         const double e2e = (d->finish_s - d->arrival_s) * 1e3;
         fprintf(f, "%u,%s,%u,%.9g,%llu,%.6f,%.6f,%.6f,%.6f,", p->index, rt_point_policy(p),
-                p->block_size, p->load_scale, (unsigned long long)d->index, d->arrival_s,
+                r->report.block_size, p->load_scale, (unsigned long long)d->index, d->arrival_s,
                 d->first_token_s, d->finish_s, (d->first_token_s - d->arrival_s) * 1e3);
         if (d->output_tokens > 1)
             fprintf(f, "%.6f", (d->finish_s - d->first_token_s) * 1e3 / (d->output_tokens - 1));

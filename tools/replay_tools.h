@@ -104,15 +104,15 @@ typedef struct rt_timeline {
 void rt_timeline_add(rt_timeline *t, const pkv_replay_step *s);
 void rt_timeline_free(rt_timeline *t);
 void rt_timeline_header(FILE *f);
-void rt_timeline_write(FILE *f, const rt_timeline *t, const rt_point *p);
+void rt_timeline_write(FILE *f, const rt_result *r); // its timeline's rows
 
-// ---- replay_progress.c: the progress line and SIGINT ----
+// ---- replay_progress.c: the progress line and SIGINT/SIGTERM ----
 
-// Set by SIGINT (the first one; a second one kills as usual). An atomic, not a
+// Set to the signal number by SIGINT or SIGTERM (the first one; a second one kills as usual). An atomic, not a
 // volatile sig_atomic_t, because worker threads read it while the handler runs
 // on whichever thread the signal hit (lock-free, so safe in a handler).
 extern atomic_int rt_stop_requested;
-void rt_install_sigint(void);
+void rt_install_stop_signals(void); // SIGINT and SIGTERM set rt_stop_requested
 
 // Counters the workers update and the main thread reads (one slot per worker).
 typedef struct rt_progress rt_progress;

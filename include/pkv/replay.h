@@ -132,8 +132,11 @@ typedef struct pkv_gpu_spec {
 pkv_status pkv_gpu_preset(const char *name, pkv_gpu_spec *spec);
 const char *const *pkv_gpu_preset_names(void); // NULL-terminated, static
 
-// Parse a size: a non-negative integer with an optional K, M, G or T suffix
-// (powers of 1024), e.g. "512M". PKV_ERR_INVALID_ARG for anything else or overflow.
+// Parse a size, the grammar every pagedkv tool accepts: a non-negative decimal
+// number (a fraction only before a unit) and a unit, letters in any case: none or
+// B = bytes; K, M, G, T or KiB, MiB, GiB, TiB = powers of 1024 ("40G" = "40GiB");
+// KB, MB, GB, TB = powers of 1000 ("80GB" = 80e9). A fraction rounds to the nearest
+// byte ("1.5G"). PKV_ERR_INVALID_ARG for anything else or overflow.
 pkv_status pkv_size_parse(const char *text, uint64_t *bytes);
 
 // One step as the replay sees it (for timelines). Plain data.

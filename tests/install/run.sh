@@ -3,7 +3,8 @@
 # Install test (issue 10): build and install pagedkv into a fresh prefix, then build
 # out-of-tree C and C++ programs against the installed package, shared and static,
 # through pkg-config and through CMake's find_package, and run them; run an
-# installed tool (its rpath). Usage: tests/install/run.sh WORKDIR [meson options]
+# installed tool (its rpath); run the README's build lines and POLICIES.md's plugin
+# lines as written. Usage: tests/install/run.sh WORKDIR [meson options]
 set -euo pipefail
 src=$(cd "$(dirname "$0")/../.." && pwd)
 here=$src/tests/install
@@ -80,6 +81,59 @@ for tool in "$prefix"/bin/pkv-*; do
         echo "FAIL $(basename "$tool") has no runpath to $prefix/$libdir"; fail=1
     fi
 done
+
+# The installed pkv-plot finds its plotting module (share/pagedkv/plot.py): on a
+# missing input it says that, or that matplotlib is missing, never that the module is.
+"$prefix/bin/pkv-plot" waste "$work/none.csv" -o "$work/out/none.png" >"$work/out/plot.log" 2>&1 || true
+if grep -q "cannot find" "$work/out/plot.log"; then
+    echo "FAIL installed pkv-plot: $(cat "$work/out/plot.log")"; fail=1
+else
+    echo "ok   installed pkv-plot loads its module"
+fi
+
+# The documented lines as written (issue 25): the README's out-of-tree builds, each
+# program then run without LD_LIBRARY_PATH (the rpath finds the library), and
+# POLICIES.md's plugin lines: the plugins the build made, one built from the clone,
+# one built against the installed package.
+doc_commands() { python3 "$here/doc_commands.py" "$src/$1" "$2"; }
+if cmds=$(doc_commands README.md "pkg-config --variable=libdir"); then
+    i=0
+    while IFS= read -r cmd; do
+        case $cmd in
+        export\ PKG_CONFIG_PATH=*) # the documented path is lib/; this prefix's may differ
+            [ "$libdir" = lib ] && run readme_pkg_config_path bash -c \
+                "PREFIX='$prefix'; $cmd; test \"\$PKG_CONFIG_PATH\" = '$PKG_CONFIG_PATH'" ;;
+        cc\ *)
+            i=$((i + 1)); d=$work/out/readme_$i
+            mkdir -p "$d" && cp "$here/consumer.c" "$d/app.c"
+            run "readme_build_$i" bash -c "cd '$d' && PREFIX='$prefix' && $cmd"
+            [ -x "$d/a.out" ] && run "readme_run_$i" env -u LD_LIBRARY_PATH "$d/a.out" ;;
+        esac
+    done <<<"$cmds"
+    [ $i -ge 3 ] || { echo "FAIL README: $i build lines found, 3 expected"; fail=1; }
+else
+    fail=1
+fi
+clone=$work/out/policies_clone installed=$work/out/policies_installed
+mkdir -p "$clone" "$installed"
+ln -sfn "$src/include" "$clone/include"
+ln -sfn "$src/examples" "$clone/examples"
+ln -sfn "$src/traces" "$clone/traces"
+ln -sfn "$work/build" "$clone/build"
+ln -sfn "$src/traces" "$installed/traces"
+cp "$src/examples/policies/buddy.c" "$installed/my_policy.c"
+k=0
+for what in clone:build/examples/policies/buddy.so clone:"-Iinclude my_policy.c" \
+             installed:'$(pkg-config --cflags pagedkv) my_policy.c'; do
+    dir=${what%%:*}; dir=${!dir}
+    cmds=$(doc_commands docs/POLICIES.md "${what#*:}") || { fail=1; continue; }
+    while IFS= read -r cmd; do
+        k=$((k + 1))
+        run "policies_$k" env -u LD_LIBRARY_PATH PATH="$prefix/bin:$PATH" \
+            bash -c "cd '$dir' && $cmd"
+    done <<<"$cmds"
+done
+[ $k -ge 6 ] || { echo "FAIL POLICIES.md: $k plugin commands found, 6 expected"; fail=1; }
 
 [ $fail -eq 0 ] && echo "install test: all passed" || echo "install test: FAILED"
 exit $fail

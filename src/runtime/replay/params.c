@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
-// Replay parameters: defaults, policy and mode names, sizes with binary
-// suffixes, and the KV budget of a (model, GPU) pair.
+// Replay parameters: defaults, policy and mode names, sizes (the tools' one
+// grammar), and the KV budget of a (model, GPU) pair.
 #include <ctype.h>
 #include <errno.h>
 #include <math.h>
@@ -47,6 +47,34 @@ const char *pkv_batching_name(pkv_batching b) {
     return "unknown";
 }
 
+// The one size grammar of every tool (and of the Python package): a decimal
+// number, a fraction allowed before a unit, then a unit, letters in any case:
+// none or B (bytes); K, M, G, T and KiB, MiB, GiB, TiB (powers of 1024: "40G" was
+// the only form before, and stays binary); KB, MB, GB, TB (powers of 1000, as
+// GPU datasheets and disk vendors write them). A fraction rounds to the nearest
+// byte.
+static int unit_of(const char *u, uint64_t *mul) {
+    static const char letters[] = "KMGT";
+    if (*u == '\0' || ((*u == 'B' || *u == 'b') && u[1] == '\0')) {
+        *mul = 1;
+        return 1;
+    }
+    const char *l = strchr(letters, toupper((unsigned char)*u));
+    if (!l) return 0;
+    const int k = (int)(l - letters) + 1;
+    const char *rest = u + 1;
+    uint64_t base = 1024;
+    if ((rest[0] == 'i' || rest[0] == 'I') && (rest[1] == 'B' || rest[1] == 'b') && !rest[2])
+        base = 1024;
+    else if ((rest[0] == 'B' || rest[0] == 'b') && !rest[1])
+        base = 1000;
+    else if (rest[0] != '\0')
+        return 0;
+    *mul = 1;
+    for (int i = 0; i < k; i++) *mul *= base;
+    return 1;
+}
+
 pkv_status pkv_size_parse(const char *text, uint64_t *bytes) {
     if (!text || !bytes) return PKV_ERR_INVALID_ARG;
     const char *p = text;
@@ -55,18 +83,30 @@ pkv_status pkv_size_parse(const char *text, uint64_t *bytes) {
     errno = 0;
     unsigned long long v = strtoull(p, &end, 10);
     if (errno) return PKV_ERR_INVALID_ARG;
-    unsigned shift = 0;
-    switch (*end) {
-    case '\0': break;
-    case 'K': case 'k': shift = 10; end++; break;
-    case 'M': case 'm': shift = 20; end++; break;
-    case 'G': case 'g': shift = 30; end++; break;
-    case 'T': case 't': shift = 40; end++; break;
-    default: return PKV_ERR_INVALID_ARG;
+    uint64_t frac = 0, frac_den = 1; // the digits after a '.', as frac / frac_den
+    if (*end == '.') {
+        end++;
+        if (!isdigit((unsigned char)*end)) return PKV_ERR_INVALID_ARG;
+        for (; isdigit((unsigned char)*end); end++)
+            if (frac_den < 1000000000000ull) { // 12 digits: finer than any byte we can reach
+                frac = frac * 10 + (uint64_t)(*end - '0');
+                frac_den *= 10;
+            }
     }
-    if (*end != '\0') return PKV_ERR_INVALID_ARG;
-    if (shift && v > (UINT64_MAX >> shift)) return PKV_ERR_INVALID_ARG;
-    *bytes = (uint64_t)v << shift;
+    uint64_t mul;
+    if (!unit_of(end, &mul)) return PKV_ERR_INVALID_ARG;
+    if (frac_den > 1 && mul == 1) return PKV_ERR_INVALID_ARG; // no fractions of a byte
+    if (v > UINT64_MAX / mul) return PKV_ERR_INVALID_ARG;
+    uint64_t b = (uint64_t)v * mul;
+    if (frac) {
+        // frac / frac_den is under one unit (at most 10^12 bytes): the product's
+        // rounding error in long double (or double) is far below half a byte.
+        const uint64_t part = (uint64_t)llroundl((long double)frac * (long double)mul /
+                                                  (long double)frac_den);
+        if (b > UINT64_MAX - part) return PKV_ERR_INVALID_ARG;
+        b += part;
+    }
+    *bytes = b;
     return PKV_OK;
 }
 

@@ -211,18 +211,53 @@ static void cell(FILE *f, int width, int prec, double v) {
 
 static const double GiB = 1024.0 * 1024.0 * 1024.0;
 
+// Whether any run replayed a fixed schedule (then the first table shows each
+// policy's deviations from it: with many, its figures mix memory and timing).
+static int any_fixed(const pkv_replay_report *r, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (strncmp(r[i].schedule, "fixed", 5) == 0) return 1;
+    return 0;
+}
+
+// Under the first table: why requests were rejected (its rejected column).
+static void rejections(FILE *f, const pkv_replay_report *r, size_t n) {
+    int same = 1;
+    uint64_t any = 0;
+    for (size_t i = 0; i < n; i++) {
+        any += r[i].requests.rejected;
+        same &= r[i].requests.rejected_too_long == r[0].requests.rejected_too_long &&
+                r[i].requests.rejected_no_memory == r[0].requests.rejected_no_memory;
+    }
+    if (!any) return;
+    for (size_t i = 0; i < (same ? 1 : n); i++) {
+        const uint64_t lng = r[i].requests.rejected_too_long, mem = r[i].requests.rejected_no_memory;
+        if (!lng && !mem) continue;
+        fprintf(f, "rejected by %s:", same ? "every policy" : r[i].policy);
+        if (lng)
+            fprintf(f, " %llu longer than the model's context (--max-seq-len) or wider than "
+                       "--max-batch%s",
+                    (unsigned long long)lng, mem ? ";" : "");
+        if (mem)
+            fprintf(f, " %llu needing more KV memory than the whole budget", (unsigned long long)mem);
+        fputc('\n', f);
+    }
+}
+
 pkv_status pkv_replay_write_table(FILE *f, const pkv_replay_report *r, size_t n) {
     if (!f || (!r && n)) return PKV_ERR_INVALID_ARG;
-    fprintf(f, "%-20s %13s %8s %8s %7s %10s %9s %8s %8s %8s %8s %9s %6s %7s\n", "policy", "done",
-            "rsv GiB", "used GiB", "waste%", "allocs", "alloc s", "step p50", "step p99",
-            "TTFT p50", "TPOT p50", "tok/s", "batch", "preempt");
-    fprintf(f, "%-20s %13s %8s %8s %7s %10s %9s %8s %8s %8s %8s %9s %6s %7s\n", "", "", "peak",
-            "peak", "", "(calls)", "in steps", "ms", "ms", "s", "ms", "", "mean", "");
+    const int fixed = any_fixed(r, n);
+    fprintf(f, "%-20s %13s %8s %8s %8s %7s %10s %9s %8s %8s %8s %8s %9s %6s %7s%s\n", "policy",
+            "done", "rejected", "rsv GiB", "used GiB", "waste%", "allocs", "alloc s", "step p50",
+            "step p99", "TTFT p50", "TPOT p50", "tok/s", "batch", "preempt",
+            fixed ? " sched dev" : "");
+    fprintf(f, "%-20s %13s %8s %8s %8s %7s %10s %9s %8s %8s %8s %8s %9s %6s %7s%s\n", "", "", "",
+            "peak", "peak", "", "(calls)", "in steps", "ms", "ms", "s", "ms", "", "mean", "",
+            fixed ? "  (events)" : "");
     for (size_t i = 0; i < n; i++) {
         char done[24];
         snprintf(done, sizeof done, "%llu/%llu", (unsigned long long)r[i].requests.completed,
                  (unsigned long long)r[i].requests.total);
-        fprintf(f, "%-20s %13s", r[i].policy, done);
+        fprintf(f, "%-20s %13s %8llu", r[i].policy, done, (unsigned long long)r[i].requests.rejected);
         cell(f, 8, 2, (double)r[i].memory.peak_reserved_bytes / GiB);
         cell(f, 8, 2, (double)r[i].memory.peak_used_bytes / GiB);
         cell(f, 7, 1, 100 * r[i].memory.waste_frac);
@@ -234,12 +269,27 @@ pkv_status pkv_replay_write_table(FILE *f, const pkv_replay_report *r, size_t n)
         cell(f, 8, 2, r[i].latency.tpot_p50_ms);
         cell(f, 9, 0, r[i].throughput.output_tokens_per_s);
         cell(f, 6, 1, r[i].batch.mean);
-        fprintf(f, " %7llu\n", (unsigned long long)r[i].preemptions);
+        fprintf(f, " %7llu", (unsigned long long)r[i].preemptions);
+        if (fixed) fprintf(f, " %9llu", (unsigned long long)r[i].schedule_deviations);
+        fputc('\n', f);
     }
+    fputs("(done: completed / requests in the trace; rsv: reserved by the policy; waste: share\n"
+          " of the reserved KV memory holding no token state, time-averaged; allocs: backend\n"
+          " allocation calls, alloc s: their cost charged to steps; tok/s: output tokens per\n"
+          " second; batch: sequences per step)\n",
+          f);
+    rejections(f, r, n);
+    if (fixed)
+        fputs("(sched dev: events of the fixed schedule a policy could not follow: an admission\n"
+              " delayed, a preemption added; above 0 its figures mix memory and timing effects,\n"
+              " docs/POLICIES.md \"Fixed schedule\")\n",
+              f);
     // The capacity breakdown (vLLM paper, fig. 2) and where the time goes.
-    fprintf(f, "\n%-20s %7s %7s %7s %7s %7s | %8s %8s %8s %8s | %8s %8s %8s\n", "% of KV budget",
-            "tokens", "reservd", "intern", "extern", "free", "prefill%", "decode%", "dec cmp%",
-            "dec bw%", "copy GiB", "swap out", "swap in");
+    fprintf(f, "\n%-20s %-39s | %-35s | %s\n", "", "KV budget, % time-averaged",
+            "busy time %, decode utilization %", "GiB moved");
+    fprintf(f, "%-20s %7s %7s %7s %7s %7s | %8s %8s %8s %8s | %8s %8s %8s\n", "policy",
+            "tokens", "reservd", "intern", "extern", "free", "prefill", "decode", "dec cmp",
+            "dec bw", "copied", "swap out", "swap in");
     for (size_t i = 0; i < n; i++) {
         fprintf(f, "%-20s", r[i].policy);
         cell(f, 7, 1, 100 * r[i].memory.breakdown.token_states);
@@ -258,6 +308,12 @@ pkv_status pkv_replay_write_table(FILE *f, const pkv_replay_report *r, size_t n)
         cell(f, 8, 2, (double)r[i].swap_in_bytes / GiB);
         fputc('\n', f);
     }
+    fputs("(tokens: token states; reservd: reserved for tokens to come; intern, extern:\n"
+          " internal and external fragmentation; free: the rest (the five add up to 100);\n"
+          " prefill, decode: shares of the busy time; dec cmp, dec bw: the decode steps' compute\n"
+          " and HBM bandwidth utilization; copied: K/V copied (copy-on-write, regrowth); swap:\n"
+          " to and from the host pool)\n",
+          f);
     for (size_t i = 0; i < n; i++) {
         if (r[i].failure[0]) fprintf(f, "%s: completed nothing: %s\n", r[i].policy, r[i].failure);
         if (r[i].run.layout[0]) // run mode: what the decoder actually ran on
