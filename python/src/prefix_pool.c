@@ -613,8 +613,9 @@ static PyObject *BH_root(HasherObject *self, void *c) {
 }
 
 // hash_blocks(tokens, block_size, *, parent=None, start=0, lora_id=None, cache_salt=None,
-// mm=None) -> [hashes]: the full blocks of tokens[start:] (start a multiple of block_size),
-// chained after parent (the hash of the block before `start`): incremental hashing.
+// mm=None) -> [hashes]: the full blocks of tokens, which sit at positions start.. of the
+// sequence (start a multiple of block_size), chained after parent (the hash of the
+// block before `start`): incremental hashing, the new tokens only.
 static PyObject *BH_hash_blocks(HasherObject *self, PyObject *args, PyObject *kw) {
     static char *kwlist[] = {"tokens", "block_size", "parent", "start", "lora_id", "cache_salt",
                              "mm", NULL};
@@ -640,7 +641,7 @@ static PyObject *BH_hash_blocks(HasherObject *self, PyObject *args, PyObject *kw
     if (extra_from(&e, lora, salt, mm, what) == 0 && (out = PyList_New(0))) {
         const int32_t *t = PyArray_DATA(tok);
         npy_intp n = PyArray_SIZE(tok);
-        for (npy_intp at = start; at + bs <= n; at += bs) {
+        for (npy_intp at = 0; at + bs <= n; at += bs) {
             pkv_block_hash h;
             pkv_status st = pkv_hash_chain_next(self->hasher, &chain, t + at, bs, &e.x, &h);
             PyObject *b = st == PKV_OK ? hash_to_bytes(&h)
@@ -666,7 +667,8 @@ static PyGetSetDef BH_getset[] = {
 static PyMethodDef BH_methods[] = {
     {"hash_blocks", (PyCFunction)(void (*)(void))BH_hash_blocks, METH_VARARGS | METH_KEYWORDS,
      "hash_blocks(tokens, block_size, *, parent=None, start=0, lora_id=None, cache_salt=None,\n"
-     "mm=None) -> [bytes]: hashes of the full blocks of tokens[start:], chained after parent;\n"
+     "mm=None) -> [bytes]: hashes of the full blocks of tokens (at sequence position start),\n"
+     "chained after parent; "
      "mm is a list of (offset, length, identifier). Costs one hash per new block."},
     {NULL, NULL, 0, NULL},
 };
