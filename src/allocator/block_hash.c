@@ -143,11 +143,44 @@ pkv_status pkv_hasher_root(const pkv_hasher *h, pkv_block_hash *out) {
     return PKV_OK;
 }
 
+// The same bytes as the streaming path, hashed in one call: xxh3's streaming state
+// costs more to set up than a 16-token block costs to hash.
+static int hash_one_shot(const pkv_hasher *h, const pkv_block_hash *parent, const int32_t *tokens,
+                         uint32_t n, const void *extra, size_t extra_len, pkv_block_hash *out) {
+    uint8_t buf[1024];
+    const size_t len = parent->len + 4 + (size_t)n * 4 + extra_len;
+    if (len > sizeof buf || !little_endian()) return 0;
+    uint8_t *p = buf;
+    memcpy(p, parent->bytes, parent->len);
+    p += parent->len;
+    put_u32le(p, n);
+    p += 4;
+    if (n) memcpy(p, tokens, (size_t)n * 4);
+    p += (size_t)n * 4;
+    if (extra_len) memcpy(p, extra, extra_len);
+    memset(out, 0, sizeof *out);
+#if PKV_HAVE_XXHASH
+    if (h->algo == PKV_HASH_XXH3_128) {
+        XXH128_canonical_t c;
+        XXH128_canonicalFromHash(&c, XXH3_128bits(buf, len));
+        memcpy(out->bytes, c.digest, 16);
+        out->len = 16;
+        return 1;
+    }
+#endif
+    sink s;
+    sink_init(&s, h->algo);
+    sink_add(&s, buf, len);
+    sink_end(&s, out);
+    return 1;
+}
+
 pkv_status pkv_hash_block(const pkv_hasher *h, const pkv_block_hash *parent, const int32_t *tokens,
                           uint32_t n, const void *extra, size_t extra_len, pkv_block_hash *out) {
     if (!h || !out || (n && !tokens) || (extra_len && !extra)) return PKV_ERR_INVALID_ARG;
     if (!parent) parent = &h->root;
     if (parent->len == 0 || parent->len > PKV_BLOCK_HASH_MAX) return PKV_ERR_INVALID_ARG;
+    if (hash_one_shot(h, parent, tokens, n, extra, extra_len, out)) return PKV_OK;
     sink s;
     sink_init(&s, h->algo);
     sink_add(&s, parent->bytes, parent->len);
