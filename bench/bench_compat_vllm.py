@@ -11,9 +11,10 @@ Operations (median of repeats, per call):
   hit k      a cached prompt of k blocks found again: get_cached_block per hash
              (stops at the first miss, as find_longest_cache_hit does) + touch + free
   cache128   cache_full_blocks of 128 freshly allocated blocks (+ free)
-  step       256 sequences append one token; each filled block is cached (BlockStored)
-             and a new one allocated from the queue (evicting cached blocks lazily,
-             BlockRemoved); events drained once per step
+  step       256 sequences append one token; the filled blocks are hashed and cached
+             in one PrefixPool.hash_and_cache call (BlockStored each) and new ones
+             allocated from the queue (evicting cached blocks lazily, BlockRemoved);
+             events drained once per step
 
     python3 bench/bench_compat_vllm.py [--json]
 """
@@ -247,40 +248,40 @@ def bench_ops(make_pool, repeat):
 
 
 def bench_step(repeat, seqs=256, block_size=16, num_blocks=4096):
-    """One engine step on pagedkv.PrefixPool: the engine's own loop over filled blocks."""
+    """One engine step on pagedkv.PrefixPool. Every sequence grows one token a step,
+    so the sequences whose block fills at step t are known ahead (an engine knows its
+    requests' lengths): bucket them by phase instead of scanning 256 lengths."""
     pool = pagedkv.PrefixPool(num_blocks, event_capacity=4096)
     hasher = pagedkv.BlockHasher("xxh3_128" if "xxh3_128" in pagedkv.HASH_ALGOS else "fnv1a_64")
     rng = np.random.default_rng(0)
-    lens = rng.integers(1, block_size, seqs)  # staggered: about seqs/block_size fills a step
-    last_hash = [None] * seqs
-    tables = []
+    start = rng.integers(1, block_size, seqs)  # staggered: about seqs/block_size fills a step
+    buckets = [[] for _ in range(block_size)]
     for s in range(seqs):
-        tables.append(pool.get_new_blocks(1))
-    # A token ring: the tokens of the block each sequence is filling.
-    cur = [rng.integers(0, 50000, block_size).tolist() for _ in range(seqs)]
-    state = {"lens": lens}
+        buckets[(block_size - int(start[s])) % block_size].append(s)
+    buckets = [np.array(b, dtype=np.int64) for b in buckets]
+    tables = [pool.get_new_blocks(1) for _ in range(seqs)]
+    last_hash = [None] * seqs
+    tokens = rng.integers(0, 50000, (seqs, block_size), dtype=np.int32)  # the block being filled
+    clock = [0]
 
     def step():
-        lens = state["lens"]
-        lens += 1
-        filled = np.flatnonzero(lens % block_size == 0).tolist()
-        if filled:
-            new = pool.get_new_blocks(len(filled))  # lazy eviction happens here
-            for s, b in zip(filled, new):
-                parent = last_hash[s]
-                h = hasher.hash_blocks(cur[s], block_size, start=int(lens[s]) - block_size,
-                                       parent=parent)
+        clock[0] += 1
+        filled = buckets[clock[0] % block_size]
+        if len(filled):
+            ids = filled.tolist()
+            new = pool.get_new_blocks(len(ids))  # lazy eviction happens here
+            # Hash and cache every filled block in one call (one BlockStored each).
+            hashes = pool.hash_and_cache(hasher, [tables[s][-1] for s in ids], tokens[filled].ravel(),
+                                         [last_hash[s] for s in ids], block_size)
+            for s, b, h in zip(ids, new, hashes):
                 t = tables[s]
-                pool.cache_blocks([t[-1]], h, parent=parent, tokens=cur[s],
-                                  block_size=block_size)
-                last_hash[s] = h[0]
                 t.append(b)
+                last_hash[s] = h
                 if len(t) > 12:  # retire long sequences: their blocks stay cached
                     pool.free_blocks(t[::-1])
                     tables[s] = pool.get_new_blocks(1)
-                    lens[s] = 0
                     last_hash[s] = None
-                    cur[s] = rng.integers(0, 50000, block_size).tolist()
+            tokens[filled] = rng.integers(0, 50000, (len(ids), block_size), dtype=np.int32)
         return pool.take_events()
 
     # warm up until the queue cycles through cached blocks (lazy eviction is live)

@@ -23,6 +23,8 @@ static PyObject *newref(PyObject *o) {
     return o;
 }
 
+static PyTypeObject Hasher_Type;
+
 static const char *const medium_names[] = {"GPU", "CPU", "DISK"};
 
 // ---- conversions ----
@@ -266,6 +268,103 @@ done:
     return r;
 }
 
+// hash_and_cache(hasher, blocks, tokens, parents, block_size, *, lora_id=None, group=0)
+// -> [hashes]: the engine step's filled blocks in one call. blocks[i] (in use, uncached)
+// holds tokens[i*block_size:(i+1)*block_size] (a flat int32 array) and follows a block
+// hashed parents[i] (None: a sequence's first block); each is hashed (LoRA id as its
+// extra key) and cached, one BlockStored event each. All checked before any is cached.
+static PyObject *PP_hash_and_cache(PrefixPoolObject *self, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"hasher", "blocks", "tokens", "parents", "block_size", "lora_id",
+                             "group", NULL};
+    PyObject *hobj, *blocks, *tokens, *parents, *lora = Py_None;
+    unsigned int bs, group = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOI|$OI:hash_and_cache", kwlist, &hobj, &blocks,
+                                     &tokens, &parents, &bs, &lora, &group))
+        return NULL;
+    const char *what = "PrefixPool.hash_and_cache";
+    if (!PyObject_TypeCheck(hobj, &Hasher_Type))
+        return pkvpy_raise(PKV_ERR_INVALID_ARG, what, "hasher must be a pagedkv.BlockHasher");
+    const pkv_hasher *hasher = ((HasherObject *)hobj)->hasher;
+    pkv_hash_extra x = {.lora_id = PKV_NO_LORA};
+    if (bs == 0) return pkvpy_raise(PKV_ERR_INVALID_ARG, what, "block_size 0");
+    if (lora_from(lora, &x.lora_id, what) < 0) return NULL;
+    pkv_block_id buf[64], *heap;
+    uint32_t n = 0;
+    pkv_block_id *ids = ids_from(blocks, buf, &heap, &n, what);
+    if (!ids) return NULL;
+    PyArrayObject *tok = NULL;
+    PyObject *pseq = NULL, *out = NULL;
+    pkv_block_hash *hs = PyMem_Malloc((size_t)(n ? n : 1) * sizeof *hs);
+    pkv_block_hash *par = PyMem_Malloc((size_t)(n ? n : 1) * sizeof *par);
+    if (!hs || !par) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (!(tok = pkvpy_int_vector(tokens, NPY_INT32, "PrefixPool.hash_and_cache(tokens)"))) goto done;
+    if ((uint64_t)PyArray_SIZE(tok) != (uint64_t)n * bs) {
+        pkvpy_raise(PKV_ERR_INVALID_ARG, what, "%zd tokens for %u blocks of %u",
+                    (Py_ssize_t)PyArray_SIZE(tok), n, bs);
+        goto done;
+    }
+    if (!(pseq = PySequence_Fast(parents, what))) goto done;
+    if ((uint32_t)PySequence_Fast_GET_SIZE(pseq) != n) {
+        pkvpy_raise(PKV_ERR_INVALID_ARG, what, "%zd parents for %u blocks", PySequence_Fast_GET_SIZE(pseq), n);
+        goto done;
+    }
+    const int32_t *t = PyArray_DATA(tok);
+    uint8_t extra[16];
+    size_t elen = 0;
+    pkv_hash_extra_encode(&x, 1, 1 + bs, extra, sizeof extra, &elen); // LoRA only: no salt, no mm
+    for (uint32_t i = 0; i < n; i++) {
+        PyObject *p = PySequence_Fast_GET_ITEM(pseq, i);
+        par[i].len = 0;
+        if (p != Py_None && hash_from(p, &par[i], what) < 0) goto done;
+        pkv_status st = pkv_hash_block(hasher, par[i].len ? &par[i] : NULL, t + (size_t)i * bs, bs,
+                                       extra, elen, &hs[i]);
+        if (st != PKV_OK) {
+            pkvpy_raise(st, what, "block %u", i);
+            goto done;
+        }
+    }
+    // Check every block before caching any (cache_blocks checks one call at a time).
+    for (uint32_t i = 0; i < n; i++) {
+        int32_t rc = pkv_prefix_pool_refcount(self->pool, ids[i]);
+        pkv_block_info info;
+        if (ids[i] == PKV_NULL_BLOCK || rc < 1 ||
+            pkv_prefix_pool_block_info(self->pool, ids[i], &info) != PKV_OK || info.cached) {
+            pkvpy_raise(PKV_ERR_INVALID_ARG, what, "block %d is not in use or already cached "
+                        "(nothing cached)", ids[i]);
+            goto done;
+        }
+        for (uint32_t j = 0; j < i; j++)
+            if (ids[j] == ids[i]) {
+                pkvpy_raise(PKV_ERR_INVALID_ARG, what, "block %d listed twice", ids[i]);
+                goto done;
+            }
+    }
+    if (!(out = PyList_New(n))) goto done;
+    for (uint32_t i = 0; i < n; i++) {
+        pkv_block_store st = {.group = group, .n = 1, .blocks = &ids[i], .hashes = &hs[i],
+                              .parent = par[i].len ? &par[i] : NULL, .tokens = t + (size_t)i * bs,
+                              .block_size = bs, .lora_id = x.lora_id};
+        pkv_status s = pkv_prefix_pool_cache_blocks(self->pool, &st);
+        PyObject *b = s == PKV_OK ? hash_to_bytes(&hs[i])
+                                  : pkvpy_raise(s, what, "group %u of %u", group, self->num_groups);
+        if (!b) {
+            Py_CLEAR(out);
+            break;
+        }
+        PyList_SET_ITEM(out, i, b);
+    }
+done:
+    Py_XDECREF(pseq);
+    Py_XDECREF(tok);
+    PyMem_Free(hs);
+    PyMem_Free(par);
+    PyMem_Free(heap);
+    return out;
+}
+
 static PyObject *PP_get_cached_block(PrefixPoolObject *self, PyObject *args, PyObject *kw) {
     static char *kwlist[] = {"hash", "group", NULL};
     PyObject *h;
@@ -473,6 +572,9 @@ static PyMethodDef PP_methods[] = {
     {"cache_blocks", (PyCFunction)(void (*)(void))PP_cache_blocks, METH_VARARGS | METH_KEYWORDS,
      "cache_blocks(blocks, hashes, *, parent=None, tokens=None, block_size=0, lora_id=None,\n"
      "group=0): cache full blocks under their hashes (one BlockStored event)."},
+    {"hash_and_cache", (PyCFunction)(void (*)(void))PP_hash_and_cache, METH_VARARGS | METH_KEYWORDS,
+     "hash_and_cache(hasher, blocks, tokens, parents, block_size, *, lora_id=None, group=0)\n"
+     "-> [hashes]: hash and cache a step's filled blocks in one call (one event each)."},
     {"get_cached_block", (PyCFunction)(void (*)(void))PP_get_cached_block, METH_VARARGS | METH_KEYWORDS,
      "get_cached_block(hash, group=0) -> id or None (the earliest cached under it)."},
     {"find_prefix", (PyCFunction)(void (*)(void))PP_find_prefix, METH_VARARGS | METH_KEYWORDS,

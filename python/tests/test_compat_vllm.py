@@ -507,3 +507,25 @@ def test_block_lookup_several_blocks_per_key():
 def test_block_hash_group_id_roundtrip():
     key = V.make_block_hash_with_group_id(b"\x01" * 32, 5)
     assert V.get_block_hash(key) == b"\x01" * 32 and V.get_group_id(key) == 5
+
+
+def test_hash_and_cache_is_hash_blocks_plus_cache_blocks():
+    """The batched step call hashes like BlockHasher.hash_blocks and refuses bad blocks
+    before caching any."""
+    algo = "xxh3_128" if "xxh3_128" in pagedkv.HASH_ALGOS else "sha256"
+    h = pagedkv.BlockHasher(algo)
+    pool = pagedkv.PrefixPool(8, event_capacity=16)
+    a, b, c = pool.get_new_blocks(3)
+    first = h.hash_blocks(list(range(4)), 4, lora_id=3)[0]
+    got = pool.hash_and_cache(h, [a, b], list(range(4)) + list(range(4, 8)), [None, first], 4,
+                              lora_id=3)
+    assert got == h.hash_blocks(list(range(8)), 4, lora_id=3)
+    assert pool.find_prefix(got) == [a, b]
+    events = pool.take_events()
+    assert [e[0] for e in events] == ["BlockStored", "BlockStored"]
+    assert events[1][2] == first and events[1][5] == 3
+    with pytest.raises(pagedkv.InvalidArgument):
+        pool.hash_and_cache(h, [c, a], list(range(8)), [None, None], 4)  # a is cached
+    assert pool.block_hash(c) is None  # nothing cached
+    with pytest.raises(pagedkv.InvalidArgument):
+        pool.hash_and_cache(h, [c], list(range(3)), [None], 4)
