@@ -139,6 +139,8 @@ def test_decode(hash_fn):
     assert new is not None and len(new.blocks[0]) == 1
     assert m.req_to_blocks["0"][-2].block_hash is not None  # filled by decoding: cached
     assert m.req_to_blocks["0"][-1].block_hash is None
+    # vLLM's path to the same list
+    assert m.coordinator.single_type_managers[0].req_to_blocks["0"] is m.req_to_blocks["0"]
 
 
 def test_evict(hash_fn):

@@ -481,6 +481,12 @@ class PrefixCacheStats:
     preempted_hits: int = 0
 
 
+class _Coordinator:
+    def __init__(self, manager: "KVCacheManager"):
+        self.single_type_managers = (manager,)
+        self.block_pool = manager.block_pool
+
+
 class KVCacheManager:
     """A thin vLLM v1 KVCacheManager for one full-attention group of block_size."""
 
@@ -511,6 +517,12 @@ class KVCacheManager:
     @property
     def usage(self) -> float:
         return self.block_pool.get_usage()
+
+    @property
+    def coordinator(self):
+        """vLLM reaches a group's manager as coordinator.single_type_managers[i]; with
+        one group that manager is this object (req_to_blocks, num_cached_block)."""
+        return _Coordinator(self)
 
     def empty_kv_cache_blocks(self) -> KVCacheBlocks:
         return KVCacheBlocks(([],))
