@@ -393,3 +393,41 @@ Test(prefix_pool, randomized_against_model) {
     }
     pkv_prefix_pool_destroy(p);
 }
+
+Test(prefix_pool, event_payload_overflow_drops_the_event_not_the_caching) {
+    pkv_prefix_pool_params prm = pkv_prefix_pool_params_default(8);
+    prm.event_capacity = 8;
+    prm.event_payload = 6; // token ids (and hashes) between drains
+    pkv_prefix_pool *p;
+    cr_assert_eq(pkv_prefix_pool_create(&prm, &p), PKV_OK);
+    pkv_block_id r[2];
+    pkv_prefix_pool_get_new_blocks(p, 2, r);
+    cache(p, r, 2, 40, 0); // 2 blocks x 4 tokens = 8 ids > 6: the event cannot fit
+    pkv_block_id id;
+    pkv_block_hash h = H(41);
+    cr_assert_eq(pkv_prefix_pool_get_cached_block(p, 0, &h, &id), PKV_OK, "cached all the same");
+    cr_assert_eq(pkv_prefix_pool_evict_block(p, r[0]), PKV_OK); // 1 hash: fits
+    const pkv_kv_event *ev;
+    uint32_t n;
+    pkv_prefix_pool_take_events(p, &ev, &n);
+    cr_assert_eq(n, 2);
+    cr_assert_eq(ev[0].kind, PKV_EVENT_BLOCK_REMOVED);
+    cr_assert_eq(ev[1].kind, PKV_EVENT_OVERFLOW);
+    cr_assert_eq(ev[1].dropped, 1);
+    pkv_prefix_pool_destroy(p);
+}
+
+Test(prefix_pool, bad_params_are_refused) {
+    pkv_prefix_pool *p = (pkv_prefix_pool *)1;
+    pkv_prefix_pool_params prm = pkv_prefix_pool_params_default(1);
+    cr_assert_eq(pkv_prefix_pool_create(&prm, &p), PKV_ERR_INVALID_ARG, "the null block needs a partner");
+    cr_assert_null(p);
+    prm = pkv_prefix_pool_params_default(4);
+    prm.num_groups = 0;
+    cr_assert_eq(pkv_prefix_pool_create(&prm, &p), PKV_ERR_INVALID_ARG);
+    prm = pkv_prefix_pool_params_default(4);
+    prm.medium = (pkv_medium)9;
+    cr_assert_eq(pkv_prefix_pool_create(&prm, &p), PKV_ERR_INVALID_ARG);
+    cr_assert_eq(pkv_prefix_pool_create(NULL, &p), PKV_ERR_INVALID_ARG);
+    pkv_prefix_pool_destroy(NULL);
+}
