@@ -10,6 +10,8 @@
 set -euo pipefail
 
 pkgs=(meson ninja-build pkg-config gcc g++ libcriterion-dev libjemalloc-dev libopenblas-dev cmake)
+# libxxhash-dev: xxh3-128 block hashes for the prefix pool (headers only, optional).
+pkgs+=(libxxhash-dev)
 # cmake: the install test checks find_package(pagedkv) (tests/install/run.sh).
 # The Python package: headers for the extension, venv for python/run_tests.sh.
 pkgs+=(python3-dev python3-venv)

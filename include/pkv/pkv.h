@@ -11,6 +11,8 @@
 #include "pkv/backend.h"
 #include "pkv/cache.h"
 #include "pkv/prefix.h"
+#include "pkv/block_hash.h"
+#include "pkv/prefix_pool.h"
 #include "pkv/attention.h"
 #include "pkv/model_config.h"
 #include "pkv/model.h"

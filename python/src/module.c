@@ -78,7 +78,8 @@ PyMODINIT_FUNC PyInit__core(void) {
         add_type(m, "PrefixCache", &pkvpy_Prefix_Type) < 0 ||
         add_type(m, "KVCache", &pkvpy_KVCache_Type) < 0 ||
         add_type(m, "Trace", &pkvpy_Trace_Type) < 0 || pkvpy_seqset_init_types(m) < 0 ||
-        pkvpy_trace_init(m) < 0 || PyModule_AddFunctions(m, pkvpy_trace_functions) < 0 ||
+        pkvpy_trace_init(m) < 0 || pkvpy_prefix_pool_init(m) < 0 ||
+        PyModule_AddFunctions(m, pkvpy_trace_functions) < 0 ||
         PyModule_AddFunctions(m, pkvpy_sweep_functions) < 0 ||
         PyModule_AddStringConstant(m, "__version__", PKV_VERSION_STRING) < 0 ||
         PyModule_AddObject(m, "POLICIES", names(policies)) < 0 ||

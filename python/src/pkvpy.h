@@ -112,4 +112,9 @@ extern PyMethodDef pkvpy_sweep_functions[];
 // TRACE_DTYPE (the structured dtype of pkv_trace_request), added to the module.
 int pkvpy_trace_init(PyObject *module);
 
+// ---- prefix_pool.c ----
+
+// PrefixPool, BlockHasher and HASH_ALGOS, added to the module. 0 on success.
+int pkvpy_prefix_pool_init(PyObject *module);
+
 #endif // PKVPY_H
