@@ -1,5 +1,7 @@
 // SPDX-License-Identifier: MIT
-// The Python extension pagedkv._core: one object type per pagedkv handle, each owning
+// The Python extensions: pagedkv._core (the allocator, against libpagedkv-core: libc and
+// numpy only) and pagedkv._testbed (traces and replay, against the full libpagedkv).
+// One object type per pagedkv handle, each owning
 // its handle and holding a reference to every object its handle borrows (a SeqSet
 // keeps its BlockPool alive, an attached SeqSet keeps its PrefixCache alive), so that
 // Python's reference counting destroys handles in the order the C API requires.
@@ -67,10 +69,20 @@ extern PyTypeObject pkvpy_Prefix_Type;
 extern PyTypeObject pkvpy_KVCache_Type;
 extern PyTypeObject pkvpy_Trace_Type;
 
+// ---- modinit.c ----
+
+// PyType_Ready and add `type` to module `m` as `name`. 0 on success.
+int pkvpy_add_type(PyObject *m, const char *name, PyTypeObject *type);
+// A new tuple of the strings of a NULL-terminated array, or NULL with an exception set.
+PyObject *pkvpy_names(const char *const *list);
+
 // ---- errors.c ----
 
 // Create the exception classes and add them to the module. 0 on success.
 int pkvpy_errors_init(PyObject *module);
+// Use the classes that pkvpy_errors_init made in module `module_name` (pagedkv._core),
+// so that a second extension module raises the same classes. 0 on success.
+int pkvpy_errors_import(const char *module_name);
 // Raise the exception class of `status` with message "<what>: <status name>[: detail]",
 // and attributes status (int), status_name, detail. Returns NULL.
 PyObject *pkvpy_raise(pkv_status status, const char *what, const char *detail_fmt, ...);
