@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
-# Test of the ABI check itself (scripts/abi_check.sh): in a copy of this tree, a public
-# function that gains a parameter while the version stays must fail the check, and the
-# same change with the minor bumped (a new SONAME) must pass it.
+# Test of the ABI check itself (scripts/abi_check.sh): in a copy of this tree, an added
+# function must pass the check, a public function that gains a parameter while the
+# version stays must fail it, and the same change with the minor bumped (a new SONAME)
+# must pass it.
 # Usage: tests/abi/run.sh [WORKDIR]   (default build-abi-test)
 set -euo pipefail
 src=$(cd "$(dirname "$0")/../.." && pwd)
@@ -23,6 +24,12 @@ expect() { # expect pass|fail LABEL: run the check on the copy
         echo "FAIL $2: expected the check to $1, it exited $rc:"; cat "$work/$2.log"; fail=1
     fi
 }
+
+# A compatible addition (a new function) passes without a bump.
+sed -i 's/^int pkv_version(void);/int pkv_version(void);\nint pkv_abi_test_added(void);/' \
+    "$tree/include/pkv/version.h.in"
+printf '\nint pkv_abi_test_added(void) { return 1; }\n' >>"$tree/src/allocator/status.c"
+expect pass added-function
 
 # The signature change: int pkv_version(void) -> int pkv_version(int).
 sed -i 's/int pkv_version(void)/int pkv_version(int abi_test)/' \
