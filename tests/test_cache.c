@@ -441,6 +441,59 @@ Test(cache, external_memory_is_a_tensor) {
     pkv_pool_destroy(pool);
 }
 
+// vLLM's FlashAttention layout: per layer all K halves, then all V halves. Pointers,
+// copies and transfers must touch exactly the halves of [L][2][N][BS][H][D].
+Test(cache, kv_nhd_layout_is_vllm_flash_attention_tensor) {
+    enum { L = 2, N = 5, H = 3, BS = 4, D = 8 };
+    static float tensor[L][2][N][BS][H][D], want[L][2][N][BS][H][D], host[L][2][N][BS][H][D];
+    pkv_pool *pool;
+    pkv_backend *be;
+    pkv_cache *c, *swap;
+    cr_assert_eq(pkv_pool_create(N, &pool), PKV_OK);
+    cr_assert_eq(pkv_backend_create_host(&be), PKV_OK);
+    pkv_cache_params p = params(L, H, D, BS, PKV_DTYPE_F32, PKV_LAYOUT_KV_NHD);
+    cr_assert_eq(pkv_cache_bytes_per_block(&p) * N, sizeof tensor);
+    cr_assert_eq(pkv_cache_create_external(&p, pool, be, tensor, sizeof tensor, &c), PKV_OK);
+    pkv_cache_geometry g;
+    cr_assert_eq(pkv_cache_get_geometry(c, &g), PKV_OK);
+    for (uint32_t l = 0; l < L; l++)
+        for (int32_t b = 0; b < N; b++)
+            for (int kv = 0; kv < 2; kv++) {
+                void *ptr;
+                cr_assert_eq(pkv_cache_block_ptr(c, l, b, (pkv_kv)kv, &ptr), PKV_OK);
+                cr_assert_eq(ptr, (void *)&tensor[l][kv][b][0][0][0]);
+                for (uint32_t h = 0; h < H; h++)
+                    for (uint32_t t = 0; t < BS; t++)
+                        cr_assert_eq((float *)tensor + g.layer_stride * l + g.block_stride * b +
+                                         g.kv_stride * kv + g.head_stride * h + g.token_stride * t,
+                                     &tensor[l][kv][b][t][h][0]);
+            }
+    for (int i = 0; i < L * 2 * N * BS * H * D; i++) ((float *)tensor)[i] = (float)i;
+    memcpy(want, tensor, sizeof want);
+    const pkv_block_copy cp[2] = {{.src = 1, .dst = 3}, {.src = 4, .dst = 0}};
+    for (int i = 0; i < 2; i++)
+        for (int l = 0; l < L; l++)
+            for (int kv = 0; kv < 2; kv++)
+                memcpy(want[l][kv][cp[i].dst], want[l][kv][cp[i].src], sizeof want[l][kv][0]);
+    cr_assert_eq(pkv_cache_copy_blocks(c, cp, 2, NULL), PKV_OK);
+    cr_assert_eq(memcmp(tensor, want, sizeof want), 0, "copies touched other bytes");
+    // A transfer into a second cache of the layout moves the same halves.
+    memset(host, 0, sizeof host);
+    cr_assert_eq(pkv_cache_create_external(&p, pool, be, host, sizeof host, &swap), PKV_OK);
+    const pkv_block_copy out = {.src = 3, .dst = 2};
+    cr_assert_eq(pkv_cache_transfer(swap, c, &out, 1, NULL), PKV_OK);
+    for (int l = 0; l < L; l++)
+        for (int kv = 0; kv < 2; kv++) {
+            cr_assert_eq(memcmp(host[l][kv][2], tensor[l][kv][3], sizeof host[l][kv][2]), 0);
+            for (int b = 0; b < N; b++)
+                if (b != 2) cr_assert_eq(host[l][kv][b][0][0][0], 0.0f);
+        }
+    pkv_cache_destroy(swap);
+    pkv_cache_destroy(c);
+    pkv_backend_destroy(be);
+    pkv_pool_destroy(pool);
+}
+
 // Copy n pairs through `cache` and check every (pair, layer) against a plain
 // memcpy reference of the arena taken before. More than PKVI_COPY_CHUNK (448)
 // pairs so that the chunking runs (on the host the emulated grid; on CUDA the

@@ -60,6 +60,11 @@ typedef enum pkv_dtype {
 typedef enum pkv_layout {
     PKV_LAYOUT_HND = 0, // [kv_heads][block_size][head_dim] per block half (default)
     PKV_LAYOUT_NHD = 1, // [block_size][kv_heads][head_dim]
+    // vLLM's FlashAttention cache: NHD halves, and each layer holds every block's K
+    // half, then every block's V half: per layer [2][num_blocks][block_size][kv_heads]
+    // [head_dim], so the arena is [num_layers][2][num_blocks][block_size][kv_heads]
+    // [head_dim] (kv_stride = num_blocks half blocks, block_stride = one half block).
+    PKV_LAYOUT_KV_NHD = 2,
 } pkv_layout;
 
 typedef enum pkv_kv {

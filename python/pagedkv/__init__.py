@@ -10,19 +10,16 @@ The allocator, batch-first (all in C, one call per engine step):
     step = seqs.step(ids, counts)   # slot_mapping, block_tables, context_lens, copies
 
 The testbed: ``pagedkv.load_trace(path)``, ``pagedkv.replay(trace, policies=...)``,
-``pagedkv.sweep(path, grid, executor)`` (a pkv-replay sweep over any executor).
+``pagedkv.sweep(path, grid, executor)`` (a pkv-replay sweep over any executor); loaded
+on first use: the allocator alone needs libc and numpy.
 
 Errors are typed (``OutOfBlocks``, ``InvalidArgument``, ``NotFound``, ...), all
 subclasses of ``PagedKVError``, with ``.status``, ``.status_name`` and ``.detail``.
 """
 from ._core import (  # noqa: F401
-    GPU_PRESETS,
     HAVE_BATCH,
     HAVE_CUDA,
-    MODEL_PRESETS,
-    POLICIES,
     POOL_MAX_BLOCKS,
-    TRACE_DTYPE,
     HASH_ALGOS,
     BackendError,
     BlockHasher,
@@ -44,16 +41,37 @@ from ._core import (  # noqa: F401
     PrefixPool,
     SeqSet,
     StepResult,
-    Trace,
     Unsupported,
     __version__,
-    generate_trace,
-    load_trace,
-    parse_trace,
     status_str,
 )
-from ._report import ReplayReport, make_trace, replay  # noqa: F401
-from .sweep import SweepError, SweepReport, sweep  # noqa: F401  (after .sweep: the function wins)
+
+# The testbed (traces, replay) is its own extension module, linked to the full library
+# (BLAS, OpenMP): imported on the first use of one of these names (PEP 562), so that
+# `import pagedkv` and the allocator load libc and numpy only.
+_TESTBED = {
+    "Trace": "_testbed", "load_trace": "_testbed", "parse_trace": "_testbed",
+    "generate_trace": "_testbed", "TRACE_DTYPE": "_testbed", "POLICIES": "_testbed",
+    "MODEL_PRESETS": "_testbed", "GPU_PRESETS": "_testbed",
+    "replay": "_report", "make_trace": "_report", "ReplayReport": "_report",
+    "sweep": "sweep", "SweepReport": "sweep", "SweepError": "sweep",
+}
+
+
+def __getattr__(name):
+    module = _TESTBED.get(name)
+    if module is None:
+        raise AttributeError(f"module 'pagedkv' has no attribute '{name}'")
+    import importlib
+
+    value = getattr(importlib.import_module("." + module, __name__), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_TESTBED))
+
 
 __all__ = [
     "BlockPool", "SeqSet", "PrefixCache", "KVCache", "StepResult", "Trace",

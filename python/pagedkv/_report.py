@@ -6,7 +6,7 @@ import os
 
 import numpy as np
 
-from . import _core
+from . import _core, _testbed
 
 
 class ReplayReport(dict):
@@ -70,15 +70,15 @@ def replay(trace, policies="paged", *, frame=False, **params):
     name = "<trace>"
     if isinstance(trace, (str, bytes, os.PathLike)):
         name = os.fsdecode(trace)
-        trace = _core.load_trace(trace)
-    elif not isinstance(trace, _core.Trace):
+        trace = _testbed.load_trace(trace)
+    elif not isinstance(trace, _testbed.Trace):
         raise TypeError("replay: trace must be a pagedkv.Trace or a path, not "
                         + type(trace).__name__)
     if policies == "all":
-        policies = list(_core.POLICIES)
+        policies = list(_testbed.POLICIES)
     elif isinstance(policies, str):
         policies = [policies]
-    report = ReplayReport(json.loads(_core._replay_json(trace, list(policies), params, name)))
+    report = ReplayReport(json.loads(_testbed._replay_json(trace, list(policies), params, name)))
     return report.to_frame() if frame else report
 
 
@@ -90,7 +90,7 @@ def make_trace(arrival_s, prompt_tokens, output_tokens, n=1, prefix_group=-1,
     if arrival_s.ndim != 1:
         raise _core.InvalidArgument("make_trace: arrival_s must be 1-D")
     count = arrival_s.shape[0]
-    rows = np.zeros(count, dtype=_core.TRACE_DTYPE)
+    rows = np.zeros(count, dtype=_testbed.TRACE_DTYPE)
     rows["arrival_s"] = arrival_s
     columns = dict(prompt_tokens=prompt_tokens, output_tokens=output_tokens, n=n,
                    prefix_group=prefix_group, prefix_tokens=prefix_tokens,
@@ -107,4 +107,4 @@ def make_trace(arrival_s, prompt_tokens, output_tokens, n=1, prefix_group=-1,
             raise _core.InvalidArgument(f"make_trace: {key} out of range for "
                                         f"{rows.dtype[key]}")
         rows[key] = value
-    return _core._make_trace(rows)
+    return _testbed._make_trace(rows)

@@ -14,7 +14,7 @@ import os
 import tempfile
 from collections.abc import Iterable, Mapping
 
-from . import _core
+from . import _testbed
 
 _PROGRAM = "pkv-replay"
 # `--point N/N` with N beyond any sweep's point count (indices are uint32) runs no
@@ -105,7 +105,7 @@ def grid_args(grid):
 def run_point(args):
     """``pkv-replay ARGS`` in a child process: (exit code, stdout, stderr). What the
     executor runs, once per point; module-level so that executors can pickle it."""
-    return _core._replay_cli([_PROGRAM, *args])
+    return _testbed._replay_cli([_PROGRAM, *args])
 
 
 def _text(result):
@@ -130,7 +130,7 @@ def merge(shards):
             with open(path, "w") as f:
                 f.write(text)
             files.append(path)
-        rc, out, err = _text(_core._replay_cli([_PROGRAM, "merge", *files]))
+        rc, out, err = _text(_testbed._replay_cli([_PROGRAM, "merge", *files]))
     if rc != 0:
         raise SweepError(f"sweep: merging the shards failed (exit {rc}): {_complaints(err)}",
                          rc, err)

@@ -71,6 +71,20 @@ int pkvpy_errors_init(PyObject *module) {
     return 0;
 }
 
+int pkvpy_errors_import(const char *module_name) {
+    PyObject *m = PyImport_ImportModule(module_name);
+    if (!m)
+        return -1;
+    base_error = PyObject_GetAttrString(m, "PagedKVError"); // module-lifetime reference
+    for (size_t i = 0; base_error && i < sizeof classes / sizeof classes[0]; i++) {
+        classes[i].cls = PyObject_GetAttrString(m, classes[i].name);
+        if (!classes[i].cls)
+            break;
+    }
+    Py_DECREF(m);
+    return PyErr_Occurred() ? -1 : 0;
+}
+
 static PyObject *class_of(pkv_status status) {
     for (size_t i = 0; i < sizeof classes / sizeof classes[0]; i++)
         if (classes[i].status == status)

@@ -3,7 +3,11 @@
 // through the buffer protocol (and numpy()) as one array of shape
 //   HND: [num_layers, num_blocks, 2, kv_heads, block_size, head_dim]
 //   NHD: [num_layers, num_blocks, 2, block_size, kv_heads, head_dim]
-// (axis 2: 0 = K, 1 = V), without a copy: the strides are pkv_cache_get_geometry's.
+//   KV_NHD: [num_layers, 2, num_blocks, block_size, kv_heads, head_dim] (vLLM FlashAttention)
+// (the axis of 2: 0 = K, 1 = V), without a copy: the strides are pkv_cache_get_geometry's.
+// An external cache (buffer=) is checked against that shape, dtype and device; a list
+// of per-layer tensors becomes one single-layer pkv_cache per layer, sharing the pool
+// and the backend, and every copy runs on each.
 // fp16 is numpy float16; bf16 has no numpy type and is exported as its raw uint16 bits.
 // A CUDA cache exports no buffer (its arena is device memory); data_ptr, shape and
 // strides let a framework wrap it.
@@ -47,18 +51,148 @@ static int parse_device(const char *s, int *cuda, int *index) {
     return -1;
 }
 
+static const char *layout_name(pkv_layout l) {
+    return l == PKV_LAYOUT_HND ? "HND" : l == PKV_LAYOUT_NHD ? "NHD" : "KV_NHD";
+}
+
+// The shape of the caller's tensor in `p`'s layout, elements; per_layer drops the
+// leading [layers]. Returns ndim.
+static int layout_shape(const pkv_cache_params *p, uint32_t blocks, int per_layer,
+                        int64_t out[6]) {
+    int64_t L = p->num_layers, B = blocks, H = p->kv_heads, T = p->block_size, D = p->head_dim;
+    int64_t hnd[6] = {L, B, 2, H, T, D}, nhd[6] = {L, B, 2, T, H, D}, kvnhd[6] = {L, 2, B, T, H, D};
+    const int64_t *s = p->layout == PKV_LAYOUT_HND ? hnd : p->layout == PKV_LAYOUT_NHD ? nhd : kvnhd;
+    int n = per_layer ? 5 : 6;
+    memcpy(out, s + (6 - n), (size_t)n * sizeof *out);
+    return n;
+}
+
+// The tensor's element type is the cache dtype (bf16 may come as its uint16 bits).
+static int dtype_matches(const pkvpy_tensor *t, pkv_dtype d) {
+    if (d == PKV_DTYPE_F32) return t->kind == 'f' && t->bits == 32;
+    if (d == PKV_DTYPE_F16) return t->kind == 'f' && t->bits == 16;
+    return (t->kind == 'b' || t->kind == 'u') && t->bits == 16;
+}
+
+// The cache's backend (host, or CUDA device `index`). 0, or -1 with an exception set.
+static int make_backend(KVCacheObject *self, int cuda, int index, const char *device) {
+    pkv_status st = cuda ? pkv_backend_create_cuda(index, &self->backend)
+                         : pkv_backend_create_host(&self->backend);
+    if (st == PKV_OK)
+        return 0;
+    pkvpy_raise(st, "KVCache", "device '%s'%s", device,
+                st == PKV_ERR_UNSUPPORTED ? ": this build has no CUDA (pip install . "
+                "-Csetup-args=-Dcuda=enabled)" : "");
+    return -1;
+}
+
+// Import and check the caller's tensor(s), then make the backend and one external
+// cache over each tensor (a list: one single-layer cache per layer). 0, or -1 with an
+// exception set.
+static int create_external(KVCacheObject *self, const pkv_cache_params *p, PyObject *pool,
+                           PyObject *buffer, PyObject *stream, int cuda, int index,
+                           const char *device) {
+    int per_layer = PyList_Check(buffer) || PyTuple_Check(buffer);
+    uint32_t n = per_layer ? (uint32_t)PySequence_Fast_GET_SIZE(buffer) : 1;
+    if (per_layer && n != p->num_layers) {
+        pkvpy_raise(PKV_ERR_INVALID_ARG, "KVCache", "buffer is a list of %u tensors; one per "
+                    "layer is %u", n, p->num_layers);
+        return -1;
+    }
+    self->tensors = PyMem_Calloc(n, sizeof *self->tensors);
+    self->caches = per_layer ? PyMem_Calloc(n, sizeof *self->caches) : &self->cache;
+    if (!self->tensors || !self->caches) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    self->num_caches = n;
+    pkv_cache_params lp = *p;
+    if (per_layer)
+        lp.num_layers = 1;
+    uint32_t blocks = pkv_pool_capacity(((PoolObject *)pool)->pool);
+    int64_t shape[6];
+    int ndim = layout_shape(p, blocks, per_layer, shape);
+    char what[48];
+    for (uint32_t i = 0; i < n; i++) {
+        PyObject *obj = per_layer ? PySequence_Fast_GET_ITEM(buffer, i) : buffer;
+        pkvpy_tensor *t = &self->tensors[i];
+        if (per_layer)
+            snprintf(what, sizeof what, "KVCache: buffer[%u]", i);
+        else
+            snprintf(what, sizeof what, "KVCache: buffer");
+        if (pkvpy_tensor_import(obj, stream, t, what) < 0)
+            return -1;
+        self->num_tensors = i + 1;
+        if (t->cuda != cuda || (cuda && t->device_id >= 0 && t->device_id != index)) {
+            char where[32] = "host";
+            if (t->cuda)
+                snprintf(where, sizeof where, t->device_id >= 0 ? "cuda:%d" : "CUDA",
+                         t->device_id);
+            pkvpy_raise(PKV_ERR_INVALID_ARG, what, "the tensor is in %s memory, the cache's "
+                        "device is '%s'", where, device);
+            return -1;
+        }
+        if (!dtype_matches(t, p->dtype)) {
+            pkvpy_raise(PKV_ERR_INVALID_ARG, what, "element type %c%d does not hold dtype %s",
+                        t->kind, t->bits, pkv_dtype_name(p->dtype));
+            return -1;
+        }
+        // Too few elements stays BufferTooSmall, as the size check always said.
+        int64_t have = 1, need = 1;
+        for (int d = 0; d < t->ndim; d++)
+            have *= t->shape[d];
+        for (int d = 0; d < ndim; d++)
+            need *= shape[d];
+        if (have < need) {
+            pkvpy_raise(PKV_ERR_BUFFER_TOO_SMALL, what, "%lld elements; layout %s needs %lld",
+                        (long long)have, layout_name(p->layout), (long long)need);
+            return -1;
+        }
+        if (pkvpy_tensor_check(t, shape, ndim, layout_name(p->layout), what) < 0)
+            return -1;
+    }
+    if (make_backend(self, cuda, index, device) < 0)
+        return -1;
+    for (uint32_t i = 0; i < n; i++) {
+        pkvpy_tensor *t = &self->tensors[i];
+        uint64_t bytes = pkv_cache_bytes_per_block(&lp) * blocks;
+        pkv_status st = pkv_cache_create_external(&lp, ((PoolObject *)pool)->pool, self->backend,
+                                                  t->data, bytes, &self->caches[i]);
+        if (st != PKV_OK) {
+            pkvpy_raise(st, "KVCache: buffer", "%llu bytes at %p (aligned to the dtype)",
+                        (unsigned long long)bytes, t->data);
+            return -1;
+        }
+        // The producer's pending writes (its stream, CUDA array interface v3) finish
+        // before any copy of ours touches the memory.
+        if (t->cai_stream) {
+            void *ps = PyLong_AsVoidPtr(t->cai_stream);
+            if (PyErr_Occurred())
+                return -1;
+            st = pkv_backend_sync(self->backend, ps);
+            if (st != PKV_OK) {
+                pkvpy_raise(st, "KVCache: buffer", "waiting for the producer's stream");
+                return -1;
+            }
+        }
+    }
+    return 0;
+}
+
+static int stream_arg(PyObject *obj, void **stream);
+
 static PyObject *KVCache_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     static char *kwlist[] = {"pool", "num_layers", "kv_heads", "head_dim", "block_size",
-                             "dtype", "layout", "device", "buffer", NULL};
-    PyObject *buffer = NULL;
+                             "dtype", "layout", "device", "buffer", "stream", NULL};
+    PyObject *buffer = NULL, *stream = NULL;
     pkv_cache_params p = pkv_cache_params_default();
     PyObject *pool;
-    const char *dtype = "fp16", *layout = "HND", *device = "cpu";
+    const char *dtype = "fp16", *layout = "HND", *device = NULL;
     int dims[4] = {(int)p.num_layers, (int)p.kv_heads, (int)p.head_dim, (int)p.block_size};
     static const char *dim_names[4] = {"num_layers", "kv_heads", "head_dim", "block_size"};
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O!|$iiiisssO:KVCache", kwlist,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O!|$iiiisszOO:KVCache", kwlist,
                                      &pkvpy_Pool_Type, &pool, &dims[0], &dims[1], &dims[2],
-                                     &dims[3], &dtype, &layout, &device, &buffer))
+                                     &dims[3], &dtype, &layout, &device, &buffer, &stream))
         return NULL;
     for (int i = 0; i < 4; i++)
         if (dims[i] < 1)
@@ -73,59 +207,64 @@ static PyObject *KVCache_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
                            dtype);
     if (!strcmp(layout, "HND")) p.layout = PKV_LAYOUT_HND;
     else if (!strcmp(layout, "NHD")) p.layout = PKV_LAYOUT_NHD;
-    else return pkvpy_raise(PKV_ERR_INVALID_ARG, "KVCache", "layout '%s' is not HND or NHD", layout);
+    else if (!strcmp(layout, "KV_NHD")) p.layout = PKV_LAYOUT_KV_NHD;
+    else return pkvpy_raise(PKV_ERR_INVALID_ARG, "KVCache", "layout '%s' is not HND, NHD or "
+                            "KV_NHD", layout);
+    if (buffer == Py_None)
+        buffer = NULL;
+    void *unused_stream;
+    if (stream_arg(stream, &unused_stream) < 0)
+        return NULL;
+    if (buffer && (PyList_Check(buffer) || PyTuple_Check(buffer)) &&
+        PySequence_Fast_GET_SIZE(buffer) == 0)
+        return pkvpy_raise(PKV_ERR_INVALID_ARG, "KVCache", "buffer is an empty list");
+    // No device=: the buffer's (the first tensor's) if it is CUDA memory, else cpu.
+    char guessed[32] = "cpu";
+    if (!device && buffer) {
+        PyObject *first = PyList_Check(buffer) || PyTuple_Check(buffer)
+                              ? PySequence_Fast_GET_ITEM(buffer, 0) : buffer;
+        PyObject *dev = PyObject_HasAttrString(first, "__dlpack_device__")
+                            ? PyObject_CallMethod(first, "__dlpack_device__", NULL) : NULL;
+        int dt, id;
+        if (dev && PyArg_ParseTuple(dev, "ii", &dt, &id) && (dt == 2 || dt == 13))
+            snprintf(guessed, sizeof guessed, "cuda:%d", id);
+        else if (!dev && PyObject_HasAttrString(first, "__cuda_array_interface__"))
+            snprintf(guessed, sizeof guessed, "cuda");
+        Py_XDECREF(dev);
+        PyErr_Clear(); // a failing producer is reported by the import below
+    }
+    if (!device)
+        device = guessed;
     int cuda, index;
     if (parse_device(device, &cuda, &index) < 0)
         return pkvpy_raise(PKV_ERR_INVALID_ARG, "KVCache", "device '%s' is not cpu, cuda or "
                            "cuda:N", device);
-    if (cuda && buffer && buffer != Py_None)
-        return pkvpy_raise(PKV_ERR_INVALID_ARG, "KVCache", "buffer= takes host memory "
-                           "(device='cpu')");
 
     KVCacheObject *self = (KVCacheObject *)type->tp_alloc(type, 0);
     if (!self)
         return NULL;
-    pkv_status st = cuda ? pkv_backend_create_cuda(index, &self->backend)
-                         : pkv_backend_create_host(&self->backend);
-    if (st != PKV_OK) {
-        Py_DECREF(self);
-        return pkvpy_raise(st, "KVCache", "device '%s'%s", device,
-                           st == PKV_ERR_UNSUPPORTED ? ": this build has no CUDA (pip install . "
-                           "-Csetup-args=-Dcuda=enabled)" : "");
-    }
-    if (buffer && buffer != Py_None) {
-        // An external cache over the caller's memory (a numpy array, say), kept alive
-        // by the buffer view this object holds until it is destroyed.
-        if (PyObject_GetBuffer(buffer, &self->view,
-                               PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+    self->caches = &self->cache;
+    self->num_caches = 1;
+    if (buffer) {
+        // An external cache over the caller's memory (a numpy array or a torch tensor,
+        // say), kept alive by the imported tensors until this object is destroyed.
+        if (create_external(self, &p, pool, buffer, stream, cuda, index, device) < 0) {
             Py_DECREF(self);
             return NULL;
         }
-        self->has_view = 1;
-        if (self->view.itemsize != (Py_ssize_t)pkv_dtype_size(p.dtype)) {
-            Py_ssize_t got = self->view.itemsize;
-            Py_DECREF(self);
-            return pkvpy_raise(PKV_ERR_INVALID_ARG, "KVCache", "buffer items are %zd bytes, "
-                               "dtype %s needs %zu", got, dtype, pkv_dtype_size(p.dtype));
-        }
-        st = pkv_cache_create_external(&p, ((PoolObject *)pool)->pool, self->backend,
-                                       self->view.buf, (uint64_t)self->view.len, &self->cache);
-        if (st != PKV_OK) {
-            uint64_t need = pkv_cache_bytes_per_block(&p) *
-                            pkv_pool_capacity(((PoolObject *)pool)->pool);
-            Py_ssize_t got = self->view.len;
-            Py_DECREF(self);
-            return pkvpy_raise(st, "KVCache", "buffer of %zd bytes; this shape needs %llu, "
-                               "aligned to the dtype", got, (unsigned long long)need);
-        }
+        self->cache = self->caches[0];
     } else {
-        st = pkv_cache_create(&p, ((PoolObject *)pool)->pool, self->backend, &self->cache);
-    }
-    if (st != PKV_OK) {
-        Py_DECREF(self);
-        return pkvpy_raise(st, "KVCache", "%u layers x %u kv heads x %u dims x %u tokens a "
-                           "block, %u blocks", p.num_layers, p.kv_heads, p.head_dim,
-                           p.block_size, pkv_pool_capacity(((PoolObject *)pool)->pool));
+        if (make_backend(self, cuda, index, device) < 0) {
+            Py_DECREF(self);
+            return NULL;
+        }
+        pkv_status st = pkv_cache_create(&p, ((PoolObject *)pool)->pool, self->backend, &self->cache);
+        if (st != PKV_OK) {
+            Py_DECREF(self);
+            return pkvpy_raise(st, "KVCache", "%u layers x %u kv heads x %u dims x %u tokens a "
+                               "block, %u blocks", p.num_layers, p.kv_heads, p.head_dim,
+                               p.block_size, pkv_pool_capacity(((PoolObject *)pool)->pool));
+        }
     }
     Py_INCREF(pool);
     self->pool = pool;
@@ -133,26 +272,34 @@ static PyObject *KVCache_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     pkv_cache_geometry g;
     pkv_cache_get_geometry(self->cache, &g);
     Py_ssize_t item = (Py_ssize_t)pkv_dtype_size(p.dtype);
-    int hnd = p.layout == PKV_LAYOUT_HND;
-    Py_ssize_t shape[6] = {p.num_layers, pkv_pool_capacity(((PoolObject *)pool)->pool), 2,
-                           hnd ? p.kv_heads : p.block_size, hnd ? p.block_size : p.kv_heads,
-                           p.head_dim};
-    Py_ssize_t strides[6] = {(Py_ssize_t)g.layer_stride, (Py_ssize_t)g.block_stride,
-                             (Py_ssize_t)g.kv_stride,
-                             (Py_ssize_t)(hnd ? g.head_stride : g.token_stride),
-                             (Py_ssize_t)(hnd ? g.token_stride : g.head_stride), 1};
-    self->ndim = 6;
-    for (int i = 0; i < 6; i++) {
-        self->shape[i] = shape[i];
-        self->strides[i] = strides[i] * item;
+    int per_layer = self->caches != &self->cache;
+    int64_t shape[6];
+    self->ndim = layout_shape(&p, pkv_pool_capacity(((PoolObject *)pool)->pool), per_layer, shape);
+    // Element strides of the full arena's axes, in the order of layout_shape's.
+    uint64_t hn = p.layout == PKV_LAYOUT_HND;
+    uint64_t head = g.head_stride, tok = g.token_stride;
+    uint64_t strides[6] = {g.layer_stride, g.block_stride, g.kv_stride, hn ? head : tok,
+                           hn ? tok : head, 1};
+    if (p.layout == PKV_LAYOUT_KV_NHD) {
+        strides[1] = g.kv_stride;
+        strides[2] = g.block_stride;
+    }
+    int skip = 6 - self->ndim;
+    for (int i = 0; i < self->ndim; i++) {
+        self->shape[i] = (Py_ssize_t)shape[i];
+        self->strides[i] = (Py_ssize_t)strides[i + skip] * item;
     }
     return (PyObject *)self;
 }
 
 static void KVCache_dealloc(KVCacheObject *self) {
-    pkv_cache_destroy(self->cache);
-    if (self->has_view)
-        PyBuffer_Release(&self->view);
+    for (uint32_t i = 0; self->caches && i < self->num_caches; i++)
+        pkv_cache_destroy(self->caches[i]);
+    if (self->caches != &self->cache)
+        PyMem_Free(self->caches);
+    for (uint32_t i = 0; i < self->num_tensors; i++)
+        pkvpy_tensor_release(&self->tensors[i]);
+    PyMem_Free(self->tensors);
     pkv_backend_destroy(self->backend);
     Py_XDECREF(self->pool);
     Py_TYPE(self)->tp_free((PyObject *)self);
@@ -162,9 +309,13 @@ static int is_host(KVCacheObject *self) {
     return pkv_backend_get_kind(self->backend) == PKV_BACKEND_HOST;
 }
 
+static int per_layer(KVCacheObject *self) { return self->caches != &self->cache; }
+
 static int KVCache_getbuffer(KVCacheObject *self, Py_buffer *view, int flags) {
-    if (!is_host(self)) {
-        PyErr_SetString(PyExc_BufferError, "a CUDA KVCache has no host buffer; use data_ptr");
+    if (!is_host(self) || per_layer(self)) {
+        PyErr_SetString(PyExc_BufferError, per_layer(self)
+                        ? "a KVCache over per-layer tensors has no single buffer; use them"
+                        : "a CUDA KVCache has no host buffer; use data_ptr");
         view->obj = NULL;
         return -1;
     }
@@ -189,6 +340,9 @@ static PyObject *KVCache_numpy(KVCacheObject *self, PyObject *unused) {
     if (!is_host(self))
         return pkvpy_raise(PKV_ERR_UNSUPPORTED, "KVCache.numpy", "a CUDA cache's arena is device "
                            "memory; use data_ptr, shape and strides");
+    if (per_layer(self))
+        return pkvpy_raise(PKV_ERR_UNSUPPORTED, "KVCache.numpy", "the cache is the per-layer "
+                           "tensors it was given (buffer=[...]); use them");
     npy_intp dims[6], strides[6];
     for (int i = 0; i < 6; i++) {
         dims[i] = self->shape[i];
@@ -224,7 +378,12 @@ static int block_at(KVCacheObject *self, PyObject *args, const char *fmt, const 
         pkvpy_raise(PKV_ERR_INVALID_ARG, "KVCache", "kv must be 0 (K) or 1 (V), not %d", kv);
         return -1;
     }
-    pkv_status st = pkv_cache_block_ptr(self->cache, *layer, *block, (pkv_kv)kv, ptr);
+    // A per-layer cache is one single-layer cache per tensor.
+    pkv_status st = per_layer(self)
+        ? (*layer < self->num_caches ? pkv_cache_block_ptr(self->caches[*layer], 0, *block,
+                                                           (pkv_kv)kv, ptr)
+                                     : PKV_ERR_INVALID_ARG)
+        : pkv_cache_block_ptr(self->cache, *layer, *block, (pkv_kv)kv, ptr);
     if (st != PKV_OK) {
         pkvpy_raise(st, method, "layer %u, block %d", *layer, *block);
         return -1;
@@ -234,9 +393,8 @@ static int block_at(KVCacheObject *self, PyObject *args, const char *fmt, const 
 
 // Shape of one half block (K or V of one block in one layer), in the cache's layout.
 static void half_shape(KVCacheObject *self, npy_intp dims[3]) {
-    dims[0] = self->shape[3];
-    dims[1] = self->shape[4];
-    dims[2] = self->shape[5];
+    for (int i = 0; i < 3; i++)
+        dims[i] = self->shape[self->ndim - 3 + i];
 }
 
 static PyObject *KVCache_block_ptr(KVCacheObject *self, PyObject *args) {
@@ -325,8 +483,9 @@ static PyObject *KVCache_copy_blocks(KVCacheObject *self, PyObject *args, PyObje
     PyArrayObject *pairs = pkvpy_pairs_array(po, &n);
     if (!pairs)
         return NULL;
-    pkv_status st = n ? pkv_cache_copy_blocks(self->cache, PyArray_DATA(pairs), n, stream)
-                      : PKV_OK;
+    pkv_status st = PKV_OK;
+    for (uint32_t i = 0; n && st == PKV_OK && i < self->num_caches; i++)
+        st = pkv_cache_copy_blocks(self->caches[i], PyArray_DATA(pairs), n, stream);
     Py_DECREF(pairs);
     if (st != PKV_OK)
         return pkvpy_raise(st, "KVCache.copy_blocks", "%u pairs (a block out of range, or "
@@ -343,7 +502,22 @@ static PyObject *KVCache_apply_copies(KVCacheObject *self, PyObject *args, PyObj
         return NULL;
     if (!PyObject_TypeCheck(set, &pkvpy_SeqSet_Type))
         return pkvpy_raise(PKV_ERR_INVALID_ARG, "KVCache.apply_copies", "expected a SeqSet");
-    pkv_status st = pkv_cache_apply_copies(self->cache, ((SeqSetObject *)set)->set, stream);
+    pkv_status st;
+    if (per_layer(self)) { // every layer's cache runs the queue, then it is emptied
+        pkv_seqset *ss = ((SeqSetObject *)set)->set;
+        const pkv_block_copy *copies;
+        uint32_t n = 0;
+        st = pkv_seqset_pool(ss) == pkv_cache_pool(self->cache) &&
+                     pkv_seqset_block_size(ss) == self->params.block_size
+                 ? pkv_seqset_copies(ss, &copies, &n)
+                 : PKV_ERR_INVALID_ARG;
+        for (uint32_t i = 0; n && st == PKV_OK && i < self->num_caches; i++)
+            st = pkv_cache_copy_blocks(self->caches[i], copies, n, stream);
+        if (n && st == PKV_OK)
+            st = pkv_seqset_copies_done(ss);
+    } else {
+        st = pkv_cache_apply_copies(self->cache, ((SeqSetObject *)set)->set, stream);
+    }
     if (st != PKV_OK)
         return pkvpy_raise(st, "KVCache.apply_copies", "the set must use this cache's pool "
                            "and block size");
@@ -362,8 +536,11 @@ static PyObject *KVCache_transfer(KVCacheObject *self, PyObject *args, PyObject 
     PyArrayObject *pairs = pkvpy_pairs_array(po, &n);
     if (!pairs)
         return NULL;
-    pkv_status st = pkv_cache_transfer(self->cache, ((KVCacheObject *)src)->cache,
-                                       PyArray_DATA(pairs), n, stream);
+    KVCacheObject *from = (KVCacheObject *)src;
+    pkv_status st = per_layer(self) == per_layer(from) && self->num_caches == from->num_caches
+                        ? PKV_OK : PKV_ERR_INVALID_ARG;
+    for (uint32_t i = 0; st == PKV_OK && i < self->num_caches; i++)
+        st = pkv_cache_transfer(self->caches[i], from->caches[i], PyArray_DATA(pairs), n, stream);
     Py_DECREF(pairs);
     if (st != PKV_OK)
         return pkvpy_raise(st, "KVCache.transfer", "%u pairs from a cache of the same shape", n);
@@ -398,13 +575,23 @@ static PyObject *KVCache_backend_stats(KVCacheObject *self, PyObject *unused) {
                          (unsigned long long)s.bytes_peak);
 }
 
+static PyObject *ssize_tuple(const Py_ssize_t *v, int n) {
+    PyObject *t = PyTuple_New(n);
+    for (int i = 0; t && i < n; i++) {
+        PyObject *x = PyLong_FromSsize_t(v[i]);
+        if (!x) {
+            Py_CLEAR(t);
+            break;
+        }
+        PyTuple_SET_ITEM(t, i, x);
+    }
+    return t;
+}
 static PyObject *KVCache_get_shape(KVCacheObject *self, void *c) {
-    return Py_BuildValue("(nnnnnn)", self->shape[0], self->shape[1], self->shape[2], self->shape[3],
-                         self->shape[4], self->shape[5]);
+    return ssize_tuple(self->shape, self->ndim);
 }
 static PyObject *KVCache_get_strides(KVCacheObject *self, void *c) {
-    return Py_BuildValue("(nnnnnn)", self->strides[0], self->strides[1], self->strides[2],
-                         self->strides[3], self->strides[4], self->strides[5]);
+    return ssize_tuple(self->strides, self->ndim);
 }
 static PyObject *KVCache_get_dtype(KVCacheObject *self, void *c) {
     return (PyObject *)PyArray_DescrFromType(dtype_num(self->params.dtype));
@@ -414,13 +601,27 @@ static PyObject *KVCache_get_params(KVCacheObject *self, void *c) {
     return Py_BuildValue("{s:I,s:I,s:I,s:I,s:s,s:s}", "num_layers", p->num_layers, "kv_heads",
                          p->kv_heads, "head_dim", p->head_dim, "block_size", p->block_size,
                          "dtype", pkv_dtype_name(p->dtype), "layout",
-                         p->layout == PKV_LAYOUT_HND ? "HND" : "NHD");
+                         layout_name(p->layout));
 }
 static PyObject *KVCache_get_data_ptr(KVCacheObject *self, void *c) {
-    return PyLong_FromVoidPtr(pkv_cache_data(self->cache));
+    if (!per_layer(self))
+        return PyLong_FromVoidPtr(pkv_cache_data(self->cache));
+    PyObject *t = PyTuple_New(self->num_caches);
+    for (uint32_t i = 0; t && i < self->num_caches; i++) {
+        PyObject *x = PyLong_FromVoidPtr(pkv_cache_data(self->caches[i]));
+        if (!x) {
+            Py_CLEAR(t);
+            break;
+        }
+        PyTuple_SET_ITEM(t, i, x);
+    }
+    return t;
 }
 static PyObject *KVCache_get_arena_bytes(KVCacheObject *self, void *c) {
-    return PyLong_FromUnsignedLongLong(pkv_cache_arena_bytes(self->cache));
+    unsigned long long sum = 0;
+    for (uint32_t i = 0; i < self->num_caches; i++)
+        sum += pkv_cache_arena_bytes(self->caches[i]);
+    return PyLong_FromUnsignedLongLong(sum);
 }
 static PyObject *KVCache_get_device(KVCacheObject *self, void *c) {
     return PyUnicode_FromString(is_host(self) ? "cpu" : "cuda");
@@ -456,11 +657,13 @@ static PyMethodDef KVCache_methods[] = {
 };
 
 static PyGetSetDef KVCache_getset[] = {
-    {"shape", (getter)KVCache_get_shape, NULL, "the arena's shape (see the class doc)", NULL},
+    {"shape", (getter)KVCache_get_shape, NULL, "the arena's shape (see the class doc; "
+     "per-layer tensors: one layer's)", NULL},
     {"strides", (getter)KVCache_get_strides, NULL, "the arena's strides in bytes", NULL},
     {"dtype", (getter)KVCache_get_dtype, NULL, "numpy dtype (bf16: uint16 bits)", NULL},
     {"params", (getter)KVCache_get_params, NULL, "the creation parameters", NULL},
-    {"data_ptr", (getter)KVCache_get_data_ptr, NULL, "arena base address (device for CUDA)", NULL},
+    {"data_ptr", (getter)KVCache_get_data_ptr, NULL, "arena base address (device for CUDA); "
+     "per-layer tensors: a tuple, one per layer", NULL},
     {"arena_bytes", (getter)KVCache_get_arena_bytes, NULL, "bytes of the one allocation", NULL},
     {"device", (getter)KVCache_get_device, NULL, "'cpu' or 'cuda'", NULL},
     {"pool", (getter)KVCache_get_pool, NULL, "the BlockPool", NULL},
@@ -473,11 +676,19 @@ PyTypeObject pkvpy_KVCache_Type = {
     .tp_basicsize = sizeof(KVCacheObject),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "KVCache(pool, *, num_layers=1, kv_heads=1, head_dim=128, block_size=16,\n"
-              "        dtype='fp16', layout='HND', device='cpu', buffer=None): K/V memory for\n"
-              "every block of `pool`, one backend allocation, or the caller's C-contiguous\n"
-              "writable `buffer` of that shape (an external cache: nothing allocated). A host cache is a buffer (np.asarray(cache),\n"
-              "cache.numpy()) of shape [layers, blocks, 2, kv_heads, block_size, head_dim]\n"
-              "(HND) or [layers, blocks, 2, block_size, kv_heads, head_dim] (NHD), no copy.",
+              "        dtype='fp16', layout='HND', device=None, buffer=None, stream=None):\n"
+              "K/V memory for every block of `pool`, one backend allocation, or the caller's\n"
+              "memory (an external cache: nothing allocated). layout is the tensor's shape:\n"
+              "  HND    [layers, blocks, 2, kv_heads, block_size, head_dim]\n"
+              "  NHD    [layers, blocks, 2, block_size, kv_heads, head_dim]\n"
+              "  KV_NHD [layers, 2, blocks, block_size, kv_heads, head_dim] (vLLM FlashAttention)\n"
+              "buffer: a writable C-contiguous tensor of that shape and dtype (a DLPack\n"
+              "producer: torch, CuPy, JAX, numpy; a __cuda_array_interface__; a buffer), or\n"
+              "a list of one tensor per layer without the leading [layers]. Shape, strides,\n"
+              "dtype (bf16: bfloat16 or its uint16 bits) and device are checked. device:\n"
+              "cpu, cuda or cuda:N (default: the buffer's, else cpu). stream: a cudaStream_t\n"
+              "int (torch.cuda.current_stream().cuda_stream) handed to a CUDA producer.\n"
+              "A host cache over one arena is a buffer (np.asarray(cache), cache.numpy()).",
     .tp_new = KVCache_new,
     .tp_dealloc = (destructor)KVCache_dealloc,
     .tp_methods = KVCache_methods,

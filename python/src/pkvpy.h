@@ -1,5 +1,7 @@
 // SPDX-License-Identifier: MIT
-// The Python extension pagedkv._core: one object type per pagedkv handle, each owning
+// The Python extensions: pagedkv._core (the allocator, against libpagedkv-core: libc and
+// numpy only) and pagedkv._testbed (traces and replay, against the full libpagedkv).
+// One object type per pagedkv handle, each owning
 // its handle and holding a reference to every object its handle borrows (a SeqSet
 // keeps its BlockPool alive, an attached SeqSet keeps its PrefixCache alive), so that
 // Python's reference counting destroys handles in the order the C API requires.
@@ -43,16 +45,39 @@ typedef struct {
     uint32_t block_size;
 } PrefixObject;
 
+// A tensor of the caller's (KVCache(buffer=...)), imported by tensor.c: its memory,
+// shape, strides and dtype, and the references that keep it alive.
+#define PKVPY_TENSOR_MAX_DIMS 8
+typedef struct {
+    void *data;                            // first element (byte_offset applied)
+    int cuda;                              // device memory (CUDA or CUDA managed)
+    int device_id;                         // CUDA ordinal; -1: not said (CUDA array interface)
+    int ndim;
+    int64_t shape[PKVPY_TENSOR_MAX_DIMS];
+    int64_t strides[PKVPY_TENSOR_MAX_DIMS]; // in elements
+    char kind;                             // 'f' float, 'b' bfloat, 'u' uint, 'i' int, '?'
+    int bits;
+    void *managed;       // the consumed DLManagedTensor (its deleter runs on release)
+    Py_buffer view;      // buffer-protocol import
+    int has_view;
+    PyObject *cai_stream; // __cuda_array_interface__'s producer stream, or NULL (strong)
+    PyObject *owner;      // the object itself (strong)
+} pkvpy_tensor;
+
 typedef struct {
     PyObject_HEAD
-    pkv_cache *cache;
+    pkv_cache *cache;     // caches[0]
+    pkv_cache **caches;   // one per layer for a list of per-layer tensors, else &cache
+    uint32_t num_caches;
     pkv_backend *backend; // owned: one backend per cache
     PyObject *pool;       // strong
-    Py_buffer view;       // the caller's memory of an external cache (buffer=...)
-    int has_view;
+    pkvpy_tensor *tensors; // the caller's memory of an external cache (buffer=...)
+    uint32_t num_tensors;
     pkv_cache_params params;
     int ndim;
-    Py_ssize_t shape[6];   // [layers][blocks][2][heads][block][dim] (HND) or NHD order
+    // [layers][blocks][2][heads][block][dim] (HND), NHD or KV_NHD order; a per-layer
+    // cache drops the leading [layers].
+    Py_ssize_t shape[6];
     Py_ssize_t strides[6]; // bytes
 } KVCacheObject;
 
@@ -67,10 +92,20 @@ extern PyTypeObject pkvpy_Prefix_Type;
 extern PyTypeObject pkvpy_KVCache_Type;
 extern PyTypeObject pkvpy_Trace_Type;
 
+// ---- modinit.c ----
+
+// PyType_Ready and add `type` to module `m` as `name`. 0 on success.
+int pkvpy_add_type(PyObject *m, const char *name, PyTypeObject *type);
+// A new tuple of the strings of a NULL-terminated array, or NULL with an exception set.
+PyObject *pkvpy_names(const char *const *list);
+
 // ---- errors.c ----
 
 // Create the exception classes and add them to the module. 0 on success.
 int pkvpy_errors_init(PyObject *module);
+// Use the classes that pkvpy_errors_init made in module `module_name` (pagedkv._core),
+// so that a second extension module raises the same classes. 0 on success.
+int pkvpy_errors_import(const char *module_name);
 // Raise the exception class of `status` with message "<what>: <status name>[: detail]",
 // and attributes status (int), status_name, detail. Returns NULL.
 PyObject *pkvpy_raise(pkv_status status, const char *what, const char *detail_fmt, ...);
@@ -97,6 +132,18 @@ PyArrayObject *pkvpy_new_matrix(npy_intp rows, npy_intp cols, int typenum);
 PyObject *pkvpy_copies_array(const pkv_block_copy *pairs, uint32_t n);
 // Borrow an (n, 2) int32 array of block pairs from `obj` (new reference; *n set).
 PyArrayObject *pkvpy_pairs_array(PyObject *obj, uint32_t *n);
+
+// ---- tensor.c ----
+
+// Import `obj` (DLPack producer, __cuda_array_interface__, or buffer): fills *t, which
+// pkvpy_tensor_release frees. `stream` (may be NULL) is handed to a CUDA DLPack
+// producer. 0, or -1 with an exception set (`what` names the caller).
+int pkvpy_tensor_import(PyObject *obj, PyObject *stream, pkvpy_tensor *t, const char *what);
+void pkvpy_tensor_release(pkvpy_tensor *t);
+// 0 if *t has exactly `shape` and is C-contiguous, else InvalidArgument naming the
+// difference and `layout`; -1.
+int pkvpy_tensor_check(const pkvpy_tensor *t, const int64_t *shape, int ndim,
+                       const char *layout, const char *what);
 
 // ---- seqset.c ----
 

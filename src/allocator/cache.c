@@ -76,7 +76,8 @@ pkv_cache_params pkv_cache_params_default(void) {
 static int params_valid(const pkv_cache_params *p) {
     return p && p->num_layers && p->kv_heads && p->head_dim && p->block_size &&
            p->block_size <= 65536 && pkv_dtype_size(p->dtype) &&
-           (p->layout == PKV_LAYOUT_HND || p->layout == PKV_LAYOUT_NHD);
+           (p->layout == PKV_LAYOUT_HND || p->layout == PKV_LAYOUT_NHD ||
+            p->layout == PKV_LAYOUT_KV_NHD);
 }
 
 // a * b, or 0 when the product does not fit in 64 bits (0 is never a valid size).
@@ -123,9 +124,14 @@ static pkv_cache_geometry geometry_of(const pkv_cache_params *p, uint32_t num_bl
     // Elements; for the 8-bit dtypes an element is a byte, so int8's scales are
     // simply more "elements" at the end of each half.
     uint64_t half = half_bytes(p) / pkv_dtype_size(p->dtype);
-    g.kv_stride = half;
-    g.block_stride = 2 * half;
-    g.layer_stride = g.block_stride * num_blocks;
+    if (p->layout == PKV_LAYOUT_KV_NHD) { // all K halves of a layer, then all V halves
+        g.block_stride = half;
+        g.kv_stride = half * num_blocks;
+    } else { // a block's V half follows its K half
+        g.kv_stride = half;
+        g.block_stride = 2 * half;
+    }
+    g.layer_stride = 2 * half * num_blocks;
     if (p->layout == PKV_LAYOUT_HND) {
         g.head_stride = (uint64_t)p->block_size * p->head_dim;
         g.token_stride = p->head_dim;
@@ -244,14 +250,17 @@ pkv_status pkv_cache_block_ptr(const pkv_cache *cache, uint32_t layer, pkv_block
 }
 
 // The copy grid of this cache (block_copy.h): K and V of a block are adjacent
-// within a layer, so one (pair, layer) moves one contiguous 2 x half block.
+// within a layer, so one (pair, layer) moves one contiguous 2 x half block. In
+// PKV_LAYOUT_KV_NHD they are not, but each (layer, K or V) is an array of half blocks,
+// so the grid's "layers" are the 2 x num_layers halves, one half block each.
 static pkvi_copy_geom copy_geom(const pkv_cache *c) {
     const uint64_t es = pkv_dtype_size(c->params.dtype);
+    const int split = c->params.layout == PKV_LAYOUT_KV_NHD;
     pkvi_copy_geom g = {
-        .layer_stride = c->geom.layer_stride * es,
+        .layer_stride = (split ? c->geom.kv_stride : c->geom.layer_stride) * es,
         .block_stride = c->geom.block_stride * es,
-        .block_bytes = 2 * c->geom.half_block_bytes,
-        .num_layers = c->params.num_layers,
+        .block_bytes = (split ? 1 : 2) * c->geom.half_block_bytes,
+        .num_layers = (split ? 2 : 1) * c->params.num_layers,
     };
     return g;
 }
@@ -263,8 +272,8 @@ pkv_status pkv_cache_copy_blocks(pkv_cache *cache, const pkv_block_copy *copies,
         if ((uint32_t)copies[i].src >= cache->num_blocks ||
             (uint32_t)copies[i].dst >= cache->num_blocks || copies[i].src == copies[i].dst)
             return PKV_ERR_INVALID_ARG;
-    if (cache->params.num_layers > 65535) return PKV_ERR_UNSUPPORTED; // the grid's y
     pkvi_copy_geom g = copy_geom(cache);
+    if (g.num_layers > 65535) return PKV_ERR_UNSUPPORTED; // the grid's y
     return pkvi_backend_copy_blocks(cache->backend, cache->arena, copies, n, &g, stream);
 }
 
@@ -298,15 +307,16 @@ pkv_status pkv_cache_transfer(pkv_cache *dst, const pkv_cache *src, const pkv_bl
     const int src_dev = pkv_backend_get_kind(src->backend) == PKV_BACKEND_CUDA;
     const int dst_dev = pkv_backend_get_kind(dst->backend) == PKV_BACKEND_CUDA;
     if (src_dev && dst_dev) return PKV_ERR_UNSUPPORTED;
-    // K and V of a block are adjacent in a layer: one block_bytes run per (pair, layer).
-    const uint64_t es = pkv_dtype_size(src->params.dtype);
+    // The copy grid's runs (copy_geom): one per (pair, layer), or per (pair, layer
+    // half) in PKV_LAYOUT_KV_NHD; both caches have the same layout.
+    const pkvi_copy_geom sg = copy_geom(src), dg = copy_geom(dst);
     const pkvi_xfer_geom g = {
-        .src_layer_stride = src->geom.layer_stride * es,
-        .src_block_stride = src->geom.block_stride * es,
-        .dst_layer_stride = dst->geom.layer_stride * es,
-        .dst_block_stride = dst->geom.block_stride * es,
-        .block_bytes = 2 * src->geom.half_block_bytes,
-        .num_layers = src->params.num_layers,
+        .src_layer_stride = sg.layer_stride,
+        .src_block_stride = sg.block_stride,
+        .dst_layer_stride = dg.layer_stride,
+        .dst_block_stride = dg.block_stride,
+        .block_bytes = sg.block_bytes,
+        .num_layers = sg.num_layers,
     };
     // The device side's backend moves the bytes; host to host goes through the
     // destination's host backend.
