@@ -1072,6 +1072,11 @@ Test(attention_plan, split_k_fills_whole_waves) {
     cr_assert_eq(n, 4, "batch 8: 4 x 64 = 256 blocks, one wave; got %u", n);
     cr_assert_eq(pkv_attn_cuda_num_splits(&sh, 40, 32768, 132, &n), PKV_OK);
     cr_assert_eq(n, 4, "batch 40: 1.21 waves unsplit, 4.85 waves of 8k split; got %u", n);
+    // Huge grids (2^32 - 1 sequences x 2^32 - 1 heads) are not split, and the cost
+    // arithmetic does not wrap.
+    pkv_attn_shape huge = {UINT32_MAX, UINT32_MAX, 128, PKV_DTYPE_F16, 0.088f, 0};
+    cr_assert_eq(pkv_attn_cuda_num_splits(&huge, UINT32_MAX, UINT32_MAX, 132, &n), PKV_OK);
+    cr_assert_eq(n, 1);
     // At 4 blocks per SM a wave is 528 blocks: 8 splits of batch 8 fill it.
     cr_assert_eq(pkvi_attn_num_splits(&sh, 8, 32768, 132, 4, 64, &n), PKV_OK);
     cr_assert_eq(n, 8);

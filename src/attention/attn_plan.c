@@ -65,7 +65,9 @@ pkv_status pkvi_attn_num_splits(const pkv_attn_shape *shape, uint32_t num_seqs,
         max_by_len = max_splits; // what the caller's workspace holds
     }
     *num_splits = 1;
-    if (ctas == 0 || max_by_len < 2) {
+    // Past 2^24 blocks (thousands of waves) a split gains nothing, and the cost
+    // products below stay under 2^63 (2^24 x 64 blocks x 2^32 rows).
+    if (ctas == 0 || ctas > (1u << 24) || max_by_len < 2) {
         return PKV_OK;
     }
     // Wave-aware: the split count whose grid fills whole waves best, by the cost
