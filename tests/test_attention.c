@@ -1054,6 +1054,57 @@ Test(attention_plan, split_k_heuristic) {
     cr_assert_eq(pkv_attn_cuda_workspace_bytes(&sh, 3, 0, &bytes), PKV_ERR_INVALID_ARG);
 }
 
+// Modelled time of a plan as docs/KERNELS.md states it: whole waves of `wave`
+// blocks, each as long as a partition plus one tile of fixed cost.
+static uint64_t wave_cost(uint64_t ctas, uint64_t wave, uint32_t max_context, uint32_t n) {
+    uint32_t part = 0;
+    uint32_t parts = 0;
+    pkvi_attn_partition(max_context, n, &part, &parts);
+    return (ctas * parts + wave - 1) / wave * ((uint64_t)part + 128u);
+}
+
+// Issue 24: the split count fills whole waves. The one-wave rule it replaces gave
+// 5 splits at batch 8 (320 blocks = 1.21 waves of 264) and none at batch 40.
+Test(attention_plan, split_k_fills_whole_waves) {
+    pkv_attn_shape sh = {32, 8, 128, PKV_DTYPE_F16, 0.088f, 0};
+    uint32_t n = 0;
+    cr_assert_eq(pkv_attn_cuda_num_splits(&sh, 8, 32768, 132, &n), PKV_OK);
+    cr_assert_eq(n, 4, "batch 8: 4 x 64 = 256 blocks, one wave; got %u", n);
+    cr_assert_eq(pkv_attn_cuda_num_splits(&sh, 40, 32768, 132, &n), PKV_OK);
+    cr_assert_eq(n, 4, "batch 40: 1.21 waves unsplit, 4.85 waves of 8k split; got %u", n);
+    // Huge grids (2^32 - 1 sequences x 2^32 - 1 heads) are not split, and the cost
+    // arithmetic does not wrap.
+    pkv_attn_shape huge = {UINT32_MAX, UINT32_MAX, 128, PKV_DTYPE_F16, 0.088f, 0};
+    cr_assert_eq(pkv_attn_cuda_num_splits(&huge, UINT32_MAX, UINT32_MAX, 132, &n), PKV_OK);
+    cr_assert_eq(n, 1);
+    // At 4 blocks per SM a wave is 528 blocks: 8 splits of batch 8 fill it.
+    cr_assert_eq(pkvi_attn_num_splits(&sh, 8, 32768, 132, 4, 64, &n), PKV_OK);
+    cr_assert_eq(n, 8);
+    // A workspace that holds 3 partitions: the best plan of 1..3, not a cut-down 8.
+    cr_assert_eq(pkvi_attn_num_splits(&sh, 8, 32768, 132, 4, 3, &n), PKV_OK);
+    cr_assert_eq(n, 3);
+    // Over a grid of batches, contexts and occupancies: the plan is never worse in
+    // the model than no split, than the one-wave rule, or than any other count.
+    const uint32_t ctxs[4] = {1024, 4096, 32768, 131072};
+    for (uint32_t bpsm = 1; bpsm <= 6; bpsm++) {
+        for (uint32_t c = 0; c < 4; c++) {
+            for (uint32_t b = 1; b <= 300; b += 7) {
+                cr_assert_eq(pkvi_attn_num_splits(&sh, b, ctxs[c], 132, bpsm, 64, &n), PKV_OK);
+                uint64_t ctas = (uint64_t)b * 8;
+                uint64_t wave = 132ull * bpsm;
+                uint64_t got = wave_cost(ctas, wave, ctxs[c], n);
+                uint32_t most = ctxs[c] / 512 < 64 ? ctxs[c] / 512 : 64;
+                cr_assert(n >= 1 && (n == 1 || n <= most), "b %u ctx %u: n = %u", b, ctxs[c], n);
+                for (uint32_t other = 1; other <= most; other++) {
+                    cr_assert_leq(got, wave_cost(ctas, wave, ctxs[c], other),
+                                  "b %u ctx %u bpsm %u: %u splits beat %u", b, ctxs[c], bpsm,
+                                  other, n);
+                }
+            }
+        }
+    }
+}
+
 // Issue 15, defect 12: 2^16 sequences x 2^16 heads x 2^16 splits x head_dim 16382
 // is exactly 2^64 bytes; it wrapped to 0 and came back OK.
 Test(attention, workspace_bytes_refuses_sizes_that_wrap) {

@@ -414,6 +414,7 @@ static void group_splitk(ctx *c) {
         run_case(c, dts[di], 16, 16, 64, 32, 3, lens, 64, 0); // MHA, many splits
         run_case(c, dts[di], 4, 2, 256, 16, 3, lens, 0, 0);   // group of 2
         run_case(c, dts[di], 12, 2, 128, 8, 3, lens, 3, 0);   // group of 6
+        run_case(c, dts[di], 24, 2, 64, 32, 3, lens, 0, 0);   // group of 12: 2 x 6, padded to 8
     }
 }
 

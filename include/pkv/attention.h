@@ -223,12 +223,15 @@ typedef struct pkv_attn_cuda_opts {
 
 // The split-K heuristic (docs/KERNELS.md): the number of context partitions for a
 // decode call of num_seqs sequences whose contexts are at most max_context tokens
-// on a GPU with num_sms SMs. 1 when the batch already gives every SM two thread
-// blocks or the context is short; otherwise enough partitions (of at least 512
-// tokens each, at most 64) to reach two thread blocks per SM. Pure host
-// arithmetic, available in every build. (The *_cuda_ex calls with num_splits 0
-// use the same rule with the decode kernel's real occupancy, from
-// cudaOccupancyMaxActiveBlocksPerMultiprocessor, in place of 2.)
+// on a GPU with num_sms SMs, wave-aware: of 1..min(max_context / 512, 64)
+// partitions (each a multiple of 256 tokens), the count whose grid fills whole
+// waves of num_sms x 2 resident thread blocks best, by a modelled time of
+// waves x (partition length + 128 tokens of fixed cost per block); the fewest
+// partitions on a tie. So a batch that is 1.2 waves unsplit may be split too, and
+// contexts under 1024 tokens never are. Pure host arithmetic, available in every
+// build. (The *_cuda_ex calls with num_splits 0 use the same rule with the launched
+// decode kernel's real occupancy, from cudaOccupancyMaxActiveBlocksPerMultiprocessor,
+// in place of 2.)
 pkv_status pkv_attn_cuda_num_splits(const pkv_attn_shape *shape, uint32_t num_seqs,
                                     uint32_t max_context, uint32_t num_sms,
                                     uint32_t *num_splits);
@@ -243,6 +246,18 @@ pkv_status pkv_attn_cuda_workspace_bytes(const pkv_attn_shape *shape, uint32_t n
 // above are these with opts NULL. The contexts are bounded on the host by
 // max_blocks_per_seq * block_size (paged) or max_seq_len (contiguous): pass tight
 // bounds, the split plan uses them.
+// CUDA graphs: the decode calls (plain and _ex, paged and contiguous) and
+// pkv_attn_prefill_paged_cuda_ex / pkv_attn_prefill_contig_cuda_ex may be captured
+// in a CUDA graph: they allocate nothing, copy nothing to or from the host and never
+// synchronize (the host reads only device attributes and the kernel's occupancy,
+// and opts->num_sms != 0 skips even the SM count); the decode kernel and, with more
+// than one partition, the merge kernel are the only work on `stream`. The split plan
+// and workspace are fixed at capture: size the workspace up front
+// (pkv_attn_cuda_workspace_bytes with 64 splits covers every plan) and pass
+// opts->max_context as the longest context any replay will see; a replay may change
+// the lengths, tables and cache contents in device memory, and a sequence longer
+// than the captured bound gets NaN rows. pkv_attn_prefill_paged_cuda synchronizes
+// (it reads the row count back) and must not be captured.
 pkv_status pkv_attn_decode_paged_cuda_ex(const pkv_attn_shape *shape, uint32_t num_seqs,
                                          const void *q, const pkv_attn_paged_kv *kv,
                                          void *out, const pkv_attn_cuda_opts *opts,

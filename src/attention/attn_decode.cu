@@ -455,8 +455,9 @@ __global__ void __launch_bounds__(THREADS) merge_kernel(const __grid_constant__ 
     }
 }
 
-// The split-K plan of one call: the decode kernel's occupancy decides how many
-// thread blocks fill the GPU (with opts->num_splits 0).
+// The split-K plan of one call: with opts->num_splits 0, the wave-aware plan from
+// the occupancy of the decode kernel about to be launched (attn_plan.c). Host work
+// only (no allocation, copy or synchronization): safe inside a CUDA graph capture.
 struct split_req {
     const pkv_attn_cuda_opts *opts; // NULL: no split
     uint32_t max_context;
@@ -471,6 +472,13 @@ pkv_status plan(const pkv_attn_shape *sh, uint32_t num_seqs, const split_req &re
         if (!pkvi_aligned16(opts->workspace)) {
             return PKV_ERR_INVALID_ARG;
         }
+        // The most partitions the workspace holds (its size is linear in them).
+        uint32_t fit = PKVI_ATTN_MAX_SPLITS;
+        size_t need = 0;
+        while (fit > 1 && (pkv_attn_cuda_workspace_bytes(sh, num_seqs, fit, &need) != PKV_OK ||
+                           need > opts->workspace_bytes)) {
+            fit--;
+        }
         n = opts->num_splits;
         if (n == 0) {
             int sms = (int)opts->num_sms;
@@ -484,19 +492,15 @@ pkv_status plan(const pkv_attn_shape *sh, uint32_t num_seqs, const split_req &re
                     cudaSuccess) {
                 return PKV_ERR_NO_DEVICE; // these calls set no sticky error
             }
+            // Planned within what the workspace holds, not cut down after.
             pkv_status st = pkvi_attn_num_splits(sh, num_seqs, req.max_context, (uint32_t)sms,
-                                                 per_sm > 0 ? (uint32_t)per_sm : 1u, &n);
+                                                 per_sm > 0 ? (uint32_t)per_sm : 1u, fit, &n);
             if (st != PKV_OK) {
                 return st;
             }
         }
-        if (n > PKVI_ATTN_MAX_SPLITS) {
-            n = PKVI_ATTN_MAX_SPLITS;
-        }
-        size_t need = 0;
-        while (n > 1 && (pkv_attn_cuda_workspace_bytes(sh, num_seqs, n, &need) != PKV_OK ||
-                         need > opts->workspace_bytes)) {
-            n--;
+        if (n > fit) {
+            n = fit;
         }
     }
     pkvi_attn_partition(req.max_context, n, &a->part_len, &a->parts);

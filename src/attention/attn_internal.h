@@ -20,6 +20,9 @@ extern "C" {
 // CUDA split-K: smallest partition, largest number of partitions.
 #define PKVI_ATTN_MIN_PARTITION 512u
 #define PKVI_ATTN_MAX_SPLITS 64u
+// The split plan's fixed cost of one thread block, in token rows (one kernel tile):
+// a modelled figure (docs/KERNELS.md), not a measured one.
+#define PKVI_ATTN_BLOCK_COST 128u
 
 // The prompt whose packed rows contain row r of a prefill (q_indptr is
 // non-decreasing): the CPU drivers' map from a query row to its sequence.
@@ -92,12 +95,15 @@ void pkvi_attn_cuda_groups(const pkv_attn_shape *shape, uint32_t *heads_per_cta,
 // multiple of 256), and the number of partitions that it actually gives.
 void pkvi_attn_partition(uint32_t max_context, uint32_t num_splits, uint32_t *part_len,
                          uint32_t *parts);
-// Context partitions so that num_seqs x kv heads x head groups x partitions thread
-// blocks fill blocks_per_sm x num_sms (one full wave at the kernel's occupancy);
-// pkv_attn_cuda_num_splits is this with blocks_per_sm = 2.
+// Context partitions (1..min(max_context / 512, 64, max_splits)) for which num_seqs x kv heads x
+// head groups x partitions thread blocks fill whole waves of blocks_per_sm x num_sms
+// resident blocks best: the least modelled time (waves x (partition + block cost)),
+// the fewest partitions on a tie. max_splits: the most the caller's workspace holds.
+// pkv_attn_cuda_num_splits is this with blocks_per_sm = 2 and no workspace limit; the
+// launchers pass the launched kernel's real occupancy and their workspace's limit.
 pkv_status pkvi_attn_num_splits(const pkv_attn_shape *shape, uint32_t num_seqs,
                                 uint32_t max_context, uint32_t num_sms, uint32_t blocks_per_sm,
-                                uint32_t *num_splits);
+                                uint32_t max_splits, uint32_t *num_splits);
 
 #ifdef __cplusplus
 }

@@ -32,9 +32,20 @@ void pkvi_attn_partition(uint32_t max_context, uint32_t num_splits, uint32_t *pa
     *parts = (max_context + len - 1) / len;
 }
 
+// Modelled time of a plan, in token rows per thread block: every wave of
+// blocks_per_sm x num_sms resident blocks takes as long as one block's partition
+// (all sequences assumed max_context long, the worst case the plan must serve)
+// plus a fixed cost per block (q load, the final reduction, its share of the merge)
+// of PKVI_ATTN_BLOCK_COST token rows. A partial last wave costs a whole wave.
+static uint64_t plan_cost(uint64_t ctas, uint64_t wave, uint32_t part_len, uint32_t parts) {
+    uint64_t blocks = ctas * parts;
+    uint64_t waves = (blocks + wave - 1) / wave;
+    return waves * ((uint64_t)part_len + PKVI_ATTN_BLOCK_COST);
+}
+
 pkv_status pkvi_attn_num_splits(const pkv_attn_shape *shape, uint32_t num_seqs,
                                 uint32_t max_context, uint32_t num_sms, uint32_t blocks_per_sm,
-                                uint32_t *num_splits) {
+                                uint32_t max_splits, uint32_t *num_splits) {
     if (shape == NULL || num_splits == NULL || shape->num_kv_heads == 0 ||
         shape->num_heads == 0 || shape->num_heads % shape->num_kv_heads != 0 ||
         num_sms == 0 || blocks_per_sm == 0 || max_context == 0) {
@@ -45,30 +56,42 @@ pkv_status pkvi_attn_num_splits(const pkv_attn_shape *shape, uint32_t num_seqs,
     pkvi_attn_cuda_groups(shape, &hpc, &gpk);
     // Thread blocks without splitting: one per (sequence, kv head, head group).
     uint64_t ctas = (uint64_t)num_seqs * shape->num_kv_heads * gpk;
-    uint64_t target = (uint64_t)blocks_per_sm * num_sms; // one full wave
+    uint64_t wave = (uint64_t)blocks_per_sm * num_sms; // resident blocks of one wave
     uint32_t max_by_len = max_context / PKVI_ATTN_MIN_PARTITION;
-    if (ctas == 0 || ctas >= target || max_by_len < 2) {
-        *num_splits = 1;
+    if (max_by_len > PKVI_ATTN_MAX_SPLITS) {
+        max_by_len = PKVI_ATTN_MAX_SPLITS;
+    }
+    if (max_by_len > max_splits) {
+        max_by_len = max_splits; // what the caller's workspace holds
+    }
+    *num_splits = 1;
+    // Past 2^24 blocks (thousands of waves) a split gains nothing, and the cost
+    // products below stay under 2^63 (2^24 x 64 blocks x 2^32 rows).
+    if (ctas == 0 || ctas > (1u << 24) || max_by_len < 2) {
         return PKV_OK;
     }
-    uint64_t want = (target + ctas - 1) / ctas;
-    if (want > max_by_len) {
-        want = max_by_len;
+    // Wave-aware: the split count whose grid fills whole waves best, by the cost
+    // model above (a batch that is 1.2 waves unsplit can gain from splitting too).
+    // Ties keep the fewer partitions: less workspace, a smaller merge.
+    uint64_t best = plan_cost(ctas, wave, max_context, 1);
+    for (uint32_t want = 2; want <= max_by_len; want++) {
+        uint32_t part_len;
+        uint32_t parts;
+        pkvi_attn_partition(max_context, want, &part_len, &parts);
+        uint64_t cost = plan_cost(ctas, wave, part_len, parts);
+        if (cost < best) {
+            best = cost;
+            *num_splits = parts;
+        }
     }
-    if (want > PKVI_ATTN_MAX_SPLITS) {
-        want = PKVI_ATTN_MAX_SPLITS;
-    }
-    uint32_t part_len;
-    uint32_t parts;
-    pkvi_attn_partition(max_context, (uint32_t)want, &part_len, &parts);
-    *num_splits = parts;
     return PKV_OK;
 }
 
 pkv_status pkv_attn_cuda_num_splits(const pkv_attn_shape *shape, uint32_t num_seqs,
                                     uint32_t max_context, uint32_t num_sms,
                                     uint32_t *num_splits) {
-    return pkvi_attn_num_splits(shape, num_seqs, max_context, num_sms, 2, num_splits);
+    return pkvi_attn_num_splits(shape, num_seqs, max_context, num_sms, 2, PKVI_ATTN_MAX_SPLITS,
+                                num_splits);
 }
 
 pkv_status pkv_attn_cuda_workspace_bytes(const pkv_attn_shape *shape, uint32_t num_seqs,

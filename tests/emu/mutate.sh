@@ -5,7 +5,10 @@
 # FAILS; the unmutated copy must pass. A planted bug that passes means the
 # emulator (or the grid) cannot see that class of bug: the script then exits 1.
 # Mutants: a wrong in-block offset, a missing barrier, an off-by-one context end,
-# a wrong rescale in the split-K merge, a wrong token offset in the cache write.
+# a wrong rescale in the split-K merge, a wrong token offset in the cache write;
+# GQA head groups padded wrongly (offset, padded heads written), the caller's
+# max_context ignored, carved rows' seq_offsets ignored or a negative one used,
+# 8-bit V scales taken from K (int8 per-row, fp8 per-tensor).
 #
 # usage: tests/emu/mutate.sh BUILD_DIR   (from the repository root; BUILD_DIR is a
 #        configured and built tree: its libpagedkv.a and pkv_config.h are used)
@@ -39,15 +42,26 @@ if text.count(old) < 1:
 open(path, "w").write(text.replace(old, new, 1))
 EOF
     fi
-    for k in attn_decode attn_cache; do
+    # attn_quant.cu's mutants run the 8-bit check, every other one pkv-check.
+    if [ "$file" = attn_quant.cu ]; then
+        kernels=attn_quant check_src=tests/emu/quant_check.c
+    else
+        kernels="attn_decode attn_cache" check_src=tools/pkv_check.c
+    fi
+    objs=
+    for k in $kernels; do
         python3 "$root/tests/emu/translate.py" "$d/$k.cu" "$d/$k.emu.cc" || return 1
         $CXX -std=gnu++17 -fno-strict-aliasing -Wno-unknown-pragmas $flags -I"$d" \
             -c "$d/$k.emu.cc" -o "$d/$k.o" || return 1
+        objs="$objs $d/$k.o"
     done
-    $CXX -std=gnu++17 $flags -c "$root/tests/emu/pkvemu.cc" -o "$d/pkvemu.o" || return 1
+    for f in pkvemu pkvemu_occupancy; do
+        $CXX -std=gnu++17 $flags -c "$root/tests/emu/$f.cc" -o "$d/$f.o" || return 1
+    done
     $CC -std=c11 -D_POSIX_C_SOURCE=200809L -DPKV_CHECK_EMU $flags \
-        -c "$root/tools/pkv_check.c" -o "$d/check.o" || return 1
-    $CXX -o "$d/check" "$d/check.o" "$d/attn_decode.o" "$d/attn_cache.o" "$d/pkvemu.o" \
+        -c "$root/$check_src" -o "$d/check.o" || return 1
+    # shellcheck disable=SC2086 # $objs is a list of paths without spaces
+    $CXX -o "$d/check" "$d/check.o" $objs "$d/pkvemu.o" "$d/pkvemu_occupancy.o" \
         "$build/libpagedkv.a" -fopenmp -lm -lpthread || return 1
     timeout 600 "$d/check" --quick >"$d/log" 2>&1
 }
@@ -65,6 +79,9 @@ report() { # NAME EXPECT(pass|fail) RC
 
 mutant original attn_decode.cu "" ""
 report original pass $?
+
+mutant original_quant attn_quant.cu "" ""
+report original_quant pass $?
 
 mutant in_block_offset attn_decode.cu \
     'uint64_t in = t & ((1u << a.block_shift) - 1u);' \
@@ -91,6 +108,53 @@ mutant cache_write_offset attn_cache.cu \
     'const uint64_t base = blk * block_stride + off * token_stride;' \
     'const uint64_t base = blk * block_stride + off * token_stride + (off == 3);'
 report cache_write_offset fail $?
+
+# Issue 24: GQA group padding (a group of 12 runs as two blocks of 6 heads padded
+# to 8), the caller's max_context, carved rows' seq_offsets, 8-bit scales.
+mutant gqa_head_group_offset attn_decode.cu \
+    'const uint32_t h0 = kvh * a.group + (blockIdx.y % a.gpk) * a.hpc;' \
+    'const uint32_t h0 = kvh * a.group + (blockIdx.y % a.gpk) * G;'
+report gqa_head_group_offset fail $?
+
+mutant gqa_padded_heads_written attn_decode.cu \
+    '        if (g < (int)a.hpc) {
+#pragma unroll
+            for (int j = 0; j < NV; j++) {
+#pragma unroll
+                for (int e = 0; e < VEC; e++) {
+                    s_red' \
+    '        if (g < G) {
+#pragma unroll
+            for (int j = 0; j < NV; j++) {
+#pragma unroll
+                for (int e = 0; e < VEC; e++) {
+                    s_red'
+report gqa_padded_heads_written fail $?
+
+mutant max_context_cap attn_decode.cu \
+    'a.cap = r.max_context;' \
+    'a.cap = req.max_context;'
+report max_context_cap fail $?
+
+mutant seq_offsets_ignored attn_decode.cu \
+    'int64_t row0 = a.offsets ? a.offsets[s] : (int64_t)((uint64_t)s * a.seq_stride);' \
+    'int64_t row0 = (int64_t)((uint64_t)s * a.seq_stride);'
+report seq_offsets_ignored fail $?
+
+mutant seq_offsets_negative attn_decode.cu \
+    'if (row0 < 0 || ((uint64_t)row0 * es) % 16 != 0) {' \
+    'if (((uint64_t)row0 * es) % 16 != 0) {'
+report seq_offsets_negative fail $?
+
+mutant int8_v_scale attn_quant.cu \
+    'const float vs = int8 ? *reinterpret_cast<const float *>(vc + sc) : 1.0f;' \
+    'const float vs = int8 ? *reinterpret_cast<const float *>(kc + sc) : 1.0f;'
+report int8_v_scale fail $?
+
+mutant fp8_v_scale attn_quant.cu \
+    'const float vmul = int8 ? 1.0f : v_scale;' \
+    'const float vmul = int8 ? 1.0f : k_scale;'
+report fp8_v_scale fail $?
 
 if [ $fails -eq 0 ]; then
     echo "mutate.sh: every planted bug makes the emu suite fail"

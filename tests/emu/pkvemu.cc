@@ -126,6 +126,8 @@ struct state {
     std::map<const void *, int> dyn_smem_attr;
     cudaError_t last_error = cudaSuccess;
     uint64_t launches = 0;
+    dim3 grids[2]; // the last two launches' grids, newest first
+    const char *capturing = nullptr; // inside pkvemu_capture_begin/end: what is captured
     int mode = -1;
     int preempt = 0;
     uint64_t rng = 0x853c49e6748fea9bull;
@@ -519,6 +521,8 @@ void launch_impl(dim3 grid, dim3 block, size_t smem, const void *kernel,
     const int mode = s.mode >= 0 ? (s.mode & 3) : (int)(s.launches % 4);
     s.preempt = mode >= 2;
     s.launches++;
+    s.grids[1] = s.grids[0];
+    s.grids[0] = grid;
     const uint64_t nb = (uint64_t)grid.x * grid.y * grid.z;
     std::vector<uint64_t> order(nb);
     for (uint64_t i = 0; i < nb; i++) {
@@ -562,22 +566,24 @@ void func_set_attr(const void *kernel, int attr, int value) {
     }
 }
 
-int occupancy(const void *kernel, int block, size_t smem) {
-    (void)kernel;
-    // An H100/H200-like SM: 2048 threads, 32 blocks, 228 KiB of shared memory.
-    int by_threads = block > 0 ? 2048 / block : 0;
-    int by_smem = smem > 0 ? (int)((228u << 10) / (smem + 1024)) : 32;
-    int n = by_threads < by_smem ? by_threads : by_smem;
-    return n < 32 ? n : 32;
+// A call that a CUDA graph capture would refuse or that breaks one (allocation,
+// a copy to or from the host, a synchronization) while capturing is a failure.
+void capture_check(const char *call) {
+    if (S().capturing != nullptr) {
+        fail(__FILE__, __LINE__, "%s while capturing %s: a CUDA graph capture cannot hold it",
+             call, S().capturing);
+    }
 }
 
 } // namespace pkvemu
 
 using pkvemu::S;
+using pkvemu::capture_check;
 
 extern "C" {
 
 cudaError_t cudaMalloc(void **ptr, size_t bytes) {
+    capture_check("cudaMalloc");
     pkvemu::install_handler();
     auto &s = S();
     if (ptr == nullptr) {
@@ -607,6 +613,7 @@ cudaError_t cudaMalloc(void **ptr, size_t bytes) {
 }
 
 cudaError_t cudaFree(void *ptr) {
+    capture_check("cudaFree");
     auto &s = S();
     if (ptr == nullptr) {
         return cudaSuccess;
@@ -621,6 +628,7 @@ cudaError_t cudaFree(void *ptr) {
 }
 
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, enum cudaMemcpyKind kind) {
+    capture_check("cudaMemcpy");
     bool dst_dev = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
     bool src_dev = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
     if (bytes == 0) {
@@ -641,6 +649,7 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, enum cudaM
 }
 
 cudaError_t cudaMemset(void *dst, int value, size_t bytes) {
+    capture_check("cudaMemset");
     if (bytes && !pkvemu::device_range(dst, bytes)) {
         return cudaErrorInvalidValue;
     }
@@ -653,9 +662,13 @@ cudaError_t cudaMemsetAsync(void *dst, int value, size_t bytes, cudaStream_t str
     return cudaMemset(dst, value, bytes);
 }
 
-cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize(void) {
+    capture_check("cudaDeviceSynchronize");
+    return cudaSuccess;
+}
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
     (void)stream;
+    capture_check("cudaStreamSynchronize");
     return cudaSuccess;
 }
 
@@ -672,7 +685,7 @@ cudaError_t cudaSetDevice(int dev) { return dev == 0 ? cudaSuccess : cudaErrorIn
 int pkvemu_num_sms(void) {
     const char *e = getenv("PKVEMU_SMS");
     int n = e != nullptr ? atoi(e) : 0;
-    return n > 0 ? n : 8;
+    return n > 0 ? n : 132; // an H200's, so that split plans are the GPU's
 }
 
 cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int dev) {
@@ -740,5 +753,11 @@ const char *cudaGetErrorString(cudaError_t e) {
 
 uint64_t pkvemu_launch_count(void) { return S().launches; }
 void pkvemu_set_mode(int mode) { S().mode = mode; }
+void pkvemu_capture_begin(const char *what) { S().capturing = what; }
+void pkvemu_capture_end(void) { S().capturing = nullptr; }
+void pkvemu_launch_grid(int back, unsigned grid[3]) {
+    const dim3 g = S().grids[back == 0 ? 0 : 1];
+    grid[0] = g.x, grid[1] = g.y, grid[2] = g.z;
+}
 
 } // extern "C"

@@ -112,7 +112,16 @@ const char *cudaGetErrorString(cudaError_t e);
 // launches (-1 = rotate through all modes, the default; env PKVEMU_MODE sets it).
 uint64_t pkvemu_launch_count(void);
 void pkvemu_set_mode(int mode);
-// SM count that cudaDeviceGetAttribute reports (env PKVEMU_SMS, default 8).
+// The grid of the last launch (back = 0) or of the one before it (back = 1):
+// the tests read the split plan a call chose from the decode kernel's grid.
+void pkvemu_launch_grid(int back, unsigned grid[3]);
+// Between these, a call that a CUDA graph capture cannot hold (cudaMalloc,
+// cudaFree, cudaMemcpy[Async], cudaMemset[Async], a device or stream
+// synchronization) is reported with `what` and the process exits 1: the tests
+// check that the calls documented as capture-safe are.
+void pkvemu_capture_begin(const char *what);
+void pkvemu_capture_end(void);
+// SM count that cudaDeviceGetAttribute reports (env PKVEMU_SMS, default 132: an H200).
 int pkvemu_num_sms(void);
 
 #ifdef __cplusplus
@@ -240,7 +249,10 @@ void check_load(const void *p, size_t bytes, size_t align, const char *file, int
 void launch_impl(dim3 grid, dim3 block, size_t smem, const void *kernel,
                  const std::function<void()> &body);
 void func_set_attr(const void *kernel, int attr, int value);
+// Resident blocks per SM of `kernel` on an H200, from its ptxas figures
+// (pkvemu_occupancy.cc); occupancy_of is the arithmetic on given figures.
 int occupancy(const void *kernel, int block, size_t smem);
+int occupancy_of(int regs, size_t static_smem, int block, size_t dyn_smem);
 
 template <typename T> inline uint64_t bits_of(T v) {
     static_assert(sizeof(T) <= 8, "shuffle of more than 8 bytes");
