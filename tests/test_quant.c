@@ -589,6 +589,36 @@ Test(quant, contig_equals_paged) {
     }
 }
 
+// The block size changes only the rows' addresses, never the sums: block 5 (seven
+// block boundaries inside each 32-token tile, scales read per block) and one block
+// per sequence give bit-identical outputs. head_dim 40 takes the 16-byte widening
+// steps and the 8-byte tail, 13 the scalar tail.
+Test(quant, block_size_does_not_change_output) {
+    const int32_t lens[2] = {77, 40};
+    const uint32_t dims[2] = {40, 13};
+    for (int i = 0; i < 3; i++) {
+        for (int di = 0; di < 2; di++) {
+            const uint32_t H = 4, KVH = 2, D = dims[di];
+            float *o[2];
+            for (int b = 0; b < 2; b++) {
+                qcase c;
+                rng_state = 0x243f6a8885a308d3ull; // same K/V and q for both block sizes
+                qcase_make(&c, qtypes[i], PKV_DTYPE_F32, H, KVH, D, b ? 80 : 5, 2, lens,
+                           PKV_LAYOUT_HND, 1);
+                pkv_attn_paged_kv kv = paged_of(&c);
+                o[b] = calloc(2 * H * D, sizeof(float));
+                cr_assert_eq(pkv_attn_decode_paged_quant_cpu(&c.sh, &c.qz, 2, c.q, &kv, o[b]),
+                             PKV_OK);
+                qcase_free(&c);
+            }
+            cr_assert_eq(memcmp(o[0], o[1], 2 * H * D * sizeof(float)), 0, "%s head_dim %u",
+                         pkv_dtype_name(qtypes[i]), D);
+            free(o[0]);
+            free(o[1]);
+        }
+    }
+}
+
 // Prefill: every token of each sequence is a query row over its causal prefix.
 Test(quant, prefill_vs_reference) {
     for (int i = 0; i < 3; i++) {
