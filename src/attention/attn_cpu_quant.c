@@ -111,30 +111,56 @@ QAVX2 QINLINE __m256 load8(const uint8_t *p, int kind) {
 // Sixteen stored bytes widened to two groups of eight fp32 lanes: one 16-byte
 // load, and the fp8 bit twiddling done once on sixteen 16-bit lanes instead of
 // twice on eight (what the decode of a row costs is what limits e4m3 when the
-// rows stream from memory at two threads).
-QAVX2 QINLINE void load16(const uint8_t *p, int kind, __m256 *lo, __m256 *hi) {
-    __m128i b = _mm_loadu_si128((const __m128i *)(const void *)p);
-    if (kind == KIND_INT8) {
-        *lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
-        *hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8)));
+// rows stream from memory at two threads). e4m3's NaN code (S.1111.111) is not
+// fixed up per element here: it widens to a finite +-1.875 * 2^-8, and *nan
+// collects max(byte | 0x80), which is 0xff iff a NaN code went by (two
+// operations per sixteen bytes instead of four per eight); the caller then
+// puts the NaNs back (e4m3_nan_seen, nan_fix). Rows without NaN, the only ones
+// a cache write produces from finite input, cost nothing more.
+QAVX2 QINLINE void load16(const uint8_t *p, int kind, __m256 *lo, __m256 *hi, __m128i *nan) {
+    if (kind == KIND_INT8) { // vpmovsxbd from memory: no shuffle to split a 16-byte load
+        *lo = load8(p, KIND_INT8);
+        *hi = load8(p + 8, KIND_INT8);
         return;
     }
+    __m128i b = _mm_loadu_si128((const __m128i *)(const void *)p);
     if (kind == KIND_E5M2) { // the byte is the high half of an fp16
         const __m128i z = _mm_setzero_si128();
         *lo = _mm256_cvtph_ps(_mm_unpacklo_epi8(z, b));
         *hi = _mm256_cvtph_ps(_mm_unpackhi_epi8(z, b));
         return;
     }
-    // e4m3 as in load8, on all sixteen lanes at once.
+    *nan = _mm_max_epu8(*nan, _mm_or_si128(b, _mm_set1_epi8((char)0x80)));
+    // s.eeee.mmm -> s.0.eeee.mmm.0000000, as in load8, on all sixteen lanes.
     __m256i x = _mm256_slli_epi16(_mm256_cvtepu8_epi16(b), 8);
     __m256i h = _mm256_and_si256(_mm256_srai_epi16(x, 1), _mm256_set1_epi16(-16385));
-    __m256i nan = _mm256_and_si256(
-        _mm256_cmpeq_epi16(_mm256_and_si256(h, _mm256_set1_epi16(0x7fff)),
-                           _mm256_set1_epi16(0x3f80)),
-        _mm256_set1_epi16(0x7e00));
-    h = _mm256_or_si256(h, nan);
     *lo = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
     *hi = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
+}
+
+// Whether load16 saw an e4m3 NaN code (see there).
+QAVX2 QINLINE int e4m3_nan_seen(__m128i nan) {
+    return _mm_movemask_epi8(_mm_cmpeq_epi8(nan, _mm_set1_epi8(-1))) != 0;
+}
+
+// Puts back the NaNs load16 widened as finite numbers: y[i] = NaN wherever
+// x[i] (i < n) is an e4m3 NaN code, as an exact widening would have made it (a
+// NaN term makes a NaN sum whatever its weight).
+static void nan_fix(const uint8_t *x, uint32_t n, float *y) {
+    for (uint32_t i = 0; i < n; i++) {
+        if ((x[i] & 0x7fu) == 0x7fu) {
+            y[i] = NAN;
+        }
+    }
+}
+
+static int has_nan_code(const uint8_t *x, uint32_t n) {
+    for (uint32_t i = 0; i < n; i++) {
+        if ((x[i] & 0x7fu) == 0x7fu) {
+            return 1;
+        }
+    }
+    return 0;
 }
 
 QAVX2 QINLINE float hsum(__m256 v) {
@@ -151,18 +177,19 @@ QAVX2 QINLINE void dot4_k(const float *q, const uint8_t *const *k, uint32_t n, i
     __m256 a1 = a0;
     __m256 a2 = a0;
     __m256 a3 = a0;
+    __m128i nan = _mm_setzero_si128();
     uint32_t i = 0;
     for (; i + 16 <= n; i += 16) { // the same order of sums as eight at a time
         const __m256 x0 = _mm256_loadu_ps(q + i);
         const __m256 x1 = _mm256_loadu_ps(q + i + 8);
         __m256 lo, hi;
-        load16(k[0] + i, kind, &lo, &hi);
+        load16(k[0] + i, kind, &lo, &hi, &nan);
         a0 = _mm256_fmadd_ps(x1, hi, _mm256_fmadd_ps(x0, lo, a0));
-        load16(k[1] + i, kind, &lo, &hi);
+        load16(k[1] + i, kind, &lo, &hi, &nan);
         a1 = _mm256_fmadd_ps(x1, hi, _mm256_fmadd_ps(x0, lo, a1));
-        load16(k[2] + i, kind, &lo, &hi);
+        load16(k[2] + i, kind, &lo, &hi, &nan);
         a2 = _mm256_fmadd_ps(x1, hi, _mm256_fmadd_ps(x0, lo, a2));
-        load16(k[3] + i, kind, &lo, &hi);
+        load16(k[3] + i, kind, &lo, &hi, &nan);
         a3 = _mm256_fmadd_ps(x1, hi, _mm256_fmadd_ps(x0, lo, a3));
     }
     for (; i + 8 <= n; i += 8) {
@@ -176,9 +203,15 @@ QAVX2 QINLINE void dot4_k(const float *q, const uint8_t *const *k, uint32_t n, i
     out[1] = hsum(a1);
     out[2] = hsum(a2);
     out[3] = hsum(a3);
+    const uint32_t n16 = i - i % 16;
     for (; i < n; i++) {
         for (uint32_t r = 0; r < 4; r++) {
             out[r] += q[i] * raw1(k[r][i], kind);
+        }
+    }
+    if (kind == KIND_E4M3 && e4m3_nan_seen(nan)) {
+        for (uint32_t r = 0; r < 4; r++) {
+            out[r] = has_nan_code(k[r], n16) ? NAN : out[r];
         }
     }
 }
@@ -190,25 +223,31 @@ QAVX2 QINLINE void axpy4_k(float *y, const float *p, const uint8_t *const *x, ui
     const __m256 p1 = _mm256_set1_ps(p[1]);
     const __m256 p2 = _mm256_set1_ps(p[2]);
     const __m256 p3 = _mm256_set1_ps(p[3]);
+    __m128i nan = _mm_setzero_si128();
     uint32_t i = 0;
     for (; i + 16 <= n; i += 16) {
         __m256 a = _mm256_loadu_ps(y + i);
         __m256 b = _mm256_loadu_ps(y + i + 8);
         __m256 lo, hi;
-        load16(x[0] + i, kind, &lo, &hi);
+        load16(x[0] + i, kind, &lo, &hi, &nan);
         a = _mm256_fmadd_ps(p0, lo, a);
         b = _mm256_fmadd_ps(p0, hi, b);
-        load16(x[1] + i, kind, &lo, &hi);
+        load16(x[1] + i, kind, &lo, &hi, &nan);
         a = _mm256_fmadd_ps(p1, lo, a);
         b = _mm256_fmadd_ps(p1, hi, b);
-        load16(x[2] + i, kind, &lo, &hi);
+        load16(x[2] + i, kind, &lo, &hi, &nan);
         a = _mm256_fmadd_ps(p2, lo, a);
         b = _mm256_fmadd_ps(p2, hi, b);
-        load16(x[3] + i, kind, &lo, &hi);
+        load16(x[3] + i, kind, &lo, &hi, &nan);
         a = _mm256_fmadd_ps(p3, lo, a);
         b = _mm256_fmadd_ps(p3, hi, b);
         _mm256_storeu_ps(y + i, a);
         _mm256_storeu_ps(y + i + 8, b);
+    }
+    if (kind == KIND_E4M3 && e4m3_nan_seen(nan)) {
+        for (uint32_t r = 0; r < 4; r++) {
+            nan_fix(x[r], i, y);
+        }
     }
     for (; i + 8 <= n; i += 8) {
         __m256 a = _mm256_loadu_ps(y + i);
@@ -229,12 +268,16 @@ QAVX2 QINLINE void axpy4_k(float *y, const float *p, const uint8_t *const *x, ui
 // query heads the rows are then read from L1 by each head instead of widened again.
 QAVX2 QINLINE void widen4_k(const uint8_t *const *x, uint32_t n, int kind, float *dst) {
     for (uint32_t r = 0; r < 4; r++) {
+        __m128i nan = _mm_setzero_si128();
         uint32_t i = 0;
         for (; i + 16 <= n; i += 16) {
             __m256 lo, hi;
-            load16(x[r] + i, kind, &lo, &hi);
+            load16(x[r] + i, kind, &lo, &hi, &nan);
             _mm256_storeu_ps(dst + (size_t)r * n + i, lo);
             _mm256_storeu_ps(dst + (size_t)r * n + i + 8, hi);
+        }
+        if (kind == KIND_E4M3 && e4m3_nan_seen(nan)) {
+            nan_fix(x[r], i, dst + (size_t)r * n);
         }
         for (; i + 8 <= n; i += 8) {
             _mm256_storeu_ps(dst + (size_t)r * n + i, load8(x[r] + i, kind));
