@@ -589,6 +589,77 @@ Test(quant, contig_equals_paged) {
     }
 }
 
+// The block size changes only the rows' addresses, never the sums: block 5 (seven
+// block boundaries inside each 32-token tile, scales read per block) and one block
+// per sequence give bit-identical outputs. head_dim 40 takes the 16-byte widening
+// steps and the 8-byte tail, 13 the scalar tail.
+Test(quant, block_size_does_not_change_output) {
+    const int32_t lens[2] = {77, 40};
+    const uint32_t dims[2] = {40, 13};
+    for (int i = 0; i < 3; i++) {
+        for (int di = 0; di < 2; di++) {
+            const uint32_t H = 4, KVH = 2, D = dims[di];
+            float *o[2];
+            for (int b = 0; b < 2; b++) {
+                qcase c;
+                rng_state = 0x243f6a8885a308d3ull; // same K/V and q for both block sizes
+                qcase_make(&c, qtypes[i], PKV_DTYPE_F32, H, KVH, D, b ? 80 : 5, 2, lens,
+                           PKV_LAYOUT_HND, 1);
+                pkv_attn_paged_kv kv = paged_of(&c);
+                o[b] = calloc(2 * H * D, sizeof(float));
+                cr_assert_eq(pkv_attn_decode_paged_quant_cpu(&c.sh, &c.qz, 2, c.q, &kv, o[b]),
+                             PKV_OK);
+                qcase_free(&c);
+            }
+            cr_assert_eq(memcmp(o[0], o[1], 2 * H * D * sizeof(float)), 0, "%s head_dim %u",
+                         pkv_dtype_name(qtypes[i]), D);
+            free(o[0]);
+            free(o[1]);
+        }
+    }
+}
+
+// A stored e4m3 NaN code (S.1111.111) reads as NaN wherever it sits: in the
+// sixteen-byte steps (whose widening leaves NaN to a per-row fix-up) and in the
+// tail. A NaN in a K row makes that head's scores, hence its whole output, NaN;
+// a NaN in a V row makes only its own channel NaN. MHA (fused loads) and GQA
+// (rows widened once per group) both.
+Test(quant, e4m3_nan_codes_read_as_nan) {
+    const int32_t lens[1] = {37};
+    const uint32_t kvhs[2] = {2, 1};
+    const uint32_t dims[3] = {5, 16 + 3, 40 - 1}; // a channel in a 16-byte step, the tail
+    for (int g = 0; g < 2; g++) {
+        for (int v = 0; v < 2; v++) {
+            for (int di = 0; di < 3; di++) {
+                const uint32_t H = 2, KVH = kvhs[g], D = 40, bs = 16;
+                qcase c;
+                qcase_make(&c, PKV_DTYPE_FP8_E4M3, PKV_DTYPE_F32, H, KVH, D, bs, 1, lens,
+                           PKV_LAYOUT_HND, 0);
+                const uint32_t t = 20, h = 0;
+                uint8_t *base = (uint8_t *)pkv_cache_data(c.cache) + (v ? c.g.kv_stride : 0);
+                base[(size_t)c.tables[t / bs] * c.g.block_stride + h * c.g.head_stride +
+                     (t % bs) * c.g.token_stride + dims[di]] = (di & 1) ? 0xff : 0x7f;
+                pkv_attn_paged_kv kv = paged_of(&c);
+                float *o = calloc(H * D, sizeof(float));
+                cr_assert_eq(pkv_attn_decode_paged_quant_cpu(&c.sh, &c.qz, 1, c.q, &kv, o),
+                             PKV_OK);
+                // Query heads reading kv head 0: all of them under GQA, head 0 under MHA.
+                const uint32_t readers = KVH == 1 ? H : 1;
+                for (uint32_t q = 0; q < H; q++) {
+                    for (uint32_t d = 0; d < D; d++) {
+                        const int want = q < readers && (!v || d == dims[di]);
+                        cr_assert_eq(isnan(o[q * D + d]) != 0, want,
+                                     "%s NaN at channel %u, kv heads %u: out[%u][%u] = %g",
+                                     v ? "V" : "K", dims[di], KVH, q, d, o[q * D + d]);
+                    }
+                }
+                free(o);
+                qcase_free(&c);
+            }
+        }
+    }
+}
+
 // Prefill: every token of each sequence is a query row over its causal prefix.
 Test(quant, prefill_vs_reference) {
     for (int i = 0; i < 3; i++) {

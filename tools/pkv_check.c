@@ -47,6 +47,8 @@ static void usage(FILE *f) {
             "  --quick      shorter contexts (a smaller grid, for sanitizers)\n"
             "  --only G     run group G only: decode, splitk, prefill, write, copy, bad,\n"
             "               errors, decoder (may be repeated)\n"
+            "  --max-cases N  run only the first N decode / split-K / prefill cases\n"
+            "               (a racecheck of one split-K case: --only splitk --max-cases 1)\n"
             "  --json       one JSON object on stdout\n"
             "  --verbose    one line per case\n"
             "  --help       this text\n"
@@ -65,6 +67,8 @@ typedef struct group {
 typedef struct ctx {
     int quick;
     int verbose;
+    unsigned max_cases; // 0: no limit; else run_case runs only the first max_cases
+    unsigned ran;
     group *g;
     uint64_t rng;
 } ctx;
@@ -178,6 +182,10 @@ static double compare(pkv_dtype dt, const void *cpu, const void *gpu, size_t n, 
 static void run_case(ctx *c, pkv_dtype dt, uint32_t heads, uint32_t kvh, uint32_t dim,
                      uint32_t bs, uint32_t nseq, const int32_t *lens, uint32_t splits,
                      int prefill) {
+    if (c->max_cases != 0 && c->ran >= c->max_cases) {
+        return; // --max-cases: a sanitizer run on the first cases only
+    }
+    c->ran++;
     const size_t es = pkv_dtype_size(dt);
     uint32_t max_blocks = 1;
     uint32_t total = 0;
@@ -695,7 +703,7 @@ static void group_decoder(ctx *c) {
 #endif // HAVE_DEVICE_CODE
 
 int main(int argc, char **argv) {
-    ctx c = {0, 0, NULL, 0x1234567887654321ull};
+    ctx c = {0, 0, 0, 0, NULL, 0x1234567887654321ull};
     int json = 0;
     const char *only[8];
     int nonly = 0;
@@ -710,6 +718,15 @@ int main(int argc, char **argv) {
             json = 1;
         } else if (strcmp(a, "--verbose") == 0) {
             c.verbose = 1;
+        } else if (strcmp(a, "--max-cases") == 0 && i + 1 < argc) {
+            char *end;
+            unsigned long n = strtoul(argv[++i], &end, 10);
+            if (*argv[i] == '\0' || *end != '\0' || n == 0 || n > 1000000) {
+                fprintf(stderr, "pkv-check: --max-cases: '%s' is not a count of 1..1000000\n",
+                        argv[i]);
+                return 2;
+            }
+            c.max_cases = (unsigned)n;
         } else if (strcmp(a, "--only") == 0 && i + 1 < argc && nonly < 8) {
             only[nonly++] = argv[++i];
         } else {

@@ -108,6 +108,61 @@ QAVX2 QINLINE __m256 load8(const uint8_t *p, int kind) {
     return _mm256_cvtph_ps(_mm_or_si128(h, nan));
 }
 
+// Sixteen stored bytes widened to two groups of eight fp32 lanes: one 16-byte
+// load, and the fp8 bit twiddling done once on sixteen 16-bit lanes instead of
+// twice on eight (what the decode of a row costs is what limits e4m3 when the
+// rows stream from memory at two threads). e4m3's NaN code (S.1111.111) is not
+// fixed up per element here: it widens to a finite +-1.875 * 2^-8, and *nan
+// collects max(byte | 0x80), which is 0xff iff a NaN code went by (two
+// operations per sixteen bytes instead of four per eight); the caller then
+// puts the NaNs back (e4m3_nan_seen, nan_fix). Rows without NaN, the only ones
+// a cache write produces from finite input, cost nothing more.
+QAVX2 QINLINE void load16(const uint8_t *p, int kind, __m256 *lo, __m256 *hi, __m128i *nan) {
+    if (kind == KIND_INT8) { // vpmovsxbd from memory: no shuffle to split a 16-byte load
+        *lo = load8(p, KIND_INT8);
+        *hi = load8(p + 8, KIND_INT8);
+        return;
+    }
+    __m128i b = _mm_loadu_si128((const __m128i *)(const void *)p);
+    if (kind == KIND_E5M2) { // the byte is the high half of an fp16
+        const __m128i z = _mm_setzero_si128();
+        *lo = _mm256_cvtph_ps(_mm_unpacklo_epi8(z, b));
+        *hi = _mm256_cvtph_ps(_mm_unpackhi_epi8(z, b));
+        return;
+    }
+    *nan = _mm_max_epu8(*nan, _mm_or_si128(b, _mm_set1_epi8((char)0x80)));
+    // s.eeee.mmm -> s.0.eeee.mmm.0000000, as in load8, on all sixteen lanes.
+    __m256i x = _mm256_slli_epi16(_mm256_cvtepu8_epi16(b), 8);
+    __m256i h = _mm256_and_si256(_mm256_srai_epi16(x, 1), _mm256_set1_epi16(-16385));
+    *lo = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
+    *hi = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
+}
+
+// Whether load16 saw an e4m3 NaN code (see there).
+QAVX2 QINLINE int e4m3_nan_seen(__m128i nan) {
+    return _mm_movemask_epi8(_mm_cmpeq_epi8(nan, _mm_set1_epi8(-1))) != 0;
+}
+
+// Puts back the NaNs load16 widened as finite numbers: y[i] = NaN wherever
+// x[i] (i < n) is an e4m3 NaN code, as an exact widening would have made it (a
+// NaN term makes a NaN sum whatever its weight).
+static void nan_fix(const uint8_t *x, uint32_t n, float *y) {
+    for (uint32_t i = 0; i < n; i++) {
+        if ((x[i] & 0x7fu) == 0x7fu) {
+            y[i] = NAN;
+        }
+    }
+}
+
+static int has_nan_code(const uint8_t *x, uint32_t n) {
+    for (uint32_t i = 0; i < n; i++) {
+        if ((x[i] & 0x7fu) == 0x7fu) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
 QAVX2 QINLINE float hsum(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -122,7 +177,21 @@ QAVX2 QINLINE void dot4_k(const float *q, const uint8_t *const *k, uint32_t n, i
     __m256 a1 = a0;
     __m256 a2 = a0;
     __m256 a3 = a0;
+    __m128i nan = _mm_setzero_si128();
     uint32_t i = 0;
+    for (; i + 16 <= n; i += 16) { // the same order of sums as eight at a time
+        const __m256 x0 = _mm256_loadu_ps(q + i);
+        const __m256 x1 = _mm256_loadu_ps(q + i + 8);
+        __m256 lo, hi;
+        load16(k[0] + i, kind, &lo, &hi, &nan);
+        a0 = _mm256_fmadd_ps(x1, hi, _mm256_fmadd_ps(x0, lo, a0));
+        load16(k[1] + i, kind, &lo, &hi, &nan);
+        a1 = _mm256_fmadd_ps(x1, hi, _mm256_fmadd_ps(x0, lo, a1));
+        load16(k[2] + i, kind, &lo, &hi, &nan);
+        a2 = _mm256_fmadd_ps(x1, hi, _mm256_fmadd_ps(x0, lo, a2));
+        load16(k[3] + i, kind, &lo, &hi, &nan);
+        a3 = _mm256_fmadd_ps(x1, hi, _mm256_fmadd_ps(x0, lo, a3));
+    }
     for (; i + 8 <= n; i += 8) {
         __m256 x = _mm256_loadu_ps(q + i);
         a0 = _mm256_fmadd_ps(x, load8(k[0] + i, kind), a0);
@@ -134,9 +203,15 @@ QAVX2 QINLINE void dot4_k(const float *q, const uint8_t *const *k, uint32_t n, i
     out[1] = hsum(a1);
     out[2] = hsum(a2);
     out[3] = hsum(a3);
+    const uint32_t n16 = i - i % 16;
     for (; i < n; i++) {
         for (uint32_t r = 0; r < 4; r++) {
             out[r] += q[i] * raw1(k[r][i], kind);
+        }
+    }
+    if (kind == KIND_E4M3 && e4m3_nan_seen(nan)) {
+        for (uint32_t r = 0; r < 4; r++) {
+            out[r] = has_nan_code(k[r], n16) ? NAN : out[r];
         }
     }
 }
@@ -148,7 +223,32 @@ QAVX2 QINLINE void axpy4_k(float *y, const float *p, const uint8_t *const *x, ui
     const __m256 p1 = _mm256_set1_ps(p[1]);
     const __m256 p2 = _mm256_set1_ps(p[2]);
     const __m256 p3 = _mm256_set1_ps(p[3]);
+    __m128i nan = _mm_setzero_si128();
     uint32_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256 a = _mm256_loadu_ps(y + i);
+        __m256 b = _mm256_loadu_ps(y + i + 8);
+        __m256 lo, hi;
+        load16(x[0] + i, kind, &lo, &hi, &nan);
+        a = _mm256_fmadd_ps(p0, lo, a);
+        b = _mm256_fmadd_ps(p0, hi, b);
+        load16(x[1] + i, kind, &lo, &hi, &nan);
+        a = _mm256_fmadd_ps(p1, lo, a);
+        b = _mm256_fmadd_ps(p1, hi, b);
+        load16(x[2] + i, kind, &lo, &hi, &nan);
+        a = _mm256_fmadd_ps(p2, lo, a);
+        b = _mm256_fmadd_ps(p2, hi, b);
+        load16(x[3] + i, kind, &lo, &hi, &nan);
+        a = _mm256_fmadd_ps(p3, lo, a);
+        b = _mm256_fmadd_ps(p3, hi, b);
+        _mm256_storeu_ps(y + i, a);
+        _mm256_storeu_ps(y + i + 8, b);
+    }
+    if (kind == KIND_E4M3 && e4m3_nan_seen(nan)) {
+        for (uint32_t r = 0; r < 4; r++) {
+            nan_fix(x[r], i, y);
+        }
+    }
     for (; i + 8 <= n; i += 8) {
         __m256 a = _mm256_loadu_ps(y + i);
         a = _mm256_fmadd_ps(p0, load8(x[0] + i, kind), a);
@@ -168,7 +268,17 @@ QAVX2 QINLINE void axpy4_k(float *y, const float *p, const uint8_t *const *x, ui
 // query heads the rows are then read from L1 by each head instead of widened again.
 QAVX2 QINLINE void widen4_k(const uint8_t *const *x, uint32_t n, int kind, float *dst) {
     for (uint32_t r = 0; r < 4; r++) {
+        __m128i nan = _mm_setzero_si128();
         uint32_t i = 0;
+        for (; i + 16 <= n; i += 16) {
+            __m256 lo, hi;
+            load16(x[r] + i, kind, &lo, &hi, &nan);
+            _mm256_storeu_ps(dst + (size_t)r * n + i, lo);
+            _mm256_storeu_ps(dst + (size_t)r * n + i + 8, hi);
+        }
+        if (kind == KIND_E4M3 && e4m3_nan_seen(nan)) {
+            nan_fix(x[r], i, dst + (size_t)r * n);
+        }
         for (; i + 8 <= n; i += 8) {
             _mm256_storeu_ps(dst + (size_t)r * n + i, load8(x[r] + i, kind));
         }
@@ -320,30 +430,61 @@ static inline float load_scale(const uint8_t *p) {
     return f;
 }
 
-// Row addresses (and int8 scales) of tokens t0..t0+n-1.
+// Row addresses (and int8 scales) of tokens t0..t0+n-1. The paged table is
+// walked one block span at a time, as attn_cpu.c's row_addrs does: one table read
+// and no division per block rather than per token, so the paged path costs the
+// contiguous one's address arithmetic plus one step per block boundary.
 static void rows_of(const qview *qv, uint32_t t0, uint32_t n, const uint8_t **kr,
                     const uint8_t **vr, float *ks, float *vs) {
-    for (uint32_t i = 0; i < n; i++) {
-        uint32_t t = t0 + i;
-        size_t row;
-        size_t sc;
-        if (qv->table == NULL) {
-            row = (size_t)t * qv->token_stride;
-            sc = (size_t)t * qv->scale_token;
-        } else {
-            // Block ids are int32; widen before multiplying by the byte stride.
-            size_t base = (size_t)qv->table[t / qv->block_size] * qv->block_stride;
-            uint32_t in = t % qv->block_size;
-            row = base + (size_t)in * qv->token_stride;
-            sc = base + (size_t)in * qv->scale_token;
+    const uint32_t bs = qv->table ? qv->block_size : UINT32_MAX;
+    uint32_t blk = qv->table ? t0 / bs : 0;
+    uint32_t in = qv->table ? t0 % bs : t0;
+    for (uint32_t i = 0; i < n;) {
+        // Block ids are int32; widen before multiplying by the byte stride.
+        const size_t base = qv->table ? (size_t)qv->table[blk] * qv->block_stride : 0;
+        const uint32_t span = bs - in < n - i ? bs - in : n - i;
+        const uint8_t *k = qv->k + base + (size_t)in * qv->token_stride;
+        const uint8_t *v = qv->v + base + (size_t)in * qv->token_stride;
+        for (uint32_t j = 0; j < span; j++) {
+            kr[i + j] = k + (size_t)j * qv->token_stride;
+            vr[i + j] = v + (size_t)j * qv->token_stride;
         }
-        kr[i] = qv->k + row;
-        vr[i] = qv->v + row;
         if (ks != NULL) {
-            ks[i] = qv->int8 ? load_scale(qv->ks + sc) : 1.0f;
-            vs[i] = qv->int8 ? load_scale(qv->vs + sc) : 1.0f;
+            const size_t sc = base + (size_t)in * qv->scale_token;
+            for (uint32_t j = 0; j < span; j++) {
+                const size_t o = sc + (size_t)j * qv->scale_token;
+                ks[i + j] = qv->int8 ? load_scale(qv->ks + o) : 1.0f;
+                vs[i + j] = qv->int8 ? load_scale(qv->vs + o) : 1.0f;
+            }
         }
+        i += span;
+        in = 0;
+        blk++;
     }
+}
+
+// Prefetch the int8 scales of tokens t0..t0+n-1: a 64-byte line holds 16 of a
+// head's 4-byte scales, and paged scales sit at the end of each block, where no
+// hardware stream prefetcher follows them (fp8 has none).
+static void prefetch_scales(const qview *qv, uint32_t t0, uint32_t n) {
+#if defined(__GNUC__)
+    if (!qv->int8) {
+        return;
+    }
+    for (uint32_t t = t0; t < t0 + n; t += 16) {
+        size_t o = (size_t)t * qv->scale_token;
+        if (qv->table != NULL) {
+            o = (size_t)qv->table[t / qv->block_size] * qv->block_stride +
+                (size_t)(t % qv->block_size) * qv->scale_token;
+        }
+        __builtin_prefetch(qv->ks + o, 0, 3);
+        __builtin_prefetch(qv->vs + o, 0, 3);
+    }
+#else
+    (void)qv;
+    (void)t0;
+    (void)n;
+#endif
 }
 
 #if QX86 // used by the AVX2 loops only
@@ -394,6 +535,7 @@ static void attend_q(const pkv_attn_shape *shape, const pkv_attn_kv_quant *qz, c
         if (tp < len) {
             nn = len - tp < TILE_T ? len - tp : TILE_T;
             rows_of(qv, tp, nn, kn, vn, NULL, NULL);
+            prefetch_scales(qv, tp, nn);
         }
         uint32_t i = 0;
 #if QX86
