@@ -46,6 +46,7 @@ static pkv_replay_params params(pkv_policy policy, pkv_replay_mode mode, uint64_
     p.prefix_sharing = 0; // run mode computes every prompt
     p.run_threads = 2;
     p.validate = 1;
+    p.device_mem = PKV_DEVICE_MEM_ARENA; // run mode places extents in an arena: sim alike
     return p;
 }
 

@@ -54,7 +54,12 @@ static void usage(FILE *f) {
         "  --vmm-page SIZE     vmm: physical page per layer K or V buffer, a multiple of 4K\n"
         "                      (default 2M as vAttention; 64K models its smaller pages)\n"
         "  --vmm-map-ahead     vmm: map the next page one step ahead, overlapping the step\n"
-        "  --vmm-defer-reclaim vmm: keep a finished request's pages mapped for the next one\n",
+        "  --vmm-defer-reclaim vmm: keep a finished request's pages mapped for the next one\n"
+        "  --device-mem M      sim, malloc-per-request and realloc-copy: cuda (default: 2 MiB\n"
+        "                      pages, no external fragmentation), arena (first-fit in one\n"
+        "                      range) or torch-caching (PyTorch's caching allocator)\n"
+        "  --copy-overlap      sim: device copies on a second stream during the linear layers\n"
+        "                      (default: serialized before the attention that reads them)\n",
         f);
     // Two literals: one would pass the 4095 characters ISO C asks compilers to support.
     fputs(
@@ -382,6 +387,12 @@ int main(int argc, char **argv) {
             prm.vmm_map_ahead = 1;
         } else if (!strcmp(a, "--vmm-defer-reclaim")) {
             prm.vmm_defer_reclaim = 1;
+        } else if (!strcmp(a, "--device-mem")) {
+            NEED();
+            if (pkv_device_mem_from_name(v, &prm.device_mem) != PKV_OK)
+                BAD("--device-mem must be cuda, arena or torch-caching, got '%s'", v);
+        } else if (!strcmp(a, "--copy-overlap")) {
+            prm.copy_overlap = 1;
         } else if (!strcmp(a, "--mode")) {
             NEED();
             if (!strcmp(v, "sim")) prm.mode = PKV_REPLAY_SIM;

@@ -80,6 +80,28 @@ typedef enum pkv_batching {
 
 const char *pkv_batching_name(pkv_batching batching); // "continuous" / "static"
 
+// How device memory serves the per-allocation policies (malloc-per-request and
+// realloc-copy) in sim mode; sources in docs/POLICIES.md, "Device memory models".
+// The contiguous-* policies always place extents in one arena they carve from the
+// budget, and run mode always places in an arena (its layout is real).
+typedef enum pkv_device_mem {
+    PKV_DEVICE_MEM_DEFAULT = 0, // cuda
+    PKV_DEVICE_MEM_CUDA = 1,    // cudaMalloc: 2 MiB physical pages mapped into a virtual
+                                // range: each allocation rounded up to 2 MiB, no
+                                // external fragmentation beyond that granule
+    PKV_DEVICE_MEM_ARENA = 2,   // first-fit in one preallocated range (a contiguous
+                                // allocator inside an engine's reserved pool)
+    PKV_DEVICE_MEM_TORCH_CACHING = 3, // PyTorch's CUDA caching allocator (torch.cat
+                                // in a Hugging Face loop): 512-byte rounding, small
+                                // and large pools, best-fit over cached blocks,
+                                // splitting, cudaMalloc only when no cached block fits
+} pkv_device_mem;
+
+// "cuda" (also for DEFAULT), "arena", "torch-caching"; "unknown" for a bad value.
+const char *pkv_device_mem_name(pkv_device_mem mem);
+// PKV_ERR_NOT_FOUND for an unknown name.
+pkv_status pkv_device_mem_from_name(const char *name, pkv_device_mem *mem);
+
 // Cost of one backend call of `bytes`: base_s + per_byte_s x bytes seconds.
 // sync = 1: the call synchronizes the device (cudaFree, and cudaMalloc when it
 // must), so its time adds to the step's; sync = 0: it overlaps the step's device
@@ -261,6 +283,12 @@ typedef struct pkv_replay_params {
     pkv_alloc_model alloc_model;
     uint64_t swap_space_bytes;     // host pool for PKV_PREEMPT_SWAP, default 4 GiB (vLLM)
     pkv_batching batching;         // default continuous
+    pkv_device_mem device_mem;     // sim, malloc-per-request and realloc-copy: the device
+                                   // allocator model; default PKV_DEVICE_MEM_DEFAULT (cuda)
+    int copy_overlap;              // sim: device copies run on a second stream during the
+                                   // step's linear layers, sharing their HBM bandwidth
+                                   // (docs/POLICIES.md, "Step time"); default 0: each
+                                   // copy is serialized device work before the attention
     uint32_t chunked_prefill;      // 0 (default): off; else prefill + decode tokens per
                                    // step, long prompts split across steps
     double load_scale;             // arrivals divided by this (> 0, and every scaled arrival
@@ -342,14 +370,20 @@ typedef struct pkv_replay_report {
         } breakdown;
         double padding_frac;        // static batching: time-avg share of the capacity
                                     // holding padding tokens (part of token_states)
+        char device_mem[16];        // the allocator placing the KV: "pool" (paged),
+                                    // "arena", "cuda", "torch-caching", "vmm", "token"
+                                    // (malloc-per-token), "custom" (a plugin)
     } memory;
     struct {
         uint64_t backend_alloc_calls;
         uint64_t backend_free_calls;
         double backend_alloc_seconds; // run: measured; sim: from alloc_model
         double backend_free_seconds;
-        double step_seconds;          // the part charged to steps (the arena of paged
-                                      // and contiguous-* is set up before the first)
+        double step_seconds;          // the part charged to steps: what lengthened
+                                      // them (the arena of paged and contiguous-* is
+                                      // set up before the first)
+        double overlapped_seconds;    // calls made during steps that their device work
+                                      // hid (overlapping calls up to the step's length)
         int seconds_measured;         // 1 in run mode, 0 in sim mode
         char model[96];               // sim: alloc_model.name; run: "measured"
     } alloc;

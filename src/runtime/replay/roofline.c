@@ -2,7 +2,9 @@
 // GPU presets, their default sim efficiency, and the roofline step-time model
 // used by sim mode.
 //
-// A step's time is max(flops / peak_flops, bytes / mem_bw) + swap / host_link_bw:
+// A step's time is the sum of its kernels' rooflines (step_kernels below: the
+// linear layers, prefill attention, decode attention, device copies, each
+// max(flops / peak_flops, bytes / mem_bw)) + swap / host_link_bw, where
 // - flops = 2 x params x tokens (every weight is one multiply-add per token)
 //         + 4 x layers x heads x head_dim x (query, key) pairs (QK^T and PV);
 // - bytes = the weights once per step (params x dtype_bytes)
@@ -161,42 +163,80 @@ typedef struct roofline {
     double kv_bytes_per_token;
     double peak_flops, mem_bw, host_bw; // achieved: peak x the efficiency fraction
     double overhead_s;                   // per step with work
+    int copy_overlap;                    // device copies on a second stream
 } roofline;
 
-// Roofline time of `tokens` new tokens reading `kv_tokens` of KV with `pairs`
-// attention pairs and `copy` device bytes; the work into *flops, *bytes.
-static double roof(const roofline *m, double tokens, double pairs, double kv_tokens, double copy,
-                   double *flops, double *bytes) {
-    *flops = m->flops_per_token * tokens + m->attn_flops_per_pair * pairs;
-    *bytes = m->weight_bytes + m->kv_bytes_per_token * kv_tokens + 2.0 * copy;
-    const double tc = *flops / m->peak_flops, tm = *bytes / m->mem_bw;
+// One kernel's roofline time: max(flops / peak, bytes / bandwidth), both achieved.
+static double kernel(const roofline *m, double flops, double bytes) {
+    const double tc = flops / m->peak_flops, tm = bytes / m->mem_bw;
     return tc > tm ? tc : tm;
+}
+
+// A step is a sequence of kernels on one stream, each waiting for the one before
+// (the attention reads the cache a copy wrote; the next layer's GEMM reads the
+// attention's output), so its time is the sum of their rooflines, not one
+// max() over the summed work, which would let a kernel's memory traffic hide
+// under another's flops:
+//   linear layers: one GEMM pass over every token of the step, prefill and decode
+//     together (engines batch them: vLLM's mixed steps), reading the weights once;
+//   prefill attention: its (query, key) pairs, reading the prefills' context and
+//     writing their new K/V;
+//   decode attention: a separate kernel (paged decode), reading every decoding
+//     sequence's context and writing one token each;
+//   device copies (realloc's move, regrowth, copy-on-write, fork copies, swap-in
+//     landing): read and written, a kernel of their own before the attention that
+//     reads them. With copy_overlap they run on a second stream during the linear
+//     layers instead: their bytes join the GEMM's roofline (the two share HBM
+//     bandwidth, so a copy hides only in a compute-bound GEMM's slack), and the
+//     attention still waits for them.
+// *flops and *bytes get the step's totals (for utilizations and calibration).
+static double step_kernels(const roofline *m, const pkvi_step_batch *b, double *flops,
+                           double *bytes, double *prefill_s, double *decode_s) {
+    const double pt = (double)b->prefill_tokens, dt = (double)b->num_decode_seqs;
+    const double tokens = pt + dt;
+    const double copy = 2.0 * (double)b->copy_bytes;
+    double f = 0, by = copy, t_gemm = 0, t_pa = 0, t_da = 0;
+    double t_copy = copy / m->mem_bw;
+    if (tokens > 0) {
+        const double gf = m->flops_per_token * tokens, gb = m->weight_bytes;
+        if (m->copy_overlap) {
+            t_gemm = kernel(m, gf, gb + copy);
+            t_copy = 0;
+        } else {
+            t_gemm = kernel(m, gf, gb);
+        }
+        f += gf;
+        by += gb;
+    }
+    if (pt > 0) {
+        const double af = m->attn_flops_per_pair * b->prefill_attn_pairs;
+        const double ab = m->kv_bytes_per_token * ((double)b->prefill_ctx_tokens + pt);
+        t_pa = kernel(m, af, ab);
+        f += af;
+        by += ab;
+    }
+    if (dt > 0) {
+        const double af = m->attn_flops_per_pair * (double)b->decode_ctx_tokens;
+        const double ab = m->kv_bytes_per_token * ((double)b->decode_ctx_tokens + dt);
+        t_da = kernel(m, af, ab);
+        f += af;
+        by += ab;
+    }
+    // The GEMM time split between prefill and decode by their tokens.
+    *prefill_s = tokens > 0 ? t_gemm * pt / tokens + t_pa : 0;
+    *decode_s = tokens > 0 ? t_gemm * dt / tokens + t_da : 0;
+    *flops = f;
+    *bytes = by;
+    return t_gemm + t_pa + t_da + t_copy;
 }
 
 static pkv_status roofline_step(pkvi_executor *e, const pkvi_step_batch *b, double *seconds,
                                 pkvi_step_time *parts) {
     const roofline *m = (const roofline *)e;
-    const double tokens = (double)b->prefill_tokens + (double)b->num_decode_seqs;
-    double t = 0, f = 0, by = 0;
     memset(parts, 0, sizeof *parts);
-    if (tokens > 0) {
-        const double pairs = b->prefill_attn_pairs + (double)b->decode_ctx_tokens;
-        const double kv_tokens = (double)b->decode_ctx_tokens + (double)b->prefill_ctx_tokens + tokens;
-        t = roof(m, tokens, pairs, kv_tokens, (double)b->copy_bytes, &f, &by) + m->overhead_s;
-        // The split: each part's time had it run alone, scaled to the step.
-        double fp, bp, fd, bd, tp = 0, td = 0;
-        if (b->prefill_tokens)
-            tp = roof(m, (double)b->prefill_tokens, b->prefill_attn_pairs,
-                      (double)b->prefill_ctx_tokens + (double)b->prefill_tokens, 0, &fp, &bp);
-        if (b->num_decode_seqs)
-            td = roof(m, (double)b->num_decode_seqs, (double)b->decode_ctx_tokens,
-                      (double)b->decode_ctx_tokens + (double)b->num_decode_seqs, 0, &fd, &bd);
-        parts->prefill_s = tp;
-        parts->decode_s = td;
-    } else if (b->copy_bytes) {
-        by = 2.0 * (double)b->copy_bytes;
-        t = by / m->mem_bw;
-    }
+    double f, by;
+    double t = step_kernels(m, b, &f, &by, &parts->prefill_s, &parts->decode_s);
+    if (b->prefill_tokens || b->num_decode_seqs) t += m->overhead_s;
     parts->flops = f;
     parts->bytes = by;
     t += (double)b->swap_bytes / m->host_bw;
@@ -234,6 +274,7 @@ pkv_status pkvi_executor_roofline_create(const pkv_replay_params *p, pkvi_execut
     m->mem_bw = p->gpu.mem_bw * eff.bw_frac;
     m->host_bw = p->gpu.host_link_bw;
     m->overhead_s = eff.step_overhead_s;
+    m->copy_overlap = p->copy_overlap;
     *out = &m->base;
     return PKV_OK;
 }
