@@ -55,8 +55,13 @@ typedef enum pkv_policy {
     PKV_POLICY_MALLOC_PER_TOKEN = 5,
     PKV_POLICY_REALLOC_COPY = 6,
     PKV_POLICY_CONTIG_POW2_GROW = 7,
-    PKV_POLICY_VMM = 8,          // vAttention: virtual reservation, pages mapped on demand
-    PKV_POLICY_COUNT = 9,
+    PKV_POLICY_VMM = 8,          // vAttention as published: virtual reservation, pages
+                                 // mapped on demand by a background thread, one step
+                                 // ahead (map-ahead, eager allocation of the prompt) and
+                                 // deferred reclamation; the calls hide behind compute
+    PKV_POLICY_VMM_SYNC = 9,     // ablation: the same pages mapped and unmapped in line,
+                                 // each call stalling its step, no reuse of mappings
+    PKV_POLICY_COUNT = 10,
 } pkv_policy;
 
 // "paged", "contiguous-max", ... ("unknown" for a bad value).
@@ -298,9 +303,12 @@ typedef struct pkv_replay_params {
     uint64_t vmm_page_bytes;       // vmm: physical page per layer buffer (K or V of one
                                    // layer), a multiple of 4 KiB; default 2 MiB
     int vmm_map_ahead;             // vmm: map the next page during the step before it is
-                                   // needed (vAttention's overlap); default 0
+                                   // needed, and a new request's prompt pages ahead of its
+                                   // prefill (vAttention's overlap and eager allocation);
+                                   // default 1 (vmm-sync: always 0)
     int vmm_defer_reclaim;         // vmm: a finished request's pages stay mapped for the
-                                   // next request (vAttention's deferred reclamation); 0
+                                   // next request (vAttention's deferred reclamation);
+                                   // default 1 (vmm-sync: always 0)
     // Run mode.
     int run_cuda;                  // 1: CUDA backend, 0 (default): host
     uint32_t run_threads;          // CPU threads, 0 = all

@@ -14,6 +14,7 @@ static const char *const policy_names[PKV_POLICY_COUNT] = {
     "paged", "contiguous-max", "contiguous-pow2", "contiguous-oracle",
     "malloc-per-request", "malloc-per-token", "realloc-copy", "contiguous-pow2-grow",
     "vmm",
+    "vmm-sync",
 };
 
 const char *pkv_policy_name(pkv_policy policy) {
@@ -76,7 +77,8 @@ const char *pkvi_device_mem_label(const pkv_replay_params *p) {
     case PKV_POLICY_MALLOC_PER_REQUEST:
     case PKV_POLICY_REALLOC_COPY: return pkv_device_mem_name(pkvi_device_mem_of(p));
     case PKV_POLICY_MALLOC_PER_TOKEN: return "token";
-    case PKV_POLICY_VMM: return "vmm";
+    case PKV_POLICY_VMM:
+    case PKV_POLICY_VMM_SYNC: return "vmm";
     default: return "arena";
     }
 }
@@ -132,8 +134,8 @@ pkv_replay_params pkv_replay_params_default(void) {
     p.load_scale = 1;
     p.prefix_sharing = 1;
     p.vmm_page_bytes = (uint64_t)2 << 20;
-    p.vmm_map_ahead = 0;
-    p.vmm_defer_reclaim = 0;
+    p.vmm_map_ahead = 1;     // vAttention's published design (docs/POLICIES.md)
+    p.vmm_defer_reclaim = 1;
     p.seed = 1;
     return p;
 }

@@ -25,7 +25,7 @@ static int params_ok(const pkv_replay_params *p) {
            p->alloc_model.alloc.per_byte_s >= 0 && p->alloc_model.free.base_s >= 0 &&
            p->alloc_model.free.per_byte_s >= 0 && pkv_replay_sim_efficiency(p, &eff) == PKV_OK &&
            pkv_model_config_validate(&p->model) == PKV_OK &&
-           (p->policy != PKV_POLICY_VMM ||
+           ((p->policy != PKV_POLICY_VMM && p->policy != PKV_POLICY_VMM_SYNC) ||
             (p->vmm_page_bytes >= 4096 && p->vmm_page_bytes % 4096 == 0));
 }
 

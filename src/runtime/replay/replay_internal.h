@@ -56,6 +56,7 @@ extern const pkv_policy_vtable pkvi_policy_realloc_copy_vtable;
 extern const pkv_policy_vtable pkvi_policy_contig_pow2_grow_vtable;
 extern const pkv_policy_vtable pkvi_policy_token_vtable;
 extern const pkv_policy_vtable pkvi_policy_vmm_vtable; // policy_vmm.c (vAttention)
+extern const pkv_policy_vtable pkvi_policy_vmm_sync_vtable; // its synchronous ablation
 
 // The device memory model a malloc-per-request / realloc-copy replay of p uses
 // (DEFAULT resolved; arena in run mode), and the label of p's allocator in
