@@ -7,8 +7,9 @@
 // max(flops / peak_flops, bytes / mem_bw)) + swap / host_link_bw, where
 // - flops = 2 x params x tokens (every weight is one multiply-add per token)
 //         + 4 x layers x heads x head_dim x (query, key) pairs (QK^T and PV);
-// - bytes = the weights once per step (params x dtype_bytes)
-//         + KV read (every context token of every sequence) and written (the new
+// - bytes = the weights once per step (weights_read below: every weight but the
+//           rows of the token embedding the batch does not use; the LM head reads
+//           all of its own) + KV read (every context token of every sequence) and written (the new
 //           tokens), at kv_bytes_per_token each, + device copies read and written.
 // peak_flops and mem_bw are the datasheet's times pkv_sim_efficiency's fractions,
 // plus its per-step overhead. By default (sim_eff all 0) the fractions are the
@@ -67,7 +68,9 @@ typedef struct published {
     double decode_tok_s;       // tokens/s, batch 1, bf16/fp16 weights
     const char *prefill_model; // NULL: no prefill figure
     double prefill_tokens;     // prompt length
-    double prefill_s;          // first-token latency, batch 1, fp16
+    double prefill_s;          // first-token latency, batch 1
+    double prefill_peak;       // flop/s the prefill figure is a fraction of; 0: the
+                               // preset's fp16/bf16 peak (an FP8 figure: the FP8 peak)
     const char *like;          // NULL, or the preset whose fractions apply
     const char *source;        // shown in reports (fits pkv_sim_efficiency.source)
 } published;
@@ -79,16 +82,21 @@ static const published published_figures[] = {
     // Prefill: NVIDIA/TensorRT-LLM docs/source/performance.md (release 0.5.0, 2023),
     // "Low Latency", "A100 GPUs (FP16)": LLaMA 7B, batch 1, TP 1, input 2048,
     // 1st token latency 133 ms.
-    {"a100-80g", "llama2-7b", 107.38, "llama2-7b", 2048, 0.133, NULL,
+    {"a100-80g", "llama2-7b", 107.38, "llama2-7b", 2048, 0.133, 0, NULL,
      "torchao A100 bf16 decode; TensorRT-LLM 0.5 fp16 TTFT"},
     // Decode: the same torchao table, "CUDA backend | NVIDIA-H100 GPU",
     // Llama-3.1-8B "Base (bfloat16)": 126.90 tokens/s, batch 1 (1904.75 GB/s as
-    // that table counts). Prefill: no fp16/bf16 whole-step figure found (TensorRT-LLM
-    // 0.5 lists H100 first-token latency in FP8 only): compute stays at 1.
-    {"h100-80g", "llama3-8b", 126.90, NULL, 0, 0, NULL,
-     "torchao H100 bf16 decode; no H100 fp16 prefill figure"},
+    // that table counts). Prefill: no fp16/bf16 whole-step figure for Hopper was
+    // found; derived from the same TensorRT-LLM 0.5 table's H100 FP8 row (LLaMA 7B,
+    // batch 1, input 2048, 1st token latency 36 ms) as a fraction of the FP8 dense
+    // peak (1979 TFLOPS): the share of its tensor peak that engine reached on
+    // Hopper, applied to the bf16 peak. Conservative: an fp16 prefill spends
+    // relatively less time outside the GEMMs than an FP8 one (2048 tokens: 72 ms
+    // here against the FP8 36 ms).
+    {"h100-80g", "llama3-8b", 126.90, "llama2-7b", 2048, 0.036, 1979e12, NULL,
+     "torchao H100 bf16 decode; TRT-LLM 0.5 H100 FP8 TTFT share"},
     // No H200 figure found: the H100's fractions (same Hopper SM, HBM3e).
-    {"h200-141g", NULL, 0, NULL, 0, 0, "h100-80g",
+    {"h200-141g", NULL, 0, NULL, 0, 0, 0, "h100-80g",
      "H100's fractions: no H200 figure"},
 };
 
@@ -102,6 +110,20 @@ pkv_sim_efficiency pkv_sim_efficiency_peak(void) {
     return e;
 }
 
+// Weight bytes one step of `tokens` tokens reads: every weight once, except the
+// token embedding (and a learned position table), of which only the batch's rows
+// are read; the LM head reads all of its own (a tied one is the embedding).
+static double weights_read(const pkv_model_config *m, double dtype_bytes, double tokens) {
+    const double d = m->d_model;
+    double skipped = 0, rows = tokens * d;
+    if (!m->tied_embeddings) skipped += (double)m->vocab_size * d;
+    if (m->pos == PKV_POS_LEARNED) {
+        skipped += (double)m->max_seq_len * d;
+        rows += tokens * d;
+    }
+    return ((double)pkv_model_param_count(m) - skipped + rows) * dtype_bytes;
+}
+
 // The fractions of `f` on `gpu` (its datasheet rates); 1 where f has no figure.
 static pkv_status published_fractions(const published *f, const pkv_gpu_spec *gpu, double *bw,
                                       double *compute) {
@@ -109,7 +131,7 @@ static pkv_status published_fractions(const published *f, const pkv_gpu_spec *gp
     pkv_model_config m;
     if (f->decode_model) {
         if (pkv_model_preset(f->decode_model, &m) != PKV_OK) return PKV_ERR_NOT_FOUND;
-        const double bytes = (double)pkv_model_param_count(&m) * 2.0; // fp16/bf16 weights
+        const double bytes = weights_read(&m, 2.0, 1); // fp16/bf16 weights, one token
         *bw = bytes * f->decode_tok_s / gpu->mem_bw;
     }
     if (f->prefill_model) {
@@ -117,7 +139,7 @@ static pkv_status published_fractions(const published *f, const pkv_gpu_spec *gp
         const double t = f->prefill_tokens;
         const double flops = 2.0 * (double)pkv_model_param_count(&m) * t +
                              4.0 * m.num_layers * (double)m.num_heads * m.head_dim * (t * (t + 1) / 2);
-        *compute = flops / f->prefill_s / gpu->peak_flops;
+        *compute = flops / f->prefill_s / (f->prefill_peak > 0 ? f->prefill_peak : gpu->peak_flops);
     }
     // A measurement faster than the datasheet would be a wrong figure, not a fraction.
     return *bw > 0 && *bw <= 1 && *compute > 0 && *compute <= 1 ? PKV_OK : PKV_ERR_INVALID_ARG;
@@ -157,7 +179,8 @@ pkv_status pkv_sim_efficiency_for_gpu(const pkv_gpu_spec *gpu, pkv_sim_efficienc
 
 typedef struct roofline {
     pkvi_executor base;
-    double weight_bytes;
+    double weight_bytes;        // weights_read of zero tokens
+    double row_bytes;           // embedding rows read per token
     double flops_per_token;     // 2 x params
     double attn_flops_per_pair; // 4 x layers x heads x head_dim
     double kv_bytes_per_token;
@@ -198,7 +221,7 @@ static double step_kernels(const roofline *m, const pkvi_step_batch *b, double *
     double f = 0, by = copy, t_gemm = 0, t_pa = 0, t_da = 0;
     double t_copy = copy / m->mem_bw;
     if (tokens > 0) {
-        const double gf = m->flops_per_token * tokens, gb = m->weight_bytes;
+        const double gf = m->flops_per_token * tokens, gb = m->weight_bytes + m->row_bytes * tokens;
         if (m->copy_overlap) {
             t_gemm = kernel(m, gf, gb + copy);
             t_copy = 0;
@@ -260,7 +283,8 @@ pkv_status pkvi_executor_roofline_create(const pkv_replay_params *p, pkvi_execut
     m->base.peak_flops = p->gpu.peak_flops;
     m->base.mem_bw = p->gpu.mem_bw;
     m->base.destroy = roofline_destroy;
-    m->weight_bytes = (double)params * p->dtype_bytes;
+    m->weight_bytes = weights_read(&p->model, p->dtype_bytes, 0);
+    m->row_bytes = weights_read(&p->model, p->dtype_bytes, 1) - m->weight_bytes;
     m->flops_per_token = 2.0 * (double)params;
     m->attn_flops_per_pair = 4.0 * p->model.num_layers * (double)p->model.num_heads * p->model.head_dim;
     m->kv_bytes_per_token = (double)kvb;
