@@ -321,6 +321,32 @@ Test(replay_batching, chunked_prefill_splits_long_prompts) {
     pkv_trace_destroy(t);
 }
 
+// Chunked prefill allocates the whole prompt at admission; the tokens no chunk
+// has computed yet are reservation, not token states. contiguous-oracle, P10 O2
+// (11 slots reserved), 4 tokens per step: step 1 computes 4 (used 4, reservation
+// 6 + 1), step 2 8 (8, 2 + 1), step 3 the last 2 and emits (10, 1), step 4 decodes
+// (11, 0). Before: used 10 from step 1.
+Test(replay_batching, chunked_prefill_uncomputed_tokens_are_reservation) {
+    const pkv_trace_request q[1] = {{0, 10, 2, 1, -1, 0, 0}};
+    pkv_trace *t = make_trace(q, 1);
+    pkv_replay_params p = tiny_params(PKV_POLICY_CONTIG_ORACLE, 1000);
+    p.chunked_prefill = 4;
+    recorder rec;
+    pkv_replay_report r;
+    run(t, p, &rec, &r);
+    cr_assert_eq(rec.n, 4);
+    const uint64_t used[4] = {4, 8, 10, 11}, resv[4] = {7, 3, 1, 0};
+    for (int s = 0; s < 4; s++) {
+        cr_expect_eq(rec.s[s].used_bytes, used[s] * 4, "step %d used %llu", s + 1,
+                     (unsigned long long)rec.s[s].used_bytes / 4);
+        cr_expect_eq(rec.s[s].reservation_bytes, resv[s] * 4, "step %d reservation %llu", s + 1,
+                     (unsigned long long)rec.s[s].reservation_bytes / 4);
+        cr_expect_eq(rec.s[s].reserved_bytes, 11 * 4, "step %d", s + 1);
+    }
+    cr_expect_eq(r.memory.peak_used_bytes, 11 * 4);
+    pkv_trace_destroy(t);
+}
+
 static pkv_trace *generated(uint64_t seed) {
     pkv_tracegen_params g = pkv_tracegen_params_default();
     g.seed = seed;

@@ -172,7 +172,8 @@ typedef struct pkv_replay_step {
     uint32_t waiting;        // requests waiting (new or preempted) after admission
     uint64_t used_bytes;     // token states stored (distinct physical slots)
     uint64_t reserved_bytes; // held by the policy for live sequences
-    uint64_t reservation_bytes; // reserved slots that will be filled later
+    uint64_t reservation_bytes; // reserved slots that will be filled later (chunked
+                                // prefill: prompt slots no chunk has computed yet)
     uint64_t ext_frag_bytes; // free bytes the queue head could not use (0 if none)
     uint64_t free_bytes;     // capacity - reserved
     uint64_t capacity_bytes;

@@ -287,7 +287,7 @@ static pkv_status time_step(engine *e, double *dt_out) {
     const uint64_t cap = e->pol->info.capacity_slots;
     pkv_policy_stats tot;
     e->pol->vt->stats(e->pol->state, &tot);
-    uint64_t reservation = 0, padding = 0;
+    uint64_t reservation = 0, padding = 0, uncomputed = 0;
     for (uint32_t i = 0; i < e->run_count; i++) {
         const uint32_t r = e->running[i];
         const req_state *s = &e->st[r];
@@ -304,6 +304,9 @@ static pkv_status time_step(engine *e, double *dt_out) {
         // prefilled or restored (or still is) what its prefill fills.
         const uint32_t len = (s->fresh || s->prefilling) ? s->pf_len : prompt_of(e, r) + s->emitted;
         reservation += e->pol->vt->reservation(e->pol->state, r, s->nseq, len, (uint32_t)final_len(e, r));
+        // Chunked prefill: the whole prompt was allocated at admission, but the
+        // tokens no chunk has computed yet hold no K/V: reservation, not used.
+        if (s->prefilling) uncomputed += s->pf_len - s->pf_done + s->pf_extra;
     }
     e->b.copy_bytes = (tot.copy_slots - e->copy_slots_seen) * e->bpt;
     e->copy_slots_seen = tot.copy_slots;
@@ -336,7 +339,9 @@ static pkv_status time_step(engine *e, double *dt_out) {
     e->acc.alloc_hidden_s += ch->sync_s + ch->async_s - alloc_s;
     ch->sync_s = ch->async_s = 0;
     e->t += dt;
-    const uint64_t used = tot.used, reserved = tot.reserved;
+    const uint64_t used = tot.used - (uncomputed < tot.used ? uncomputed : tot.used);
+    const uint64_t reserved = tot.reserved;
+    reservation += tot.used - used;
     if (prm->validate) {
         pkv_status vs = e->pol->vt->validate ? e->pol->vt->validate(e->pol->state) : PKV_OK;
         if (vs != PKV_OK) return vs;
