@@ -334,9 +334,10 @@ static pkv_status time_step(engine *e, double *dt_out) {
     const double exec = dt;
     dt = (dt > ch->async_s ? dt : ch->async_s) + ch->sync_s;
     const double alloc_s = dt - exec;
-    // Charged: what lengthened the step; overlapped: the calls' time it hid.
+    // Charged: what lengthened the step; overlapped: the calls' time it hid
+    // (an overlapping call hides up to the step's device time).
     e->acc.alloc_step_s += alloc_s;
-    e->acc.alloc_hidden_s += ch->sync_s + ch->async_s - alloc_s;
+    e->acc.alloc_hidden_s += ch->async_s < exec ? ch->async_s : exec;
     ch->sync_s = ch->async_s = 0;
     e->t += dt;
     const uint64_t used = tot.used - (uncomputed < tot.used ? uncomputed : tot.used);
