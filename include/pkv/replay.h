@@ -20,11 +20,14 @@
 // longer and a copy of the whole cache per token) and "contiguous-pow2-grow"
 // (the power of two of the current length, regrown in place or by a copy).
 // Contiguous policies place extents in one range of the budget with a
-// free-extent allocator, so external fragmentation is measured.
+// free-extent allocator, so external fragmentation is measured; malloc-per-request
+// and realloc-copy go through a device memory model (pkv_device_mem; cudaMalloc's
+// 2 MiB pages by default). "vmm-sync" is vmm with every page map in line.
 //
 // Costs charged to the step in which they happen (sim mode): backend calls
-// (from a pkv_alloc_model), device copies (roofline bytes), swap in both
-// directions (host link). A run that completes no request reports NaN for every
+// (from a pkv_alloc_model), device copies (a serialized kernel of their own),
+// swap in both directions (host link). A step is the sum of its kernels'
+// rooflines (docs/POLICIES.md, "Step time"). A run that completes no request reports NaN for every
 // figure that needs one (JSON null) and says why in report.failure.
 //
 // Thread-safety: pkv_replay_run is reentrant; concurrent runs share nothing
@@ -196,8 +199,9 @@ typedef struct pkv_replay_step {
 typedef struct pkv_replay_schedule pkv_replay_schedule;
 
 // Sim mode: what share of the GPU's peak a step achieves, and a fixed cost per
-// step (kernel launches, scheduling). Step time = max(flops / (peak_flops x
-// compute_frac), bytes / (mem_bw x bw_frac)) + step_overhead_s. Plain data.
+// step (kernel launches, scheduling). Each kernel of a step takes max(flops /
+// (peak_flops x compute_frac), bytes / (mem_bw x bw_frac)); the step, their sum
+// + step_overhead_s. Plain data.
 // All three numbers 0 (what pkv_replay_params_default() sets) means "the
 // published figures of params.gpu" (pkv_sim_efficiency_for_gpu), resolved when
 // the replay starts, so that changing params.gpu changes them too; otherwise
@@ -217,8 +221,9 @@ pkv_sim_efficiency pkv_sim_efficiency_peak(void);
 // measurements of real inference engines (sources in docs/POLICIES.md, "Sim
 // efficiency", and in roofline.c): bw_frac from batch-1 decode, compute_frac
 // from a batch-1 prefill, each derived with the roofline's own work count so
-// that sim mode reproduces the measured step; 1 where no figure was found
-// (compute on H100 and H200); overhead 0 (the measured steps include it).
+// that sim mode reproduces the measured step (H100 and H200 compute: the share
+// of the FP8 peak of an FP8 prefill, no fp16 figure being found); overhead 0
+// (the measured steps include it). Never 1.
 // `gpu` must equal a preset (name, mem_bw and peak_flops): a GPU of one's own
 // gets the plain roofline and PKV_ERR_NOT_FOUND, *eff still written.
 pkv_status pkv_sim_efficiency_for_gpu(const pkv_gpu_spec *gpu, pkv_sim_efficiency *eff);
