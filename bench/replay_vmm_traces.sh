@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: MIT
 # Paging vs vAttention-style virtual-contiguous KV on the public traces
 # (scripts/fetch_traces.sh, by default into traces/real/), as recorded in docs/BENCHMARKS.md ("vmm vs paged"): paged at
-# block 16, contiguous-oracle, and vmm at 2 MiB and 64 KiB pages, plain and with
+# block 16, contiguous-oracle, and vmm at 2 MiB and 64 KiB pages, in line (vmm-sync) and with
 # map-ahead + deferred reclamation, under three costs per map/unmap call (0, 5 and
 # 50 us: the cuda-boyer cudaMalloc figure; cuMemMap is not measured on a GPU here).
 # usage: bench/replay_vmm_traces.sh BUILD_DIR TRACE_DIR OUT_DIR
@@ -31,7 +31,7 @@ for t in azure_code_2023 azure_conv_2023 mooncake; do
   run "${t}_oracle" "$f" $m $c --policy contiguous-oracle
   for us in 0 5 50; do
     for page in 2M 64K; do
-      run "${t}_vmm${page}_${us}us" "$f" $m $c --policy vmm --vmm-page $page --alloc-call-us $us
+      run "${t}_vmm${page}_${us}us" "$f" $m $c --policy vmm-sync --vmm-page $page --alloc-call-us $us
       run "${t}_vmm${page}_hide_${us}us" "$f" $m $c --policy vmm --vmm-page $page \
           --vmm-map-ahead --vmm-defer-reclaim --alloc-call-us $us
     done

@@ -25,7 +25,7 @@ def rejected_all_policies(expect_completed, expect_rejected):
     keeps every fraction in [0, 1]."""
     def check(out):
         runs = json.loads(out)["runs"]
-        assert len(runs) == 9, f"{len(runs)} runs (one per built-in policy, vmm included)"
+        assert len(runs) == 10, f"{len(runs)} runs (one per built-in policy, vmm and vmm-sync included)"
         for r in runs:
             req = r["requests"]
             assert req["completed"] == expect_completed, (r["policy"], req)

@@ -21,7 +21,9 @@ static inline pkv_trace *make_trace(const pkv_trace_request *r, size_t n) {
 // A model whose KV is 4 bytes per token (1 layer, 1 kv head, head_dim 1, fp16), so
 // slots and bytes are easy to relate: `kv_slots` tokens of budget, block 4,
 // max_seq_len 16, no watermark, every invariant checked, no allocation cost (tests
-// that charge calls set their own model).
+// that charge calls set their own model), and the arena device memory model for
+// malloc-per-request and realloc-copy (token-exact placement: the cuda model's 2 MiB
+// granule would be half a million of these tokens).
 static inline pkv_replay_params tiny_replay_params(pkv_policy policy, uint64_t kv_slots) {
     pkv_replay_params p = pkv_replay_params_default();
     cr_assert_eq(pkv_model_preset("tiny", &p.model), PKV_OK);
@@ -36,6 +38,7 @@ static inline pkv_replay_params tiny_replay_params(pkv_policy policy, uint64_t k
     p.block_size = 4;
     p.validate = 1;
     p.alloc_model = pkv_alloc_model_none();
+    p.device_mem = PKV_DEVICE_MEM_ARENA;
     return p;
 }
 

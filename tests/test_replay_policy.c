@@ -65,6 +65,8 @@ static void run(const pkv_trace *t, pkv_replay_params p, pkv_replay_report *rep,
 static void assert_same_report(pkv_replay_report a, pkv_replay_report b, const char *what) {
     memset(a.policy, 0, sizeof a.policy);
     memset(b.policy, 0, sizeof b.policy);
+    memset(a.memory.device_mem, 0, sizeof a.memory.device_mem); // "custom" for a plugin
+    memset(b.memory.device_mem, 0, sizeof b.memory.device_mem);
     a.replay_seconds = b.replay_seconds = 0;
     cr_assert_eq(a.steps, b.steps, "%s: steps %llu vs %llu", what, (unsigned long long)a.steps,
                  (unsigned long long)b.steps);
@@ -313,5 +315,37 @@ Test(fixed_schedule, a_policy_that_cannot_follow_deviates_and_finishes, .timeout
                  "recording while replaying a schedule must be refused");
     pkv_trace_destroy(small);
     pkv_replay_schedule_destroy(sched);
+    pkv_trace_destroy(t);
+}
+
+// Every policy replaying its own schedule follows it exactly, under memory
+// pressure (preemptions) and with first-fit placement: realloc-copy's
+// preemptions happen between its moves within a decode, so the replay must
+// preempt at that point (not at the step's start), else the extents land
+// elsewhere and the schedule drifts. Recompute and swap.
+Test(fixed_schedule, every_policy_replays_its_own_schedule_exactly, .timeout = 240) {
+    pkv_trace *t = load_trace("conv_small.csv");
+    for (int mode = 0; mode < 2; mode++)
+        for (int k = 0; k < PKV_POLICY_COUNT; k++) {
+            pkv_replay_params p = pkv_replay_params_default();
+            p.kv_mem_bytes = 2ull << 30;
+            p.policy = (pkv_policy)k;
+            p.device_mem = PKV_DEVICE_MEM_ARENA; // placement order matters most here
+            if (mode == 1) p.preempt = PKV_PREEMPT_SWAP;
+            pkv_replay_report own, fixed;
+            pkv_replay_schedule *sched = NULL;
+            cr_assert_eq(pkv_replay_schedule_record(t, &p, &sched, &own), PKV_OK);
+            p.schedule = sched;
+            run(t, p, &fixed, NULL);
+            const char *name = fixed.policy;
+            cr_expect_eq(fixed.schedule_deviations, 0, "%s (mode %d): %llu deviations", name, mode,
+                         (unsigned long long)fixed.schedule_deviations);
+            cr_expect_eq(fixed.preemptions, own.preemptions, "%s (mode %d): %llu vs %llu preemptions",
+                         name, mode, (unsigned long long)fixed.preemptions,
+                         (unsigned long long)own.preemptions);
+            cr_expect_eq(fixed.steps, own.steps, "%s (mode %d)", name, mode);
+            if (k == PKV_POLICY_REALLOC_COPY) cr_expect_gt(own.preemptions, 0, "no pressure: shows nothing");
+            pkv_replay_schedule_destroy(sched);
+        }
     pkv_trace_destroy(t);
 }

@@ -46,6 +46,7 @@ static pkv_replay_params params(pkv_policy policy, pkv_replay_mode mode, uint64_
     p.prefix_sharing = 0; // run mode computes every prompt
     p.run_threads = 2;
     p.validate = 1;
+    p.device_mem = PKV_DEVICE_MEM_ARENA; // run mode places extents in an arena: sim alike
     return p;
 }
 
@@ -78,7 +79,7 @@ static void assert_same_schedule(const steps *a, const steps *b, const char *nam
 
 static int per_call(pkv_policy k) {
     return k == PKV_POLICY_MALLOC_PER_REQUEST || k == PKV_POLICY_MALLOC_PER_TOKEN || k == PKV_POLICY_REALLOC_COPY ||
-           k == PKV_POLICY_VMM; // vmm: a map call per page and buffer
+           k == PKV_POLICY_VMM || k == PKV_POLICY_VMM_SYNC; // vmm: a map call per page and buffer
 }
 
 static void every_policy(int cuda) {
@@ -118,7 +119,7 @@ static void every_policy(int cuda) {
         // Each policy on the layout it stands for, its copies executed on it.
         const char *layout = pol == PKV_POLICY_PAGED              ? "paged"
                              : pol == PKV_POLICY_MALLOC_PER_TOKEN ? "token-table"
-                             : pol == PKV_POLICY_VMM              ? "vmm"
+                             : pol == PKV_POLICY_VMM || pol == PKV_POLICY_VMM_SYNC ? "vmm"
                                                                   : "contiguous";
         cr_assert_str_eq(run.run.layout, layout, "%s", name);
         // Paged copy-on-write copies whole blocks; sim counts the filled slots.
@@ -132,7 +133,7 @@ static void every_policy(int cuda) {
         // Backend calls: measured, and for the per-call policies made for real,
         // one per call the policy counts in sim (plus the run's table arena).
         cr_assert(run.alloc.seconds_measured);
-        if (pol == PKV_POLICY_VMM) {
+        if (pol == PKV_POLICY_VMM || pol == PKV_POLICY_VMM_SYNC) {
             // Its real calls are the VMM space's page maps (sim's count them with
             // its own page accounting): every page mapped is unmapped again.
             cr_assert_gt(run.alloc.backend_alloc_calls, 0, "vmm maps pages");

@@ -35,7 +35,8 @@ static void usage(FILE *f) {
         "Policy and scheduler:\n"
         "  --policy P,...      paged (default), contiguous-max, contiguous-pow2 (Orca Pow2),\n"
         "                      contiguous-oracle, malloc-per-request, malloc-per-token,\n"
-        "                      realloc-copy, contiguous-pow2-grow, vmm (vAttention), all\n"
+        "                      realloc-copy, contiguous-pow2-grow, vmm (vAttention), vmm-sync\n"
+        "                      (vmm with every map in line), all\n"
         "  --policy-plugin F   also replay the policy in shared object F (exports\n"
         "                      pkv_policy_plugin_entry, see docs/POLICIES.md); up to 8;\n"
         "                      without --policy only the plugins run\n"
@@ -58,8 +59,15 @@ static void usage(FILE *f) {
         "  --no-prefix-sharing paged: do not share prefix_group blocks\n"
         "  --vmm-page SIZE     vmm: physical page per layer K or V buffer, a multiple of 4K\n"
         "                      (default 2M as vAttention; 64K models its smaller pages)\n"
-        "  --vmm-map-ahead     vmm: map the next page one step ahead, overlapping the step\n"
-        "  --vmm-defer-reclaim vmm: keep a finished request's pages mapped for the next one\n",
+        "  --vmm-no-map-ahead  vmm: map pages in line, not one step ahead on a background\n"
+        "                      thread (map-ahead and eager allocation are the default)\n"
+        "  --vmm-no-defer-reclaim vmm: unmap a finished request's pages (default: kept\n"
+        "                      mapped for the next request); vmm-sync turns all three off\n"
+        "  --device-mem M      sim, malloc-per-request and realloc-copy: cuda (default: 2 MiB\n"
+        "                      pages, no external fragmentation), arena (first-fit in one\n"
+        "                      range) or torch-caching (PyTorch's caching allocator)\n"
+        "  --copy-overlap      sim: device copies on a second stream during the linear layers\n"
+        "                      (default: serialized before the attention that reads them)\n",
         f);
     // Two literals: one would pass the 4095 characters ISO C asks compilers to support.
     fputs(
@@ -385,9 +393,19 @@ int rt_replay_main(int argc, char **argv) {
                 prm.vmm_page_bytes % 4096 != 0)
                 BAD("--vmm-page must be a multiple of 4K, e.g. 64K or 2M, got '%s'", v);
         } else if (!strcmp(a, "--vmm-map-ahead")) {
-            prm.vmm_map_ahead = 1;
+            prm.vmm_map_ahead = 1; // the default since vmm models vAttention as published
         } else if (!strcmp(a, "--vmm-defer-reclaim")) {
             prm.vmm_defer_reclaim = 1;
+        } else if (!strcmp(a, "--vmm-no-map-ahead")) {
+            prm.vmm_map_ahead = 0;
+        } else if (!strcmp(a, "--vmm-no-defer-reclaim")) {
+            prm.vmm_defer_reclaim = 0;
+        } else if (!strcmp(a, "--device-mem")) {
+            NEED();
+            if (pkv_device_mem_from_name(v, &prm.device_mem) != PKV_OK)
+                BAD("--device-mem must be cuda, arena or torch-caching, got '%s'", v);
+        } else if (!strcmp(a, "--copy-overlap")) {
+            prm.copy_overlap = 1;
         } else if (!strcmp(a, "--mode")) {
             NEED();
             if (!strcmp(v, "sim")) prm.mode = PKV_REPLAY_SIM;

@@ -20,11 +20,14 @@
 // longer and a copy of the whole cache per token) and "contiguous-pow2-grow"
 // (the power of two of the current length, regrown in place or by a copy).
 // Contiguous policies place extents in one range of the budget with a
-// free-extent allocator, so external fragmentation is measured.
+// free-extent allocator, so external fragmentation is measured; malloc-per-request
+// and realloc-copy go through a device memory model (pkv_device_mem; cudaMalloc's
+// 2 MiB pages by default). "vmm-sync" is vmm with every page map in line.
 //
 // Costs charged to the step in which they happen (sim mode): backend calls
-// (from a pkv_alloc_model), device copies (roofline bytes), swap in both
-// directions (host link). A run that completes no request reports NaN for every
+// (from a pkv_alloc_model), device copies (a serialized kernel of their own),
+// swap in both directions (host link). A step is the sum of its kernels'
+// rooflines (docs/POLICIES.md, "Step time"). A run that completes no request reports NaN for every
 // figure that needs one (JSON null) and says why in report.failure.
 //
 // Thread-safety: pkv_replay_run is reentrant; concurrent runs share nothing
@@ -55,8 +58,13 @@ typedef enum pkv_policy {
     PKV_POLICY_MALLOC_PER_TOKEN = 5,
     PKV_POLICY_REALLOC_COPY = 6,
     PKV_POLICY_CONTIG_POW2_GROW = 7,
-    PKV_POLICY_VMM = 8,          // vAttention: virtual reservation, pages mapped on demand
-    PKV_POLICY_COUNT = 9,
+    PKV_POLICY_VMM = 8,          // vAttention as published: virtual reservation, pages
+                                 // mapped on demand by a background thread, one step
+                                 // ahead (map-ahead, eager allocation of the prompt) and
+                                 // deferred reclamation; the calls hide behind compute
+    PKV_POLICY_VMM_SYNC = 9,     // ablation: the same pages mapped and unmapped in line,
+                                 // each call stalling its step, no reuse of mappings
+    PKV_POLICY_COUNT = 10,
 } pkv_policy;
 
 // "paged", "contiguous-max", ... ("unknown" for a bad value).
@@ -79,6 +87,28 @@ typedef enum pkv_batching {
 } pkv_batching;
 
 const char *pkv_batching_name(pkv_batching batching); // "continuous" / "static"
+
+// How device memory serves the per-allocation policies (malloc-per-request and
+// realloc-copy) in sim mode; sources in docs/POLICIES.md, "Device memory models".
+// The contiguous-* policies always place extents in one arena they carve from the
+// budget, and run mode always places in an arena (its layout is real).
+typedef enum pkv_device_mem {
+    PKV_DEVICE_MEM_DEFAULT = 0, // cuda
+    PKV_DEVICE_MEM_CUDA = 1,    // cudaMalloc: 2 MiB physical pages mapped into a virtual
+                                // range: each allocation rounded up to 2 MiB, no
+                                // external fragmentation beyond that granule
+    PKV_DEVICE_MEM_ARENA = 2,   // first-fit in one preallocated range (a contiguous
+                                // allocator inside an engine's reserved pool)
+    PKV_DEVICE_MEM_TORCH_CACHING = 3, // PyTorch's CUDA caching allocator (torch.cat
+                                // in a Hugging Face loop): 512-byte rounding, small
+                                // and large pools, best-fit over cached blocks,
+                                // splitting, cudaMalloc only when no cached block fits
+} pkv_device_mem;
+
+// "cuda" (also for DEFAULT), "arena", "torch-caching"; "unknown" for a bad value.
+const char *pkv_device_mem_name(pkv_device_mem mem);
+// PKV_ERR_NOT_FOUND for an unknown name.
+pkv_status pkv_device_mem_from_name(const char *name, pkv_device_mem *mem);
 
 // Cost of one backend call of `bytes`: base_s + per_byte_s x bytes seconds.
 // sync = 1: the call synchronizes the device (cudaFree, and cudaMalloc when it
@@ -148,7 +178,8 @@ typedef struct pkv_replay_step {
     uint32_t waiting;        // requests waiting (new or preempted) after admission
     uint64_t used_bytes;     // token states stored (distinct physical slots)
     uint64_t reserved_bytes; // held by the policy for live sequences
-    uint64_t reservation_bytes; // reserved slots that will be filled later
+    uint64_t reservation_bytes; // reserved slots that will be filled later (chunked
+                                // prefill: prompt slots no chunk has computed yet)
     uint64_t ext_frag_bytes; // free bytes the queue head could not use (0 if none)
     uint64_t free_bytes;     // capacity - reserved
     uint64_t capacity_bytes;
@@ -171,8 +202,9 @@ typedef struct pkv_replay_step {
 typedef struct pkv_replay_schedule pkv_replay_schedule;
 
 // Sim mode: what share of the GPU's peak a step achieves, and a fixed cost per
-// step (kernel launches, scheduling). Step time = max(flops / (peak_flops x
-// compute_frac), bytes / (mem_bw x bw_frac)) + step_overhead_s. Plain data.
+// step (kernel launches, scheduling). Each kernel of a step takes max(flops /
+// (peak_flops x compute_frac), bytes / (mem_bw x bw_frac)); the step, their sum
+// + step_overhead_s. Plain data.
 // All three numbers 0 (what pkv_replay_params_default() sets) means "the
 // published figures of params.gpu" (pkv_sim_efficiency_for_gpu), resolved when
 // the replay starts, so that changing params.gpu changes them too; otherwise
@@ -192,8 +224,9 @@ pkv_sim_efficiency pkv_sim_efficiency_peak(void);
 // measurements of real inference engines (sources in docs/POLICIES.md, "Sim
 // efficiency", and in roofline.c): bw_frac from batch-1 decode, compute_frac
 // from a batch-1 prefill, each derived with the roofline's own work count so
-// that sim mode reproduces the measured step; 1 where no figure was found
-// (compute on H100 and H200); overhead 0 (the measured steps include it).
+// that sim mode reproduces the measured step (H100 and H200 compute: the share
+// of the FP8 peak of an FP8 prefill, no fp16 figure being found); overhead 0
+// (the measured steps include it). Never 1.
 // `gpu` must equal a preset (name, mem_bw and peak_flops): a GPU of one's own
 // gets the plain roofline and PKV_ERR_NOT_FOUND, *eff still written.
 pkv_status pkv_sim_efficiency_for_gpu(const pkv_gpu_spec *gpu, pkv_sim_efficiency *eff);
@@ -264,6 +297,12 @@ typedef struct pkv_replay_params {
     pkv_alloc_model alloc_model;
     uint64_t swap_space_bytes;     // host pool for PKV_PREEMPT_SWAP, default 4 GiB (vLLM)
     pkv_batching batching;         // default continuous
+    pkv_device_mem device_mem;     // sim, malloc-per-request and realloc-copy: the device
+                                   // allocator model; default PKV_DEVICE_MEM_DEFAULT (cuda)
+    int copy_overlap;              // sim: device copies run on a second stream during the
+                                   // step's linear layers, sharing their HBM bandwidth
+                                   // (docs/POLICIES.md, "Step time"); default 0: each
+                                   // copy is serialized device work before the attention
     uint32_t chunked_prefill;      // 0 (default): off; else prefill + decode tokens per
                                    // step, long prompts split across steps
     double load_scale;             // arrivals divided by this (> 0, and every scaled arrival
@@ -273,9 +312,12 @@ typedef struct pkv_replay_params {
     uint64_t vmm_page_bytes;       // vmm: physical page per layer buffer (K or V of one
                                    // layer), a multiple of 4 KiB; default 2 MiB
     int vmm_map_ahead;             // vmm: map the next page during the step before it is
-                                   // needed (vAttention's overlap); default 0
+                                   // needed, and a new request's prompt pages ahead of its
+                                   // prefill (vAttention's overlap and eager allocation);
+                                   // default 1 (vmm-sync: always 0)
     int vmm_defer_reclaim;         // vmm: a finished request's pages stay mapped for the
-                                   // next request (vAttention's deferred reclamation); 0
+                                   // next request (vAttention's deferred reclamation);
+                                   // default 1 (vmm-sync: always 0)
     // Run mode.
     int run_cuda;                  // 1: CUDA backend, 0 (default): host
     uint32_t run_threads;          // CPU threads, 0 = all
@@ -345,14 +387,20 @@ typedef struct pkv_replay_report {
         } breakdown;
         double padding_frac;        // static batching: time-avg share of the capacity
                                     // holding padding tokens (part of token_states)
+        char device_mem[16];        // the allocator placing the KV: "pool" (paged),
+                                    // "arena", "cuda", "torch-caching", "vmm", "token"
+                                    // (malloc-per-token), "custom" (a plugin)
     } memory;
     struct {
         uint64_t backend_alloc_calls;
         uint64_t backend_free_calls;
         double backend_alloc_seconds; // run: measured; sim: from alloc_model
         double backend_free_seconds;
-        double step_seconds;          // the part charged to steps (the arena of paged
-                                      // and contiguous-* is set up before the first)
+        double step_seconds;          // the part charged to steps: what lengthened
+                                      // them (the arena of paged and contiguous-* is
+                                      // set up before the first)
+        double overlapped_seconds;    // calls made during steps that their device work
+                                      // hid (overlapping calls up to the step's length)
         int seconds_measured;         // 1 in run mode, 0 in sim mode
         char model[96];               // sim: alloc_model.name; run: "measured"
     } alloc;

@@ -72,7 +72,9 @@ int pkvi_engine_record(engine *e, uint32_t r, int kind) {
         s->ev = p;
         s->cap = c;
     }
-    s->ev[s->n++] = (sched_event){e->steps, r, (uint8_t)kind};
+    const int at = (kind == EV_PREEMPT || kind == EV_REJECT_MEM) && e->grow_r != UINT32_MAX;
+    s->ev[s->n++] = (sched_event){e->steps, r, (uint8_t)kind, at ? e->grow_r : UINT32_MAX,
+                                  at ? e->grow_c : 0};
     return 0;
 }
 
@@ -185,6 +187,51 @@ static uint32_t preempt(engine *e) {
 
 // ---- decode ----
 
+// Running[i] can never finish (alone and still short: fragmented extents): it
+// is released and rejected rather than failing the run.
+static void drop_running(engine *e, uint32_t i) {
+    const uint32_t r = e->running[i];
+    pkvi_engine_release(e, r);
+    memmove(&e->running[i], &e->running[i + 1], (size_t)(e->run_count - i - 1) * sizeof *e->running);
+    e->run_count--;
+    e->run_seqs -= width(e, r);
+    e->st[r].nseq = 0;
+    reject(e, r, 1);
+}
+
+// Fixed schedule: the recorded preemptions (and drops) due before sequence (r, c) grows
+// (all that are left when r = UINT32_MAX). Returns 1 if r itself was preempted;
+// *i follows r's position in running.
+static int preempt_due(engine *e, uint32_t r, uint32_t c, uint32_t *i) {
+    int self = 0;
+    uint32_t keep = 0;
+    for (uint32_t k = 0; k < e->num_due; k++) {
+        const sched_event *ev = e->due[k];
+        if (r != UINT32_MAX && (ev->at_r != r || ev->at_c != c)) {
+            e->due[keep++] = ev;
+            continue;
+        }
+        uint32_t j = 0;
+        while (j < e->run_count && e->running[j] != ev->r) j++;
+        if (j == e->run_count) {
+            // A rejection after this step's preemption of the same request
+            // (nothing ran and it could not come back): it is waiting now.
+            const req_state *s = &e->st[ev->r];
+            if (ev->kind != EV_PREEMPT && s->status == RS_WAITING && !e->queued[ev->r])
+                reject(e, ev->r, ev->kind == EV_REJECT_MEM);
+            else
+                e->deviations++; // not running here
+            continue;
+        }
+        if (ev->r == r) self = 1;
+        else if (r != UINT32_MAX && j < *i) (*i)--;
+        if (ev->kind == EV_PREEMPT) preempt_at(e, j, 0);
+        else drop_running(e, j);
+    }
+    e->num_due = keep;
+    return self;
+}
+
 // Grow every decoding sequence by its last emitted token; preempt when short.
 static pkv_status decode(engine *e) {
     for (uint32_t i = 0; i < e->run_count; i++) {
@@ -193,18 +240,18 @@ static pkv_status decode(engine *e) {
         if (s->prefilling) continue; // still computing its prompt (chunked)
         int gone = 0;
         for (uint32_t c = 0; c < s->nseq && !gone; c++) {
+            if (e->num_due && preempt_due(e, r, c, &i)) {
+                gone = 1;
+                break;
+            }
+            e->grow_r = r;
+            e->grow_c = c;
             for (;;) {
                 pkv_status st = e->pol->vt->grow(e->pol->state, r, c);
                 if (st == PKV_OK) break;
                 if (st != PKV_ERR_OUT_OF_BLOCKS) return st;
                 if (e->run_count == 1) {
-                    // Alone and still short (fragmented extents): it can never
-                    // finish; drop it rather than fail the run.
-                    pkvi_engine_release(e, r);
-                    e->run_count = 0;
-                    e->run_seqs = 0;
-                    s->nseq = 0;
-                    reject(e, r, 1);
+                    drop_running(e, 0); // alone and still short
                     gone = 1;
                     break;
                 }
@@ -214,6 +261,7 @@ static pkv_status decode(engine *e) {
                 }
             }
         }
+        e->grow_r = UINT32_MAX;
         if (gone) break; // r was the newest (the tail): nobody after it to grow
         const uint32_t ctx = prompt_of(e, r) + s->emitted;
         e->b.num_decode_seqs += s->nseq;
@@ -222,6 +270,8 @@ static pkv_status decode(engine *e) {
             for (uint32_t c = 0; c < s->nseq; c++)
                 if (pkvi_engine_push_seq(e, r, c, 1, ctx) != 0) return PKV_ERR_OUT_OF_MEMORY;
     }
+    e->grow_r = UINT32_MAX;
+    if (e->num_due) (void)preempt_due(e, UINT32_MAX, 0, NULL); // their point never came
     if (e->prm->chunked_prefill) {
         const uint64_t d = e->b.num_decode_seqs;
         e->budget_left = d < e->prm->chunked_prefill ? e->prm->chunked_prefill - d : 0;
@@ -237,7 +287,7 @@ static pkv_status time_step(engine *e, double *dt_out) {
     const uint64_t cap = e->pol->info.capacity_slots;
     pkv_policy_stats tot;
     e->pol->vt->stats(e->pol->state, &tot);
-    uint64_t reservation = 0, padding = 0;
+    uint64_t reservation = 0, padding = 0, uncomputed = 0;
     for (uint32_t i = 0; i < e->run_count; i++) {
         const uint32_t r = e->running[i];
         const req_state *s = &e->st[r];
@@ -254,6 +304,9 @@ static pkv_status time_step(engine *e, double *dt_out) {
         // prefilled or restored (or still is) what its prefill fills.
         const uint32_t len = (s->fresh || s->prefilling) ? s->pf_len : prompt_of(e, r) + s->emitted;
         reservation += e->pol->vt->reservation(e->pol->state, r, s->nseq, len, (uint32_t)final_len(e, r));
+        // Chunked prefill: the whole prompt was allocated at admission, but the
+        // tokens no chunk has computed yet hold no K/V: reservation, not used.
+        if (s->prefilling) uncomputed += s->pf_len - s->pf_done + s->pf_extra;
     }
     e->b.copy_bytes = (tot.copy_slots - e->copy_slots_seen) * e->bpt;
     e->copy_slots_seen = tot.copy_slots;
@@ -281,10 +334,15 @@ static pkv_status time_step(engine *e, double *dt_out) {
     const double exec = dt;
     dt = (dt > ch->async_s ? dt : ch->async_s) + ch->sync_s;
     const double alloc_s = dt - exec;
-    e->acc.alloc_step_s += ch->sync_s + ch->async_s;
+    // Charged: what lengthened the step; overlapped: the calls' time it hid
+    // (an overlapping call hides up to the step's device time).
+    e->acc.alloc_step_s += alloc_s;
+    e->acc.alloc_hidden_s += ch->async_s < exec ? ch->async_s : exec;
     ch->sync_s = ch->async_s = 0;
     e->t += dt;
-    const uint64_t used = tot.used, reserved = tot.reserved;
+    const uint64_t used = tot.used - (uncomputed < tot.used ? uncomputed : tot.used);
+    const uint64_t reserved = tot.reserved;
+    reservation += tot.used - used;
     if (prm->validate) {
         pkv_status vs = e->pol->vt->validate ? e->pol->vt->validate(e->pol->state) : PKV_OK;
         if (vs != PKV_OK) return vs;
@@ -428,16 +486,24 @@ static void fixed_events(engine *e) {
         e->sk = S->ev[e->fi].step;
     while (e->fi < S->n && S->ev[e->fi].step <= e->sk) {
         const sched_event *ev = &S->ev[e->fi++];
+        if (ev->kind == EV_ROUND) break; // the rest in the next round of this step
         const uint32_t r = ev->r;
         req_state *s = &e->st[r];
         const int idle = s->status == RS_PENDING || (s->status == RS_WAITING && !e->queued[r]);
-        if (ev->kind == EV_REJECT_LONG || ev->kind == EV_REJECT_MEM) {
+        const int in_decode = ev->at_r != UINT32_MAX && ev->at_r < e->n &&
+                              e->st[ev->at_r].status == RS_RUNNING && !e->st[ev->at_r].prefilling;
+        if ((ev->kind == EV_REJECT_LONG || ev->kind == EV_REJECT_MEM) && s->status == RS_RUNNING) {
+            // Dropped at its point in decode(), or rejected once decode() has
+            // preempted it (at_r: none).
+            e->due[e->num_due++] = ev;
+        } else if (ev->kind == EV_REJECT_LONG || ev->kind == EV_REJECT_MEM) {
             if (idle) reject(e, r, ev->kind == EV_REJECT_MEM);
             else e->deviations++;
         } else if (ev->kind == EV_PREEMPT) {
             uint32_t i = 0;
             while (i < e->run_count && e->running[i] != r) i++;
-            if (i < e->run_count) preempt_at(e, i, 0);
+            if (i < e->run_count && in_decode) e->due[e->num_due++] = ev; // at its point in decode()
+            else if (i < e->run_count) preempt_at(e, i, 0);
             else e->deviations++;
         } else if (s->status == RS_PENDING) {
             pkvi_admit a;
@@ -521,6 +587,7 @@ static pkv_status engine_step(engine *e) {
             reject(e, r, 1);
             if (e->fixed) e->deviations++;
         }
+        if (pkvi_engine_record(e, 0, EV_ROUND) != 0) e->rec_failed = 1;
         return PKV_OK;
     }
     double dt;
@@ -667,6 +734,7 @@ pkv_status pkvi_engine_run(engine *e, uint64_t budget, pkv_replay_report *rep) {
     rep->alloc.backend_alloc_calls = e->pol->alloc_calls + (e->pol->info.uses_arena ? 1 : 0);
     rep->alloc.backend_free_calls = e->pol->free_calls + (e->pol->info.uses_arena ? 1 : 0);
     rep->alloc.step_seconds = A->alloc_step_s;
+    rep->alloc.overlapped_seconds = A->alloc_hidden_s;
     rep->swap_out_bytes = e->swap_out;
     rep->swap_in_bytes = e->swap_in;
     rep->swap_bytes = e->swap_out + e->swap_in;

@@ -32,12 +32,20 @@ typedef struct req_state {
 } req_state;
 
 // Schedule events (fixed-schedule mode), in the order the reference made them.
-enum { EV_ADMIT = 0, EV_PREEMPT, EV_REJECT_LONG, EV_REJECT_MEM };
+// EV_ROUND: the step ended without running (its preemptions left nothing
+// running and the queue head was dropped); the events after it belong to the
+// next call of engine_step, which has the same step index.
+enum { EV_ADMIT = 0, EV_PREEMPT, EV_REJECT_LONG, EV_REJECT_MEM, EV_ROUND };
 
 typedef struct sched_event {
     uint64_t step; // index of the step (0-based) in which it happened
     uint32_t r;
     uint8_t kind;
+    // EV_PREEMPT made by decode(): the sequence whose growth failed (request
+    // at_r, sequence at_c), so that a replay preempts at the same point of the
+    // step, between the same allocations (placement depends on their order);
+    // at_r = UINT32_MAX: none.
+    uint32_t at_r, at_c;
 } sched_event;
 
 struct pkv_replay_schedule {
@@ -60,7 +68,8 @@ typedef struct accum {
     double b_tok, b_resv, b_int, b_ext, b_free, b_pad;
     double prefill_s, decode_s, busy_s;
     double dec_s, dec_flops, dec_bytes; // decode-only steps
-    double alloc_step_s;
+    double alloc_step_s;   // backend-call time that lengthened steps
+    double alloc_hidden_s; // backend-call time overlapped by steps' device work
 } accum;
 
 typedef struct engine {
@@ -105,6 +114,9 @@ typedef struct engine {
     const pkv_replay_schedule *fixed;
     size_t fi;
     uint64_t sk, deviations;
+    const sched_event **due; // [n]: recorded preemptions of this step left for decode()
+    uint32_t num_due;
+    uint32_t grow_r, grow_c; // the sequence decode() is growing (UINT32_MAX: none)
     uint8_t *queued;
     uint32_t nwait;  // fixed schedule: arrived requests (r < ai) not admitted, for timelines
     int rec_failed;  // an event could not be recorded (out of memory)

@@ -14,6 +14,7 @@ static const char *const policy_names[PKV_POLICY_COUNT] = {
     "paged", "contiguous-max", "contiguous-pow2", "contiguous-oracle",
     "malloc-per-request", "malloc-per-token", "realloc-copy", "contiguous-pow2-grow",
     "vmm",
+    "vmm-sync",
 };
 
 const char *pkv_policy_name(pkv_policy policy) {
@@ -73,6 +74,41 @@ static int unit_of(const char *u, uint64_t *mul) {
     *mul = 1;
     for (int i = 0; i < k; i++) *mul *= base;
     return 1;
+}
+
+static const char *const device_mem_names[] = {"cuda", "cuda", "arena", "torch-caching"};
+
+const char *pkv_device_mem_name(pkv_device_mem mem) {
+    return (unsigned)mem < sizeof device_mem_names / sizeof device_mem_names[0] ? device_mem_names[mem]
+                                                                                  : "unknown";
+}
+
+pkv_status pkv_device_mem_from_name(const char *name, pkv_device_mem *mem) {
+    if (!name || !mem) return PKV_ERR_INVALID_ARG;
+    for (unsigned i = PKV_DEVICE_MEM_CUDA; i < sizeof device_mem_names / sizeof device_mem_names[0]; i++)
+        if (strcmp(name, device_mem_names[i]) == 0) {
+            *mem = (pkv_device_mem)i;
+            return PKV_OK;
+        }
+    return PKV_ERR_NOT_FOUND;
+}
+
+pkv_device_mem pkvi_device_mem_of(const pkv_replay_params *p) {
+    if (p->mode == PKV_REPLAY_RUN) return PKV_DEVICE_MEM_ARENA; // its layout is a real arena
+    return p->device_mem == PKV_DEVICE_MEM_DEFAULT ? PKV_DEVICE_MEM_CUDA : p->device_mem;
+}
+
+const char *pkvi_device_mem_label(const pkv_replay_params *p) {
+    if (p->custom_policy) return "custom";
+    switch (p->policy) {
+    case PKV_POLICY_PAGED: return "pool";
+    case PKV_POLICY_MALLOC_PER_REQUEST:
+    case PKV_POLICY_REALLOC_COPY: return pkv_device_mem_name(pkvi_device_mem_of(p));
+    case PKV_POLICY_MALLOC_PER_TOKEN: return "token";
+    case PKV_POLICY_VMM:
+    case PKV_POLICY_VMM_SYNC: return "vmm";
+    default: return "arena";
+    }
 }
 
 pkv_status pkv_size_parse(const char *text, uint64_t *bytes) {
@@ -138,8 +174,8 @@ pkv_replay_params pkv_replay_params_default(void) {
     p.load_scale = 1;
     p.prefix_sharing = 1;
     p.vmm_page_bytes = (uint64_t)2 << 20;
-    p.vmm_map_ahead = 0;
-    p.vmm_defer_reclaim = 0;
+    p.vmm_map_ahead = 1;     // vAttention's published design (docs/POLICIES.md)
+    p.vmm_defer_reclaim = 1;
     p.seed = 1;
     return p;
 }

@@ -19,6 +19,7 @@ const pkv_policy_vtable *pkv_policy_builtin(int policy) {
     case PKV_POLICY_REALLOC_COPY: return &pkvi_policy_realloc_copy_vtable;
     case PKV_POLICY_CONTIG_POW2_GROW: return &pkvi_policy_contig_pow2_grow_vtable;
     case PKV_POLICY_VMM: return &pkvi_policy_vmm_vtable;
+    case PKV_POLICY_VMM_SYNC: return &pkvi_policy_vmm_sync_vtable;
     default: return NULL;
     }
 }

@@ -21,8 +21,12 @@
 // Backend calls: the contiguous-* policies carve one arena (one alloc, one free,
 // before the first step and after the last); malloc-per-request and
 // realloc-copy make one call per extent they allocate or free, each charged to
-// the step by the engine (pkv_policy_host.backend_calls). Their placement is modelled with the
-// same first-fit allocator standing in for the device allocator's address space.
+// the step by the engine (pkv_policy_host.backend_calls). Where their extents
+// go is the replay's device memory model (params.device_mem, device_mem.c): by
+// default `cuda` (each allocation rounded to 2 MiB pages, no placement, so no
+// external fragmentation), or `arena` (the same first-fit allocator as the
+// contiguous-* policies), or `torch-caching` (PyTorch's caching allocator: only
+// its segment cudaMallocs are backend calls). Run mode always uses the arena.
 #include <stdlib.h>
 
 #include "src/allocator/extent.h"
@@ -33,7 +37,9 @@ typedef struct contig {
     uint64_t capacity_slots;
     uint64_t bytes_per_token;
     pkv_policy_host host;
-    pkvi_extent_alloc *ea;
+    pkvi_extent_alloc *ea;   // arena placement (NULL with a device memory model)
+    pkvi_devmem *dm;         // cuda / torch-caching (per-call policies, sim mode)
+    pkv_device_mem dm_kind;  // ARENA when dm is NULL
     uint32_t max_seq_len;
     int per_call; // malloc-* policies: count a backend call per extent
     uint64_t *seq_base;  // [num_requests]
@@ -79,9 +85,27 @@ static int kind_grows(pkv_policy kind) {
 
 static int grows(const contig *c) { return kind_grows(c->kind); }
 
-static uint64_t contig_need(pkv_policy kind, uint32_t max_seq_len, const pkv_policy_admit *a) {
-    const uint64_t fin = extent_of(kind, max_seq_len, a->final_len, a->final_len);
-    const uint64_t adm = (uint64_t)a->n * extent_of(kind, max_seq_len, a->len, a->final_len);
+static int kind_per_call(pkv_policy kind) {
+    return kind == PKV_POLICY_MALLOC_PER_REQUEST || kind == PKV_POLICY_REALLOC_COPY;
+}
+
+// The device memory model of a `kind` policy created for cfg.
+static pkv_device_mem contig_dm(pkv_policy kind, const pkv_policy_config *cfg) {
+    if (!kind_per_call(kind) || !cfg->params || cfg->run_mode) return PKV_DEVICE_MEM_ARENA;
+    return pkvi_device_mem_of(cfg->params);
+}
+
+// Slots an extent of `slots` holds under device model dm (bpt bytes per slot):
+// whole slots of its rounded bytes (a lone torch-caching request: its segment).
+static uint64_t held_slots(pkv_device_mem dm, uint64_t bpt, uint64_t slots) {
+    return dm == PKV_DEVICE_MEM_ARENA ? slots : pkvi_devmem_rounded(dm, slots * bpt) / bpt;
+}
+
+static uint64_t contig_need(pkv_policy kind, uint32_t max_seq_len, pkv_device_mem dm, uint64_t bpt,
+                            const pkv_policy_admit *a) {
+    const uint64_t fin = held_slots(dm, bpt, extent_of(kind, max_seq_len, a->final_len, a->final_len));
+    const uint64_t adm =
+        (uint64_t)a->n * held_slots(dm, bpt, extent_of(kind, max_seq_len, a->len, a->final_len));
     uint64_t peak = (uint64_t)a->n * fin;
     // A move holds the old extent and the new one; a lone pow2-grow sequence
     // at the start of an empty budget always grows in place.
@@ -90,24 +114,50 @@ static uint64_t contig_need(pkv_policy kind, uint32_t max_seq_len, const pkv_pol
     return peak > adm ? peak : adm;
 }
 
-// One backend call per extent for the malloc-* policies, through the engine.
+// One backend call per extent for the malloc-* policies, through the engine
+// (arena model; the device memory models make their own).
 static void call(contig *c, pkv_backend_call kind, uint64_t size, uint64_t count) {
-    if (!c->per_call || count == 0) return;
+    if (!c->per_call || c->dm || count == 0) return;
     c->host.backend_calls(c->host.ctx, kind, size * c->bytes_per_token, count);
+}
+
+// pkvi_devmem_calls: a device model's cudaMalloc / cudaFree, through the engine.
+static void dm_call(void *ctx, pkv_backend_call kind, uint64_t bytes) {
+    contig *c = ctx;
+    c->host.backend_calls(c->host.ctx, kind, bytes, 1);
+}
+
+// Free slots: the arena's, or what the device model has not handed out.
+static uint64_t free_slots(const contig *c) {
+    return c->dm ? c->capacity_slots - c->reserved : pkvi_extent_free_total(c->ea);
 }
 
 // `charge` 0: a rollback that the engine never sees (it checks before it calls).
 static void put_extent(contig *c, uint64_t off, uint64_t size, int charge) {
-    pkvi_extent_free_units(c->ea, off, size);
     c->reserved -= size;
+    if (c->dm) {
+        pkvi_devmem_free(c->dm, off);
+        return;
+    }
+    pkvi_extent_free_units(c->ea, off, size);
     if (charge) call(c, PKV_BACKEND_CALL_FREE, size, 1);
 }
 
-static pkv_status get_extent(contig *c, uint64_t size, uint64_t *off, int charge) {
-    pkv_status st = pkvi_extent_alloc_units(c->ea, size, off);
+// An extent of `*size` slots; with a device model, *size becomes the slots the
+// allocation holds (its rounded bytes, whole slots).
+static pkv_status get_extent(contig *c, uint64_t *size, uint64_t *off, int charge) {
+    if (c->dm) {
+        uint64_t held;
+        pkv_status st = pkvi_devmem_alloc(c->dm, *size * c->bytes_per_token, off, &held);
+        if (st != PKV_OK) return st;
+        *size = held / c->bytes_per_token;
+        c->reserved += *size;
+        return PKV_OK;
+    }
+    pkv_status st = pkvi_extent_alloc_units(c->ea, *size, off);
     if (st != PKV_OK) return st;
-    c->reserved += size;
-    if (charge) call(c, PKV_BACKEND_CALL_ALLOC, size, 1);
+    c->reserved += *size;
+    if (charge) call(c, PKV_BACKEND_CALL_ALLOC, *size, 1);
     return PKV_OK;
 }
 
@@ -118,18 +168,23 @@ static pkv_status contig_admit(void *pp, uint32_t r, const pkv_policy_admit *a, 
     *cached = 0;
     const uint64_t size = extent_for(c, a->len, a->final_len);
     const uint32_t count = a->n; // every sequence's extent, now
-    const uint64_t free_total = pkvi_extent_free_total(c->ea);
+    const uint64_t free_total = free_slots(c);
     if ((uint64_t)count * size + wm > free_total) return PKV_ERR_OUT_OF_BLOCKS;
     const uint64_t b = c->seq_base[r];
     for (uint32_t i = 0; i < count; i++) {
-        if (get_extent(c, size, &c->off[b + i], 0) != PKV_OK) {
-            // Enough free slots, no extent long enough: external fragmentation.
+        uint64_t got = size;
+        pkv_status st = get_extent(c, &got, &c->off[b + i], 0);
+        if (st != PKV_OK || (c->dm && free_slots(c) < wm)) {
+            if (st == PKV_OK) put_extent(c, c->off[b + i], got, 0);
+            if (st != PKV_OK && st != PKV_ERR_OUT_OF_BLOCKS) return st;
+            // Enough free slots, no extent long enough: external fragmentation
+            // (arena, torch-caching; cuda: the granule rounding, not external).
             // The rolled-back extents cost nothing: an engine checks before it calls.
-            for (uint32_t j = 0; j < i; j++) put_extent(c, c->off[b + j], size, 0);
-            *ext_frag = free_total;
+            for (uint32_t j = 0; j < i; j++) put_extent(c, c->off[b + j], c->size[b + j], 0);
+            *ext_frag = c->dm_kind == PKV_DEVICE_MEM_CUDA ? 0 : free_total;
             return PKV_ERR_OUT_OF_BLOCKS;
         }
-        c->size[b + i] = size;
+        c->size[b + i] = got;
     }
     call(c, PKV_BACKEND_CALL_ALLOC, size, count);
     for (uint32_t i = 0; i < count; i++) {
@@ -170,13 +225,13 @@ static pkv_status contig_grow(void *pp, uint32_t r, uint32_t child) {
         c->size[i] = new_size;
     } else {
         // cudaMalloc has no realloc: allocate, copy, free.
-        uint64_t off;
-        pkv_status st = get_extent(c, new_size, &off, 1);
+        uint64_t off, got = new_size;
+        pkv_status st = get_extent(c, &got, &off, 1);
         if (st != PKV_OK) return st;
         c->copy_slots += c->len[i];
         put_extent(c, c->off[i], c->size[i], 1);
         c->off[i] = off;
-        c->size[i] = new_size;
+        c->size[i] = got;
     }
     c->len[i]++;
     c->used++;
@@ -197,8 +252,9 @@ static void contig_release(void *pp, uint32_t r) {
 static int contig_fits_alone(const void *pp, const pkv_policy_admit *a, uint64_t wm) {
     const contig *c = pp;
     const uint64_t cap = c->capacity_slots;
-    if ((uint64_t)a->n * extent_for(c, a->len, a->final_len) + wm > cap) return 0;
-    return contig_need(c->kind, c->max_seq_len, a) <= cap;
+    const uint64_t one = held_slots(c->dm_kind, c->bytes_per_token, extent_for(c, a->len, a->final_len));
+    if ((uint64_t)a->n * one + wm > cap) return 0;
+    return contig_need(c->kind, c->max_seq_len, c->dm_kind, c->bytes_per_token, a) <= cap;
 }
 
 static uint64_t contig_reservation(const void *pp, uint32_t r, uint32_t nseq, uint32_t len,
@@ -219,7 +275,7 @@ static void contig_stats(const void *pp, pkv_policy_stats *s) {
     const contig *c = pp;
     s->used = c->used;
     s->reserved = c->reserved;
-    s->free = pkvi_extent_free_total(c->ea);
+    s->free = free_slots(c);
     s->copy_slots = c->copy_slots;
     s->cow_copies = 0;
     s->cached_tokens = 0;
@@ -235,9 +291,9 @@ static void contig_extent_of(const void *pp, uint32_t r, uint32_t child, uint64_
 
 static pkv_status contig_validate(const void *pp) {
     const contig *c = pp;
-    pkv_status st = pkvi_extent_validate(c->ea);
+    pkv_status st = c->dm ? pkvi_devmem_validate(c->dm) : pkvi_extent_validate(c->ea);
     if (st != PKV_OK) return st;
-    if (c->reserved + pkvi_extent_free_total(c->ea) != c->capacity_slots) return PKV_ERR_CORRUPT;
+    if (c->reserved + free_slots(c) != c->capacity_slots) return PKV_ERR_CORRUPT;
     return c->used <= c->reserved ? PKV_OK : PKV_ERR_CORRUPT;
 }
 
@@ -245,6 +301,7 @@ static void contig_destroy(void *pp) {
     contig *c = pp;
     if (!c) return;
     pkvi_extent_destroy(c->ea);
+    pkvi_devmem_destroy(c->dm);
     free(c->seq_base);
     free(c->nalloc);
     free(c->off);
@@ -266,8 +323,11 @@ static pkv_status contig_create(pkv_policy kind, const pkv_policy_config *cfg,
     c->bytes_per_token = cfg->bytes_per_token;
     c->host = cfg->host;
     c->max_seq_len = cfg->max_seq_len;
-    c->per_call = kind == PKV_POLICY_MALLOC_PER_REQUEST || kind == PKV_POLICY_REALLOC_COPY;
-    pkv_status st = pkvi_extent_create(slots, PKVI_EXTENT_FIRST_FIT, &c->ea);
+    c->per_call = kind_per_call(kind);
+    c->dm_kind = contig_dm(kind, cfg);
+    pkv_status st = c->dm_kind != PKV_DEVICE_MEM_ARENA
+                        ? pkvi_devmem_create(c->dm_kind, slots * cfg->bytes_per_token, dm_call, c, &c->dm)
+                        : pkvi_extent_create(slots, PKVI_EXTENT_FIRST_FIT, &c->ea);
     if (st != PKV_OK) {
         contig_destroy(c);
         return st;
@@ -303,7 +363,7 @@ static pkv_status contig_create(pkv_policy kind, const pkv_policy_config *cfg,
         return contig_create(KIND, cfg, info, out);                                                \
     }                                                                                              \
     static uint64_t ident##_need(const pkv_policy_config *cfg, const pkv_policy_admit *a) {        \
-        return contig_need(KIND, cfg->max_seq_len, a);                                             \
+        return contig_need(KIND, cfg->max_seq_len, contig_dm(KIND, cfg), cfg->bytes_per_token, a);  \
     }                                                                                              \
     const pkv_policy_vtable pkvi_policy_##ident##_vtable = {                                       \
         .abi_version = PKV_POLICY_ABI_VERSION,                                                     \

@@ -16,13 +16,19 @@
 //
 // Calls: one map call per page and buffer (cuMemMap + cuMemSetAccess), priced by
 // the replay's allocation cost model as an alloc call of page_bytes; one unmap
-// call per page and buffer at release, priced as a free. Without map-ahead every
-// call sits in the step that needs it (synchronous, or as the model says). With
-// map-ahead (vAttention's overlap of allocation with compute): when a decode fills
-// a sequence's last mapped group, the next group is mapped right away by a
-// background thread, overlapping the next step (charged as overlapping calls), so
-// the decode that needs it finds it mapped; release's unmaps overlap likewise.
-// Admission maps (the prompt) stay in the critical path.
+// call per page and buffer at release, priced as a free.
+//
+// Two policies: `vmm` is vAttention's published design (map-ahead, eager
+// allocation and deferred reclamation on, params.vmm_map_ahead and
+// vmm_defer_reclaim, both 1 by default); `vmm-sync` is the ablation with all
+// three off, every call in the step that needs it. With map-ahead (vAttention's
+// overlap of allocation with compute): when a decode fills a sequence's last
+// mapped group, the next group is mapped right away by a background thread,
+// overlapping the next step (charged as overlapping calls), so the decode that
+// needs it finds it mapped; release's unmaps overlap likewise. Eager allocation
+// (with map-ahead): a new request's prompt pages are mapped by the same thread
+// while it waits to be scheduled, so admission maps are overlapping calls too
+// (only the part longer than the prefill step shows).
 //
 // Deferred reclamation (vAttention's other latency-hiding step, its "deferred
 // reclamation + eager allocation"): a finished request's rows are not unmapped;
@@ -150,23 +156,24 @@ static uint64_t final_groups(const vmm *v, uint32_t final_len) {
     return g;
 }
 
-// The replay's vmm parameters (the page, the 2 x layers buffers, map-ahead).
-static int vmm_params(const pkv_policy_config *cfg, uint64_t *page, uint32_t *buffers, int *map_ahead,
-                      int *defer) {
+// The replay's vmm parameters (the page, the 2 x layers buffers, map-ahead);
+// `sync`: the vmm-sync ablation, overlap and reuse off whatever params say.
+static int vmm_params(const pkv_policy_config *cfg, int sync, uint64_t *page, uint32_t *buffers,
+                      int *map_ahead, int *defer) {
     const pkv_replay_params *p = cfg->params;
     if (!p || p->model.num_layers == 0 || p->vmm_page_bytes == 0) return -1;
     *page = p->vmm_page_bytes;
     *buffers = 2 * p->model.num_layers;
-    *map_ahead = p->vmm_map_ahead;
-    *defer = p->vmm_defer_reclaim;
+    *map_ahead = sync ? 0 : p->vmm_map_ahead;
+    *defer = sync ? 0 : p->vmm_defer_reclaim;
     return cfg->bytes_per_token % *buffers == 0 ? 0 : -1;
 }
 
-static uint64_t vmm_need(const pkv_policy_config *cfg, const pkv_policy_admit *a) {
+static uint64_t need_of(const pkv_policy_config *cfg, int sync, const pkv_policy_admit *a) {
     uint64_t page;
     uint32_t buffers;
     int ahead, defer;
-    if (vmm_params(cfg, &page, &buffers, &ahead, &defer) != 0) return UINT64_MAX;
+    if (vmm_params(cfg, sync, &page, &buffers, &ahead, &defer) != 0) return UINT64_MAX;
     vmm v = {.page = page, .tb = cfg->bytes_per_token / buffers, .map_ahead = ahead,
              .max_seq_len = cfg->max_seq_len};
     if (v.tb == 0) return UINT64_MAX;
@@ -238,7 +245,7 @@ static pkv_status vmm_admit(void *pp, uint32_t r, const pkv_policy_admit *a, uin
     // others receive a copy (no sharing across rows).
     if (a->nseq > 1 && !a->independent) v->copy_slots += (uint64_t)(a->nseq - 1) * a->prompt;
     v->nrows[r] = rows;
-    map_groups(v, fresh, 0); // the prompt is mapped in the critical path
+    map_groups(v, fresh, v->map_ahead); // eager allocation: by the background thread
     return PKV_OK;
 }
 
@@ -386,12 +393,12 @@ static void vmm_destroy(void *pp) {
     free(v);
 }
 
-static pkv_status vmm_create(const pkv_policy_config *cfg, pkv_policy_info *info, void **out) {
+static pkv_status create_of(const pkv_policy_config *cfg, int sync, pkv_policy_info *info, void **out) {
     uint64_t page;
     uint32_t buffers;
     int ahead, defer;
     if (!cfg || !info || !out || cfg->bytes_per_token == 0 || cfg->max_seq_len == 0 ||
-        vmm_params(cfg, &page, &buffers, &ahead, &defer) != 0)
+        vmm_params(cfg, sync, &page, &buffers, &ahead, &defer) != 0)
         return PKV_ERR_INVALID_ARG;
     vmm *v = calloc(1, sizeof *v);
     if (!v) return PKV_ERR_OUT_OF_MEMORY;
@@ -443,18 +450,35 @@ static pkv_status vmm_create(const pkv_policy_config *cfg, pkv_policy_info *info
     return PKV_OK;
 }
 
-const pkv_policy_vtable pkvi_policy_vmm_vtable = {
-    .abi_version = PKV_POLICY_ABI_VERSION,
-    .name = "vmm",
-    .create = vmm_create,
-    .destroy = vmm_destroy,
-    .need = vmm_need,
-    .fits_alone = vmm_fits_alone,
-    .admit = vmm_admit,
-    .fork = vmm_fork,
-    .grow = vmm_grow,
-    .release = vmm_release,
-    .stats = vmm_stats,
-    .reservation = vmm_reservation,
-    .validate = vmm_validate,
-};
+static pkv_status vmm_create(const pkv_policy_config *cfg, pkv_policy_info *info, void **out) {
+    return create_of(cfg, 0, info, out);
+}
+static uint64_t vmm_need(const pkv_policy_config *cfg, const pkv_policy_admit *a) {
+    return need_of(cfg, 0, a);
+}
+static pkv_status vmm_sync_create(const pkv_policy_config *cfg, pkv_policy_info *info, void **out) {
+    return create_of(cfg, 1, info, out);
+}
+static uint64_t vmm_sync_need(const pkv_policy_config *cfg, const pkv_policy_admit *a) {
+    return need_of(cfg, 1, a);
+}
+
+#define VMM_VTABLE(ident, NAME)                                                                    \
+    const pkv_policy_vtable pkvi_policy_##ident##_vtable = {                                       \
+        .abi_version = PKV_POLICY_ABI_VERSION,                                                     \
+        .name = NAME,                                                                              \
+        .create = ident##_create,                                                                  \
+        .destroy = vmm_destroy,                                                                    \
+        .need = ident##_need,                                                                      \
+        .fits_alone = vmm_fits_alone,                                                              \
+        .admit = vmm_admit,                                                                        \
+        .fork = vmm_fork,                                                                          \
+        .grow = vmm_grow,                                                                          \
+        .release = vmm_release,                                                                    \
+        .stats = vmm_stats,                                                                        \
+        .reservation = vmm_reservation,                                                            \
+        .validate = vmm_validate,                                                                  \
+    };
+
+VMM_VTABLE(vmm, "vmm")
+VMM_VTABLE(vmm_sync, "vmm-sync")

@@ -19,12 +19,13 @@ static int params_ok(const pkv_replay_params *p) {
            (p->kv_dtype == PKV_DTYPE_F32 ||
             (pkv_dtype_is_quantized(p->kv_dtype) && p->mode == PKV_REPLAY_SIM)) &&
            (p->batching == PKV_BATCHING_CONTINUOUS || p->batching == PKV_BATCHING_STATIC) &&
+           (unsigned)p->device_mem <= PKV_DEVICE_MEM_TORCH_CACHING &&
            !(p->batching == PKV_BATCHING_STATIC && p->chunked_prefill) &&
            p->load_scale > 0 && isfinite(p->load_scale) && p->alloc_model.alloc.base_s >= 0 &&
            p->alloc_model.alloc.per_byte_s >= 0 && p->alloc_model.free.base_s >= 0 &&
            p->alloc_model.free.per_byte_s >= 0 && pkv_replay_sim_efficiency(p, &eff) == PKV_OK &&
            pkv_model_config_validate(&p->model) == PKV_OK &&
-           (p->policy != PKV_POLICY_VMM ||
+           ((p->policy != PKV_POLICY_VMM && p->policy != PKV_POLICY_VMM_SYNC) ||
             (p->vmm_page_bytes >= 4096 && p->vmm_page_bytes % 4096 == 0));
 }
 
@@ -93,8 +94,12 @@ static pkv_status replay(const pkv_trace *trace, const pkv_replay_params *params
     e.wq = malloc(((size_t)e.n + 1) * sizeof *e.wq);
     e.rec = rec;
     e.fixed = prm.schedule;
-    if (e.fixed) e.queued = calloc(e.n, 1);
-    if (!max_seqs || !e.st || !e.running || !e.wq || (e.fixed && !e.queued)) {
+    e.grow_r = UINT32_MAX;
+    if (e.fixed) {
+        e.queued = calloc(e.n, 1);
+        e.due = malloc(((size_t)e.n + 1) * sizeof *e.due);
+    }
+    if (!max_seqs || !e.st || !e.running || !e.wq || (e.fixed && (!e.queued || !e.due))) {
         st = PKV_ERR_OUT_OF_MEMORY;
         goto done;
     }
@@ -107,6 +112,8 @@ static pkv_status replay(const pkv_trace *trace, const pkv_replay_params *params
         snprintf(report->schedule, sizeof report->schedule, "own");
     snprintf(report->mode, sizeof report->mode, "%s", prm.mode == PKV_REPLAY_SIM ? "sim" : "run");
     report->kv_bytes_per_token = e.bpt;
+    snprintf(report->memory.device_mem, sizeof report->memory.device_mem, "%s",
+             pkvi_device_mem_label(&prm));
     snprintf(report->alloc.model, sizeof report->alloc.model, "%s",
              prm.mode == PKV_REPLAY_SIM ? prm.alloc_model.name : "measured");
     pkv_policy_config pc = {
@@ -164,6 +171,7 @@ done:
     free(e.wq);
     free(e.seqs);
     free(e.queued);
+    free(e.due);
     if (st == PKV_OK) report->replay_seconds = pkvi_now_seconds() - wall0;
     return st;
 }

@@ -56,6 +56,35 @@ extern const pkv_policy_vtable pkvi_policy_realloc_copy_vtable;
 extern const pkv_policy_vtable pkvi_policy_contig_pow2_grow_vtable;
 extern const pkv_policy_vtable pkvi_policy_token_vtable;
 extern const pkv_policy_vtable pkvi_policy_vmm_vtable; // policy_vmm.c (vAttention)
+extern const pkv_policy_vtable pkvi_policy_vmm_sync_vtable; // its synchronous ablation
+
+// The device memory model a malloc-per-request / realloc-copy replay of p uses
+// (DEFAULT resolved; arena in run mode), and the label of p's allocator in
+// reports (report.memory.device_mem). Defined in params.c.
+pkv_device_mem pkvi_device_mem_of(const pkv_replay_params *p);
+const char *pkvi_device_mem_label(const pkv_replay_params *p);
+
+// ---- device memory models (device_mem.c) ----
+// The cudaMalloc-style policies' allocator in sim mode: "cuda" (2 MiB granules,
+// no placement) and "torch-caching" (PyTorch's caching allocator over a device
+// of capacity bytes). Each allocation gets a handle; the device calls it makes
+// (cudaMalloc / cudaFree of a segment) go to `calls`.
+typedef struct pkvi_devmem pkvi_devmem;
+typedef void (*pkvi_devmem_calls)(void *ctx, pkv_backend_call kind, uint64_t bytes);
+pkv_status pkvi_devmem_create(pkv_device_mem kind, uint64_t capacity_bytes, pkvi_devmem_calls calls,
+                              void *ctx, pkvi_devmem **out);
+void pkvi_devmem_destroy(pkvi_devmem *m);
+// Allocate `bytes` (> 0): *handle and *held, the bytes it occupies (rounded,
+// split remainder excluded). PKV_ERR_OUT_OF_BLOCKS when the device cannot.
+pkv_status pkvi_devmem_alloc(pkvi_devmem *m, uint64_t bytes, uint64_t *handle, uint64_t *held);
+void pkvi_devmem_free(pkvi_devmem *m, uint64_t handle);
+// Bytes an allocation of `bytes` takes from an empty device (stateless, for
+// need(): cuda, its 2 MiB pages; torch-caching, the segment it cudaMallocs).
+uint64_t pkvi_devmem_rounded(pkv_device_mem kind, uint64_t bytes);
+// Bytes held by live allocations; bytes obtained from the device (segments).
+uint64_t pkvi_devmem_held(const pkvi_devmem *m);
+uint64_t pkvi_devmem_segments(const pkvi_devmem *m);
+pkv_status pkvi_devmem_validate(const pkvi_devmem *m);
 
 // ---- step executors ----
 

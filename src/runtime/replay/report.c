@@ -70,6 +70,7 @@ static void write_run(FILE *f, const pkv_replay_report *r) {
     field(f, ", \"external_frag\": ", r->memory.breakdown.external_frag);
     field(f, ", \"free\": ", r->memory.breakdown.free);
     field(f, "}, \"padding_frac\": ", r->memory.padding_frac);
+    fprintf(f, ", \"device_mem\": \"%s\"", r->memory.device_mem);
     fprintf(f, "},\n     \"alloc\": {\"backend_alloc_calls\": %llu, \"backend_free_calls\": %llu, "
                "\"backend_alloc_seconds\": ",
             (unsigned long long)r->alloc.backend_alloc_calls,
@@ -77,6 +78,7 @@ static void write_run(FILE *f, const pkv_replay_report *r) {
     num(f, r->alloc.backend_alloc_seconds);
     field(f, ", \"backend_free_seconds\": ", r->alloc.backend_free_seconds);
     field(f, ", \"step_seconds\": ", r->alloc.step_seconds);
+    field(f, ", \"overlapped_seconds\": ", r->alloc.overlapped_seconds);
     fprintf(f, ", \"seconds_measured\": %s, \"model\": ", r->alloc.seconds_measured ? "true" : "false");
     str(f, r->alloc.model);
     fputs("},\n", f);

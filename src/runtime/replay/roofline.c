@@ -2,11 +2,14 @@
 // GPU presets, their default sim efficiency, and the roofline step-time model
 // used by sim mode.
 //
-// A step's time is max(flops / peak_flops, bytes / mem_bw) + swap / host_link_bw:
+// A step's time is the sum of its kernels' rooflines (step_kernels below: the
+// linear layers, prefill attention, decode attention, device copies, each
+// max(flops / peak_flops, bytes / mem_bw)) + swap / host_link_bw, where
 // - flops = 2 x params x tokens (every weight is one multiply-add per token)
 //         + 4 x layers x heads x head_dim x (query, key) pairs (QK^T and PV);
-// - bytes = the weights once per step (params x dtype_bytes)
-//         + KV read (every context token of every sequence) and written (the new
+// - bytes = the weights once per step (weights_read below: every weight but the
+//           rows of the token embedding the batch does not use; the LM head reads
+//           all of its own) + KV read (every context token of every sequence) and written (the new
 //           tokens), at kv_bytes_per_token each, + device copies read and written.
 // peak_flops and mem_bw are the datasheet's times pkv_sim_efficiency's fractions,
 // plus its per-step overhead. By default (sim_eff all 0) the fractions are the
@@ -65,7 +68,9 @@ typedef struct published {
     double decode_tok_s;       // tokens/s, batch 1, bf16/fp16 weights
     const char *prefill_model; // NULL: no prefill figure
     double prefill_tokens;     // prompt length
-    double prefill_s;          // first-token latency, batch 1, fp16
+    double prefill_s;          // first-token latency, batch 1
+    double prefill_peak;       // flop/s the prefill figure is a fraction of; 0: the
+                               // preset's fp16/bf16 peak (an FP8 figure: the FP8 peak)
     const char *like;          // NULL, or the preset whose fractions apply
     const char *source;        // shown in reports (fits pkv_sim_efficiency.source)
 } published;
@@ -77,16 +82,21 @@ static const published published_figures[] = {
     // Prefill: NVIDIA/TensorRT-LLM docs/source/performance.md (release 0.5.0, 2023),
     // "Low Latency", "A100 GPUs (FP16)": LLaMA 7B, batch 1, TP 1, input 2048,
     // 1st token latency 133 ms.
-    {"a100-80g", "llama2-7b", 107.38, "llama2-7b", 2048, 0.133, NULL,
+    {"a100-80g", "llama2-7b", 107.38, "llama2-7b", 2048, 0.133, 0, NULL,
      "torchao A100 bf16 decode; TensorRT-LLM 0.5 fp16 TTFT"},
     // Decode: the same torchao table, "CUDA backend | NVIDIA-H100 GPU",
     // Llama-3.1-8B "Base (bfloat16)": 126.90 tokens/s, batch 1 (1904.75 GB/s as
-    // that table counts). Prefill: no fp16/bf16 whole-step figure found (TensorRT-LLM
-    // 0.5 lists H100 first-token latency in FP8 only): compute stays at 1.
-    {"h100-80g", "llama3-8b", 126.90, NULL, 0, 0, NULL,
-     "torchao H100 bf16 decode; no H100 fp16 prefill figure"},
+    // that table counts). Prefill: no fp16/bf16 whole-step figure for Hopper was
+    // found; derived from the same TensorRT-LLM 0.5 table's H100 FP8 row (LLaMA 7B,
+    // batch 1, input 2048, 1st token latency 36 ms) as a fraction of the FP8 dense
+    // peak (1979 TFLOPS): the share of its tensor peak that engine reached on
+    // Hopper, applied to the bf16 peak. Conservative: an fp16 prefill spends
+    // relatively less time outside the GEMMs than an FP8 one (2048 tokens: 72 ms
+    // here against the FP8 36 ms).
+    {"h100-80g", "llama3-8b", 126.90, "llama2-7b", 2048, 0.036, 1979e12, NULL,
+     "torchao H100 bf16 decode; TRT-LLM 0.5 H100 FP8 TTFT share"},
     // No H200 figure found: the H100's fractions (same Hopper SM, HBM3e).
-    {"h200-141g", NULL, 0, NULL, 0, 0, "h100-80g",
+    {"h200-141g", NULL, 0, NULL, 0, 0, 0, "h100-80g",
      "H100's fractions: no H200 figure"},
 };
 
@@ -100,6 +110,20 @@ pkv_sim_efficiency pkv_sim_efficiency_peak(void) {
     return e;
 }
 
+// Weight bytes one step of `tokens` tokens reads: every weight once, except the
+// token embedding (and a learned position table), of which only the batch's rows
+// are read; the LM head reads all of its own (a tied one is the embedding).
+static double weights_read(const pkv_model_config *m, double dtype_bytes, double tokens) {
+    const double d = m->d_model;
+    double skipped = 0, rows = tokens * d;
+    if (!m->tied_embeddings) skipped += (double)m->vocab_size * d;
+    if (m->pos == PKV_POS_LEARNED) {
+        skipped += (double)m->max_seq_len * d;
+        rows += tokens * d;
+    }
+    return ((double)pkv_model_param_count(m) - skipped + rows) * dtype_bytes;
+}
+
 // The fractions of `f` on `gpu` (its datasheet rates); 1 where f has no figure.
 static pkv_status published_fractions(const published *f, const pkv_gpu_spec *gpu, double *bw,
                                       double *compute) {
@@ -107,7 +131,7 @@ static pkv_status published_fractions(const published *f, const pkv_gpu_spec *gp
     pkv_model_config m;
     if (f->decode_model) {
         if (pkv_model_preset(f->decode_model, &m) != PKV_OK) return PKV_ERR_NOT_FOUND;
-        const double bytes = (double)pkv_model_param_count(&m) * 2.0; // fp16/bf16 weights
+        const double bytes = weights_read(&m, 2.0, 1); // fp16/bf16 weights, one token
         *bw = bytes * f->decode_tok_s / gpu->mem_bw;
     }
     if (f->prefill_model) {
@@ -115,7 +139,7 @@ static pkv_status published_fractions(const published *f, const pkv_gpu_spec *gp
         const double t = f->prefill_tokens;
         const double flops = 2.0 * (double)pkv_model_param_count(&m) * t +
                              4.0 * m.num_layers * (double)m.num_heads * m.head_dim * (t * (t + 1) / 2);
-        *compute = flops / f->prefill_s / gpu->peak_flops;
+        *compute = flops / f->prefill_s / (f->prefill_peak > 0 ? f->prefill_peak : gpu->peak_flops);
     }
     // A measurement faster than the datasheet would be a wrong figure, not a fraction.
     return *bw > 0 && *bw <= 1 && *compute > 0 && *compute <= 1 ? PKV_OK : PKV_ERR_INVALID_ARG;
@@ -155,48 +179,87 @@ pkv_status pkv_sim_efficiency_for_gpu(const pkv_gpu_spec *gpu, pkv_sim_efficienc
 
 typedef struct roofline {
     pkvi_executor base;
-    double weight_bytes;
+    double weight_bytes;        // weights_read of zero tokens
+    double row_bytes;           // embedding rows read per token
     double flops_per_token;     // 2 x params
     double attn_flops_per_pair; // 4 x layers x heads x head_dim
     double kv_bytes_per_token;
     double peak_flops, mem_bw, host_bw; // achieved: peak x the efficiency fraction
     double overhead_s;                   // per step with work
+    int copy_overlap;                    // device copies on a second stream
 } roofline;
 
-// Roofline time of `tokens` new tokens reading `kv_tokens` of KV with `pairs`
-// attention pairs and `copy` device bytes; the work into *flops, *bytes.
-static double roof(const roofline *m, double tokens, double pairs, double kv_tokens, double copy,
-                   double *flops, double *bytes) {
-    *flops = m->flops_per_token * tokens + m->attn_flops_per_pair * pairs;
-    *bytes = m->weight_bytes + m->kv_bytes_per_token * kv_tokens + 2.0 * copy;
-    const double tc = *flops / m->peak_flops, tm = *bytes / m->mem_bw;
+// One kernel's roofline time: max(flops / peak, bytes / bandwidth), both achieved.
+static double kernel(const roofline *m, double flops, double bytes) {
+    const double tc = flops / m->peak_flops, tm = bytes / m->mem_bw;
     return tc > tm ? tc : tm;
+}
+
+// A step is a sequence of kernels on one stream, each waiting for the one before
+// (the attention reads the cache a copy wrote; the next layer's GEMM reads the
+// attention's output), so its time is the sum of their rooflines, not one
+// max() over the summed work, which would let a kernel's memory traffic hide
+// under another's flops:
+//   linear layers: one GEMM pass over every token of the step, prefill and decode
+//     together (engines batch them: vLLM's mixed steps), reading the weights once;
+//   prefill attention: its (query, key) pairs, reading the prefills' context and
+//     writing their new K/V;
+//   decode attention: a separate kernel (paged decode), reading every decoding
+//     sequence's context and writing one token each;
+//   device copies (realloc's move, regrowth, copy-on-write, fork copies, swap-in
+//     landing): read and written, a kernel of their own before the attention that
+//     reads them. With copy_overlap they run on a second stream during the linear
+//     layers instead: their bytes join the GEMM's roofline (the two share HBM
+//     bandwidth, so a copy hides only in a compute-bound GEMM's slack), and the
+//     attention still waits for them.
+// *flops and *bytes get the step's totals (for utilizations and calibration).
+static double step_kernels(const roofline *m, const pkvi_step_batch *b, double *flops,
+                           double *bytes, double *prefill_s, double *decode_s) {
+    const double pt = (double)b->prefill_tokens, dt = (double)b->num_decode_seqs;
+    const double tokens = pt + dt;
+    const double copy = 2.0 * (double)b->copy_bytes;
+    double f = 0, by = copy, t_gemm = 0, t_pa = 0, t_da = 0;
+    double t_copy = copy / m->mem_bw;
+    if (tokens > 0) {
+        const double gf = m->flops_per_token * tokens, gb = m->weight_bytes + m->row_bytes * tokens;
+        if (m->copy_overlap) {
+            t_gemm = kernel(m, gf, gb + copy);
+            t_copy = 0;
+        } else {
+            t_gemm = kernel(m, gf, gb);
+        }
+        f += gf;
+        by += gb;
+    }
+    if (pt > 0) {
+        const double af = m->attn_flops_per_pair * b->prefill_attn_pairs;
+        const double ab = m->kv_bytes_per_token * ((double)b->prefill_ctx_tokens + pt);
+        t_pa = kernel(m, af, ab);
+        f += af;
+        by += ab;
+    }
+    if (dt > 0) {
+        const double af = m->attn_flops_per_pair * (double)b->decode_ctx_tokens;
+        const double ab = m->kv_bytes_per_token * ((double)b->decode_ctx_tokens + dt);
+        t_da = kernel(m, af, ab);
+        f += af;
+        by += ab;
+    }
+    // The GEMM time split between prefill and decode by their tokens.
+    *prefill_s = tokens > 0 ? t_gemm * pt / tokens + t_pa : 0;
+    *decode_s = tokens > 0 ? t_gemm * dt / tokens + t_da : 0;
+    *flops = f;
+    *bytes = by;
+    return t_gemm + t_pa + t_da + t_copy;
 }
 
 static pkv_status roofline_step(pkvi_executor *e, const pkvi_step_batch *b, double *seconds,
                                 pkvi_step_time *parts) {
     const roofline *m = (const roofline *)e;
-    const double tokens = (double)b->prefill_tokens + (double)b->num_decode_seqs;
-    double t = 0, f = 0, by = 0;
     memset(parts, 0, sizeof *parts);
-    if (tokens > 0) {
-        const double pairs = b->prefill_attn_pairs + (double)b->decode_ctx_tokens;
-        const double kv_tokens = (double)b->decode_ctx_tokens + (double)b->prefill_ctx_tokens + tokens;
-        t = roof(m, tokens, pairs, kv_tokens, (double)b->copy_bytes, &f, &by) + m->overhead_s;
-        // The split: each part's time had it run alone, scaled to the step.
-        double fp, bp, fd, bd, tp = 0, td = 0;
-        if (b->prefill_tokens)
-            tp = roof(m, (double)b->prefill_tokens, b->prefill_attn_pairs,
-                      (double)b->prefill_ctx_tokens + (double)b->prefill_tokens, 0, &fp, &bp);
-        if (b->num_decode_seqs)
-            td = roof(m, (double)b->num_decode_seqs, (double)b->decode_ctx_tokens,
-                      (double)b->decode_ctx_tokens + (double)b->num_decode_seqs, 0, &fd, &bd);
-        parts->prefill_s = tp;
-        parts->decode_s = td;
-    } else if (b->copy_bytes) {
-        by = 2.0 * (double)b->copy_bytes;
-        t = by / m->mem_bw;
-    }
+    double f, by;
+    double t = step_kernels(m, b, &f, &by, &parts->prefill_s, &parts->decode_s);
+    if (b->prefill_tokens || b->num_decode_seqs) t += m->overhead_s;
     parts->flops = f;
     parts->bytes = by;
     t += (double)b->swap_bytes / m->host_bw;
@@ -220,7 +283,8 @@ pkv_status pkvi_executor_roofline_create(const pkv_replay_params *p, pkvi_execut
     m->base.peak_flops = p->gpu.peak_flops;
     m->base.mem_bw = p->gpu.mem_bw;
     m->base.destroy = roofline_destroy;
-    m->weight_bytes = (double)params * p->dtype_bytes;
+    m->weight_bytes = weights_read(&p->model, p->dtype_bytes, 0);
+    m->row_bytes = weights_read(&p->model, p->dtype_bytes, 1) - m->weight_bytes;
     m->flops_per_token = 2.0 * (double)params;
     m->attn_flops_per_pair = 4.0 * p->model.num_layers * (double)p->model.num_heads * p->model.head_dim;
     m->kv_bytes_per_token = (double)kvb;
@@ -234,6 +298,7 @@ pkv_status pkvi_executor_roofline_create(const pkv_replay_params *p, pkvi_execut
     m->mem_bw = p->gpu.mem_bw * eff.bw_frac;
     m->host_bw = p->gpu.host_link_bw;
     m->overhead_s = eff.step_overhead_s;
+    m->copy_overlap = p->copy_overlap;
     *out = &m->base;
     return PKV_OK;
 }

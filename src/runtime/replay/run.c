@@ -680,7 +680,7 @@ pkv_status pkvi_executor_run_create(const pkv_replay_params *p, pkvi_policy *pol
     // Extent policies on their contiguous rows (the store holds fp32/fp16/bf16
     // only: an 8-bit KV runs them through the per-token table instead).
     const int quantized = st == PKV_OK && pkv_dtype_is_quantized(cp.dtype);
-    const int use_vmm = st == PKV_OK && !x->set && pol->vt == &pkvi_policy_vmm_vtable && !quantized;
+    const int use_vmm = st == PKV_OK && !x->set && (pol->vt == &pkvi_policy_vmm_vtable || pol->vt == &pkvi_policy_vmm_sync_vtable) && !quantized;
     const int use_store = st == PKV_OK && !x->set && pol->vt->extent_of && !quantized;
     if (st == PKV_OK && !x->set && !use_store && !use_vmm) {
         if (slots > PKV_POOL_MAX_BLOCKS) st = PKV_ERR_INVALID_ARG;
