@@ -54,7 +54,7 @@ _TESTBED = {
     "generate_trace": "_testbed", "TRACE_DTYPE": "_testbed", "POLICIES": "_testbed",
     "MODEL_PRESETS": "_testbed", "GPU_PRESETS": "_testbed",
     "replay": "_report", "make_trace": "_report", "ReplayReport": "_report",
-    "sweep": "sweep", "SweepReport": "sweep", "SweepError": "sweep",
+    "sweep": "_sweep", "SweepReport": "_sweep", "SweepError": "_sweep",
 }
 
 

@@ -12,8 +12,8 @@ import pytest
 
 import pagedkv as pkv
 
-# The module (pagedkv.sweep, the attribute, is the function).
-sweep_module = importlib.import_module("pagedkv.sweep")
+# The module (pagedkv.sweep is the function; its module is pagedkv._sweep).
+sweep_module = importlib.import_module("pagedkv._sweep")
 
 # 2 budgets x 2 loads x (paged at 2 block sizes + contiguous-max + vmm) = 16 points.
 GRID = {"policy": ["paged", "contiguous-max", "vmm"], "block_size": [16, 32],
