@@ -5,7 +5,8 @@
 # FAILS; the unmutated copy must pass. A planted bug that passes means the
 # emulator (or the grid) cannot see that class of bug: the script then exits 1.
 # Mutants: a wrong in-block offset, a missing barrier, an off-by-one context end,
-# a wrong rescale in the split-K merge, a wrong token offset in the cache write.
+# a wrong rescale in the split-K merge, a wrong token offset in the cache write,
+# 2-byte units for an 8-bit block copy.
 #
 # usage: tests/emu/mutate.sh BUILD_DIR   (from the repository root; BUILD_DIR is a
 #        configured and built tree: its libpagedkv.a and pkv_config.h are used)
@@ -91,6 +92,12 @@ mutant cache_write_offset attn_cache.cu \
     'const uint64_t base = blk * block_stride + off * token_stride;' \
     'const uint64_t base = blk * block_stride + off * token_stride + (off == 3);'
 report cache_write_offset fail $?
+
+# Issue 20, defect 11: an 8-bit cache copied in 2-byte units counted in bytes.
+mutant copy_8bit_unit attn_cache.cu \
+    'launch_copy<uint8_t>(base' \
+    'launch_copy<uint16_t>(base'
+report copy_8bit_unit fail $?
 
 if [ $fails -eq 0 ]; then
     echo "mutate.sh: every planted bug makes the emu suite fail"
