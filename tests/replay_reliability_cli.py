@@ -101,6 +101,31 @@ try:
     p = run("merge", "-o", "/dev/full", good)
     expect("d3 merge -o /dev/full", p, 1, "cannot write /dev/full: No space left on device")
 
+    # d3: pkv-plot's figures, the same way (when matplotlib is there).
+    plot = os.path.join(root, "tools", "pkv_plot.py")
+    have_mpl = subprocess.run([sys.executable, "-c", "import matplotlib"],
+                              capture_output=True).returncode == 0
+    if have_mpl:
+        tl = os.path.join(tmp, "tl.csv")
+        expect("d3 a timeline for the plots", run("-q", "--timeline", tl, trace), 0)
+        fig = os.path.join(tmp, "fig.png")
+
+        def plot_to(out, preexec=None):
+            return subprocess.run([sys.executable, plot, "capacity", tl, "-o", out],
+                                  capture_output=True, text=True, preexec_fn=preexec)
+
+        expect("d3 pkv-plot -o /dev/full", plot_to("/dev/full"), 1,
+               "cannot write /dev/full: No space left on device")
+        expect("d3 pkv-plot draws", plot_to(fig), 0)
+        drawn = open(fig, "rb").read()
+        expect("d3 pkv-plot, a write that fails half way", plot_to(fig, small_files), 1,
+               f"cannot write {fig}: File too large")
+        check("d3 ...leaves the previous figure whole", open(fig, "rb").read() == drawn)
+        os.unlink(tl)
+        os.unlink(fig)
+    else:
+        print("skip d3 pkv-plot (no matplotlib for %s)" % sys.executable)
+
     # d4: malformed --slo.
     for spec, term in [("ttft_p99<=2s,", "term 2"), ("ttft_p99<=2s,,tpot_p99<=1s", "term 2"),
                        (",ttft_p99<=2s", "term 1"), ("ttft_p99<=2s, ", "term 2"),

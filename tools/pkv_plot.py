@@ -20,7 +20,9 @@ Exit codes: 0 ok, 1 matplotlib missing or a write failed, 2 bad usage or input.
 import argparse
 import csv
 import math
+import os
 import sys
+import tempfile
 from collections import OrderedDict
 
 GIB = float(1 << 30)
@@ -84,11 +86,31 @@ def pyplot():
 
 
 def save(fig, out):
+    """Whole or not at all, as pkv-replay writes its reports: a temporary file in the
+    target's folder, renamed once every byte is written; a device or a FIFO (an
+    existing target that is not a regular file) is written in place."""
     fig.tight_layout(rect=(0, 0, 1, 0.96))
+    target = os.path.realpath(out)
+    fmt = os.path.splitext(out)[1][1:].lower() or "png"
+    tmp = None
     try:
-        fig.savefig(out, dpi=130, bbox_inches="tight")
+        if os.path.exists(target) and not os.path.isfile(target):
+            fig.savefig(out, dpi=130, bbox_inches="tight", format=fmt)
+        else:
+            fd, tmp = tempfile.mkstemp(prefix=os.path.basename(target) + ".tmp.",
+                                       dir=os.path.dirname(target))
+            with os.fdopen(fd, "wb") as f:
+                fig.savefig(f, dpi=130, bbox_inches="tight", format=fmt)
+            mask = os.umask(0)
+            os.umask(mask)
+            os.chmod(tmp, 0o666 & ~mask)  # mkstemp's 0600 is not a figure's mode
+            os.replace(tmp, target)
+            tmp = None
     except OSError as e:
-        fail("cannot write %s: %s" % (out, e.strerror), 1)
+        fail("cannot write %s: %s" % (out, e.strerror or e), 1)
+    finally:
+        if tmp is not None:
+            os.unlink(tmp)
     print("wrote %s" % out)
 
 
