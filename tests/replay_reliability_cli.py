@@ -101,6 +101,15 @@ try:
     p = run("merge", "-o", "/dev/full", good)
     expect("d3 merge -o /dev/full", p, 1, "cannot write /dev/full: No space left on device")
 
+    # d3: pkv-tracegen's trace, the same way.
+    tracegen = os.path.join(os.path.dirname(exe), "pkv-tracegen")
+    gen = subprocess.run([tracegen, "--out", "/dev/full"], capture_output=True, text=True)
+    expect("d3 pkv-tracegen --out /dev/full", gen, 1,
+           "pkv-tracegen: cannot write /dev/full: No space left on device")
+    with open("/dev/full", "w") as full:
+        gen = subprocess.run([tracegen], stdout=full, stderr=subprocess.PIPE, text=True)
+    expect("d3 pkv-tracegen to a full stdout", gen, 1, "cannot write stdout")
+
     # d3: pkv-plot's figures, the same way (when matplotlib is there).
     plot = os.path.join(root, "tools", "pkv_plot.py")
     have_mpl = subprocess.run([sys.executable, "-c", "import matplotlib"],
