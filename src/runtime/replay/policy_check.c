@@ -34,21 +34,24 @@ static pkv_status broken(pkvi_policy *p, const char *slot, const char *fmt, ...)
 }
 
 // A status `slot` may return: OK, OUT_OF_BLOCKS when `may_refuse`, and
-// INVALID_ARG when `may_reject`. Anything else is the policy's failure.
+// INVALID_ARG when `may_reject`. Anything else is the policy's failure
+// (r: the request it was called for, -1 for none).
 static pkv_status status_ok(pkvi_policy *p, const char *slot, pkv_status st, int may_refuse,
-                            int may_reject, uint32_t r) {
+                            int may_reject, int64_t r) {
     if (st == PKV_OK || (may_refuse && st == PKV_ERR_OUT_OF_BLOCKS) ||
         (may_reject && st == PKV_ERR_INVALID_ARG))
         return st;
     const char *name = pkv_status_str(st);
     const int defined = st >= PKV_ERR_LIMIT && st < PKV_OK;
-    (void)broken(p, slot, "returned status %d (%s)%s (request %u)", (int)st, name,
-                 defined ? ", which this slot may not return" : ", which the ABI does not define", r);
+    char req[32] = "";
+    if (r >= 0) snprintf(req, sizeof req, " (request %lld)", (long long)r);
+    (void)broken(p, slot, "returned status %d (%s)%s%s", (int)st, name,
+                 defined ? ", which this slot may not return" : ", which the ABI does not define", req);
     return st == PKV_ERR_OUT_OF_MEMORY ? st : PKV_ERR_CORRUPT;
 }
 
 pkv_status pkvi_policy_check_create(pkvi_policy *p, pkv_status st, uint64_t budget_slots) {
-    st = status_ok(p, "create", st, 1, 1, 0);
+    st = status_ok(p, "create", st, 1, 1, -1);
     if (st != PKV_OK) {
         // A refusal of the config is not a broken contract, but still named.
         if (st == PKV_ERR_INVALID_ARG)
