@@ -4,7 +4,8 @@
 # casts included, every report fatal) and run each for a bounded time.
 # Usage: scripts/fuzz.sh [SECONDS_PER_TARGET [TARGET...]]
 #   SECONDS_PER_TARGET  default 60 (CI); e.g. 1800 for a long run on demand
-#   TARGET              fuzz_trace, fuzz_tracegen, fuzz_allocator (default: all)
+#   TARGET              fuzz_trace, fuzz_tracegen, fuzz_allocator, fuzz_replay,
+#                       fuzz_plugin (default: all)
 # Environment: FUZZ_DIR (default build-fuzz) holds the binaries, the growing
 # corpora (seeded from tests/fuzz/corpus/TARGET, which stays small and
 # committed) and any crash artifacts; CC (default clang).
@@ -15,7 +16,9 @@ cd "$(dirname "$0")/.."
 secs="${1:-60}"
 shift || true
 targets=("$@")
-if ((${#targets[@]} == 0)); then targets=(fuzz_trace fuzz_tracegen fuzz_allocator); fi
+if ((${#targets[@]} == 0)); then
+    targets=(fuzz_trace fuzz_tracegen fuzz_allocator fuzz_replay fuzz_plugin)
+fi
 cc="${CC:-clang}"
 dir="${FUZZ_DIR:-build-fuzz}"
 mkdir -p "$dir/artifacts"
@@ -26,13 +29,29 @@ command -v "$cc" >/dev/null || { echo "fuzz: $cc not found (scripts/deps.sh --fu
 trace_src=(src/runtime/trace/trace.c src/runtime/trace/rows.c src/runtime/trace/csv.c
            src/runtime/trace/jsonl.c src/runtime/trace/generator.c)
 alloc_src=(src/allocator/pool.c src/allocator/seqset.c src/allocator/prefix_cache.c)
-flags=(-std=c11 -D_POSIX_C_SOURCE=200809L -DPKV_BUILDING -g -O1 -Iinclude -Isrc/allocator
-       -Isrc/runtime/trace -fno-omit-frame-pointer
+# The replay harnesses need the whole library without CUDA or BLAS (run mode
+# links in but never runs: sim only).
+replay_src=(src/allocator/{status,pool,seqset,backend,backend_host,backend_cuda_none,cache}.c
+            src/allocator/{prefix_cache,extent,vmm,vmm_host,vmm_cuda_none}.c
+            src/attention/{attn_check,attn_plan,attn_cpu,attn_cpu_copy,attn_cpu_quant,attn_cuda_none}.c
+            src/runtime/model/{config,model,weights,loader,ops_cpu,contig_kv,sampler,generate}.c
+            "${trace_src[@]}" src/runtime/replay/*.c)
+# What meson generates: the build options (no CUDA, no BLAS) and the version.
+gen="$dir/gen"
+mkdir -p "$gen/pkv"
+printf '#pragma once\n#define PKV_HAVE_BLAS 0\n#define PKV_HAVE_CUDA 0\n' >"$gen/pkv_config.h"
+sed 's/@PKV_VERSION_MAJOR@/0/; s/@PKV_VERSION_MINOR@/0/; s/@PKV_VERSION_PATCH@/0/; s/@PKV_VERSION@/fuzz/' \
+    include/pkv/version.h.in >"$gen/pkv/version.h"
+flags=(-std=c11 -D_POSIX_C_SOURCE=200809L -DPKV_BUILDING -g -O1 -I"$gen" -Iinclude -I.
+       -Isrc/allocator -Isrc/runtime/trace -fno-omit-frame-pointer
        -fsanitize=fuzzer,address,undefined,float-cast-overflow -fno-sanitize-recover=all)
-# max_len per target: a few KiB of trace text, a few hundred allocator ops.
+# max_len per target: a few KiB of trace text, a few hundred allocator ops, the
+# replay's options + 12 requests (+ a plugin's script of lies).
 declare -A srcs=([fuzz_trace]="${trace_src[*]}" [fuzz_tracegen]="${trace_src[*]}"
-                 [fuzz_allocator]="${alloc_src[*]}")
-declare -A maxlen=([fuzz_trace]=4096 [fuzz_tracegen]=128 [fuzz_allocator]=1024)
+                 [fuzz_allocator]="${alloc_src[*]}" [fuzz_replay]="${replay_src[*]}"
+                 [fuzz_plugin]="${replay_src[*]}")
+declare -A maxlen=([fuzz_trace]=4096 [fuzz_tracegen]=128 [fuzz_allocator]=1024 [fuzz_replay]=60
+                   [fuzz_plugin]=512)
 
 status=0
 for t in "${targets[@]}"; do

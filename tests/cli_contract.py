@@ -75,7 +75,7 @@ CASES = [
      "pkv-replay: {f}:2: field TIMESTAMP: NUL byte", None),
     ("d4 NUL after a JSON number", ["{f}"],
      b'{"timestamp": 1\x00, "input_length": 3, "output_length": 4}\n', None, 2,
-     "pkv-replay: {f}:1: NUL byte", None),
+     "pkv-replay: {f}:1: field timestamp: NUL byte", None),  # the key: issue 20, defect 10
     # Defect 6: saved traces load back.
     ("d6 rate 1e-300 trace replays", ["--quiet", "{g}"], None,
      ["--rate", "1e-300", "--requests", "3"], 0, "", None),

@@ -720,3 +720,38 @@ Test(seqset, fork_refuses_a_saturated_refcount) {
     cr_assert_eq(pkv_seq_fork_at(set, a, B, &f), PKV_OK, "the first block alone is fine");
     pool->refcount[b1] = 1; // the references the set holds: teardown's exclusive check
 }
+
+// Issue 20, defect 8: an empty sequence (no block table yet) in a moved group.
+// The old code called memcpy(uniq + t, NULL, 0), undefined behaviour that the
+// sanitizer builds of CI (-fsanitize=undefined, halt_on_error) stop on.
+Test(seqset, move_group_with_empty_sequences) {
+    pkv_pool *hp;
+    pkv_seqset *host;
+    cr_assert_eq(pkv_pool_create(16, &hp), PKV_OK);
+    cr_assert_eq(pkv_seqset_create(hp, B, &host), PKV_OK);
+    pkv_seq_id s[3];
+    cr_assert_eq(pkv_seq_create(set, &s[0]), PKV_OK); // empty
+    s[1] = new_seq(B + 1);
+    cr_assert_eq(pkv_seq_create(set, &s[2]), PKV_OK); // empty
+    pkv_block_copy pairs[4];
+    pkv_seq_id moved[3];
+    uint32_t np = 99;
+    cr_assert_eq(pkv_seq_move_group(set, s, 3, host, moved, pairs, 4, &np), PKV_OK);
+    cr_assert_eq(np, 2, "the one non-empty sequence's two blocks");
+    const uint32_t want[3] = {0, B + 1, 0};
+    for (int i = 0; i < 3; i++) {
+        uint32_t len;
+        cr_assert_eq(pkv_seq_length(host, moved[i], &len), PKV_OK);
+        cr_assert_eq(len, want[i], "sequence %d: %u tokens", i, len);
+    }
+    cr_assert_eq(pkv_pool_free_count(hp), 14);
+    // Only empty sequences: nothing to copy, nothing taken.
+    pkv_seq_id e[2], me[2];
+    cr_assert_eq(pkv_seq_create(set, &e[0]), PKV_OK);
+    cr_assert_eq(pkv_seq_create(set, &e[1]), PKV_OK);
+    cr_assert_eq(pkv_seq_move_group(set, e, 2, host, me, pairs, 0, &np), PKV_OK);
+    cr_assert_eq(np, 0);
+    cr_assert_eq(pkv_pool_free_count(hp), 14);
+    pkv_seqset_destroy(host);
+    pkv_pool_destroy(hp);
+}

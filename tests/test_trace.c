@@ -587,7 +587,7 @@ Test(issue15, d4_nul_bytes_are_errors_in_every_reader) {
                              "0\0,ChatGPT,10,5,15,Conversation log\n";
     parse_bad_n(bg, sizeof bg - 1, "bg.csv", 2, "Timestamp", "NUL");
     static const char mc1[] = "{\"timestamp\": 1\0, \"input_length\": 3, \"output_length\": 4}\n";
-    parse_bad_n(mc1, sizeof mc1 - 1, "m.jsonl", 1, "", "NUL");
+    parse_bad_n(mc1, sizeof mc1 - 1, "m.jsonl", 1, "timestamp", "NUL"); // issue 20, defect 10
     static const char mc2[] = "{\"timestamp\": 0, \"input_length\": 3, \"output_length\": 4, \"x\": \"a\0\"}\n";
     parse_bad_n(mc2, sizeof mc2 - 1, "m.jsonl", 1, "", "NUL");
     static const char mc3[] = "{\"timestamp\": 0, \"input_length\": 3, \"output_length\": 4, "
@@ -783,4 +783,17 @@ Test(issue15, d13_bom_accepted_and_long_rows_refused) {
         snprintf(text, sizeof text, "arrival_s,prompt_tokens,output_tokens\n%s,10,5\n", words[k]);
         parse_bad(text, "w.csv", 2, "arrival_s", "not a number");
     }
+}
+
+// ---- issue 20 ----
+
+// Defect 10: a NUL inside a Mooncake number (after its digits, or in place of
+// the next one) names the key whose value it is, as the CSV readers do.
+Test(issue20, d10_nul_in_a_mooncake_number_names_the_field) {
+    static const char in_len[] = "{\"timestamp\": 0, \"input_length\": 12\0003, \"output_length\": 4}\n";
+    parse_bad_n(in_len, sizeof in_len - 1, "nul.jsonl", 1, "input_length", "NUL");
+    static const char out_len[] = "{\"timestamp\": 0, \"input_length\": 12, \"output_length\": 4\0}\n";
+    parse_bad_n(out_len, sizeof out_len - 1, "nul.jsonl", 1, "output_length", "NUL");
+    static const char ts[] = "{\"timestamp\": 1\000, \"input_length\": 12, \"output_length\": 4}\n";
+    parse_bad_n(ts, sizeof ts - 1, "nul.jsonl", 1, "timestamp", "NUL");
 }

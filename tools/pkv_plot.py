@@ -92,7 +92,7 @@ def main():
         sys.stderr.write("pkv-plot: %s\n" % e)
         sys.exit(2)
     except OSError as e:
-        sys.stderr.write("pkv-plot: cannot write %s: %s\n" % (a.out, e.strerror))
+        sys.stderr.write("pkv-plot: cannot write %s: %s\n" % (a.out, e.strerror or e))
         sys.exit(1)
     print("wrote %s" % a.out)
 

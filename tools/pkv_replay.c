@@ -19,6 +19,7 @@
 #include "pkv/replay.h"
 #include "pkv/trace.h"
 #include "cli.h"
+#include "out_file.h"
 #include "replay_tools.h"
 
 static void usage(FILE *f) {
@@ -147,8 +148,19 @@ static int parse_f(const char *s, double *v) {
 
 // dlopen FILE and take its table; 0 on success, else a message in why.
 static int load_plugin(const char *path, const pkv_policy_vtable **vt, char *why, size_t why_len) {
+    // A path argument names a file: dlopen searches the library path for a
+    // name without a '/', so "mine.so" becomes "./mine.so" (issue 20, defect 6).
+    char local[4096];
+    const char *file = path; // messages keep the user's spelling
+    if (!strchr(path, '/')) {
+        if ((size_t)snprintf(local, sizeof local, "./%s", path) >= sizeof local) {
+            snprintf(why, why_len, "%s: path too long", path);
+            return -1;
+        }
+        file = local;
+    }
     // RTLD_LOCAL: two plugins may use the same symbol names.
-    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    void *h = dlopen(file, RTLD_NOW | RTLD_LOCAL);
     if (!h) {
         snprintf(why, why_len, "%s", dlerror());
         return -1;
@@ -204,17 +216,17 @@ static int calibrate(const char *path, const pkv_trace *trace, const pkv_replay_
     pkv_replay_calibration cal;
     pkv_status st = pkv_replay_calibrate(all, k, as, ac, fs, fc, &cal);
     free(all);
-    FILE *cf = st == PKV_OK ? fopen(path, "w") : NULL;
-    if (st == PKV_OK) {
-        snprintf(cal.model, sizeof cal.model, "%s", prm->model.name);
-        snprintf(cal.device, sizeof cal.device, "%s", prm->run_cuda ? "cuda" : "cpu");
-        cal.dtype_bytes = prm->dtype_bytes;
-    }
-    if (!cf || pkv_replay_calibration_write(cf, &cal) != PKV_OK || fclose(cf) != 0) {
-        fprintf(stderr, "pkv-replay: calibration to %s failed: %s\n", path,
-                st != PKV_OK ? pkv_status_str(st) : "cannot write");
+    if (st != PKV_OK) {
+        fprintf(stderr, "pkv-replay: calibration to %s failed: %s\n", path, pkv_status_str(st));
         return 1;
     }
+    snprintf(cal.model, sizeof cal.model, "%s", prm->model.name);
+    snprintf(cal.device, sizeof cal.device, "%s", prm->run_cuda ? "cuda" : "cpu");
+    cal.dtype_bytes = prm->dtype_bytes;
+    out_file o;
+    if (out_open(&o, "pkv-replay", path) != 0) return 1;
+    (void)pkv_replay_calibration_write(o.f, &cal); // a write error shows at the close
+    if (out_close(&o) != 0) return 1;
     fprintf(out,
             "\ncalibration %s: achieved %.3g GB/s, %.3g GFLOP/s, %.1f us/step overhead, %.3g us/alloc, "
             "%.3g us/free (%llu steps, median fit error %.1f%%)\n",
@@ -712,8 +724,11 @@ int rt_replay_main(int argc, char **argv) {
     for (size_t i = 0; i < mine; i++) {
         const rt_result *r = &results[i];
         if (r->status != PKV_OK) {
+            // A policy that broke its contract: the library names it, the slot
+            // and the value (report.failure); PKV_ERR_CORRUPT: exit 1.
+            const char *why = r->report.failure[0] ? r->report.failure : pkv_status_str(r->status);
             fprintf(stderr, "pkv-replay: point %u (policy %s) failed: %s\n", r->point.index,
-                    pkv_policy_name(r->point.policy), pkv_status_str(r->status));
+                    rt_point_policy(&r->point), why);
             if (!rc) rc = r->status == PKV_ERR_INVALID_ARG ? 2 : 1;
         } else if (r->ran && r->report.failure[0] && !r->report.partial) {
             // (An interrupted run may not have completed a request yet: that is
@@ -757,48 +772,42 @@ int rt_replay_main(int argc, char **argv) {
     if (rt_stop_requested)
         fprintf(stderr, "pkv-replay: interrupted (%s); the report covers what was replayed (partial)\n",
                 rt_stop_requested == SIGTERM ? "SIGTERM" : "SIGINT");
+    // Every output whole or not at all, every failure named (out_file.h).
+    out_file o;
     if (json_path) {
-        FILE *jf = strcmp(json_path, "-") ? fopen(json_path, "w") : stdout;
-        if (!jf) {
-            fprintf(stderr, "pkv-replay: cannot write --json %s\n", json_path);
+        if (out_open(&o, "pkv-replay", json_path) != 0) {
             wrc = 1;
         } else {
-            rt_doc_write_json(jf, &doc);
-            if (ferror(jf) || (jf != stdout && fclose(jf) != 0)) wrc = 1;
+            rt_doc_write_json(o.f, &doc);
+            if (out_close(&o) != 0) wrc = 1;
         }
     }
     if (csv_path) {
-        FILE *cf = strcmp(csv_path, "-") ? fopen(csv_path, "w") : stdout;
-        if (!cf) {
-            fprintf(stderr, "pkv-replay: cannot write --csv %s\n", csv_path);
+        if (out_open(&o, "pkv-replay", csv_path) != 0) {
             wrc = 1;
         } else {
-            rt_doc_write_csv(cf, &doc);
-            if (ferror(cf) || (cf != stdout && fclose(cf) != 0)) wrc = 1;
+            rt_doc_write_csv(o.f, &doc);
+            if (out_close(&o) != 0) wrc = 1;
         }
     }
     if (timeline_path) {
-        FILE *tf = fopen(timeline_path, "w");
-        if (!tf) {
-            fprintf(stderr, "pkv-replay: cannot write --timeline %s\n", timeline_path);
+        if (out_open(&o, "pkv-replay", timeline_path) != 0) {
             wrc = 1;
         } else {
-            rt_timeline_header(tf);
+            rt_timeline_header(o.f);
             for (size_t i = 0; i < mine; i++)
-                if (results[i].ran) rt_timeline_write(tf, &results[i]);
-            if (ferror(tf) || fclose(tf) != 0) wrc = 1;
+                if (results[i].ran) rt_timeline_write(o.f, &results[i]);
+            if (out_close(&o) != 0) wrc = 1;
         }
     }
     if (requests_path) {
-        FILE *qf = fopen(requests_path, "w");
-        if (!qf) {
-            fprintf(stderr, "pkv-replay: cannot write --requests %s\n", requests_path);
+        if (out_open(&o, "pkv-replay", requests_path) != 0) {
             wrc = 1;
         } else {
-            rt_requests_header(qf);
+            rt_requests_header(o.f);
             for (size_t i = 0; i < mine; i++)
-                if (results[i].ran) rt_requests_write(qf, &results[i]);
-            if (ferror(qf) || fclose(qf) != 0) wrc = 1;
+                if (results[i].ran) rt_requests_write(o.f, &results[i]);
+            if (out_close(&o) != 0) wrc = 1;
         }
     }
     for (size_t i = 0; i < mine; i++) {
@@ -809,6 +818,7 @@ int rt_replay_main(int argc, char **argv) {
     pkv_replay_schedule_destroy(sched);
     pkv_trace_destroy(trace);
     rt_stamp_free(&stamp);
+    if (out_check_stdout("pkv-replay") != 0) wrc = 1; // the table (or a report on "-")
     if (wrc && !rc) rc = 1;
     if (rc == 0 && rt_stop_requested) rc = 128 + rt_stop_requested; // 130 SIGINT, 143 SIGTERM
     return rc;

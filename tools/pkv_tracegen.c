@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "out_file.h"
 #include "pkv/trace.h"
 #include "cli.h"
 
@@ -158,11 +159,13 @@ int main(int argc, char **argv) {
         fprintf(stderr, "pkv-tracegen: %s\n", pkv_status_str(st));
         return 1;
     }
-    st = strcmp(out, "-") ? pkv_trace_save(t, out) : pkv_trace_write_csv(t, stdout);
-    pkv_trace_destroy(t);
-    if (st != PKV_OK) {
-        fprintf(stderr, "pkv-tracegen: cannot write %s\n", out);
+    // Whole or not at all, a failure named with its reason (out_file.h).
+    out_file o;
+    if (out_open(&o, "pkv-tracegen", out) != 0) {
+        pkv_trace_destroy(t);
         return 1;
     }
-    return 0;
+    (void)pkv_trace_write_csv(t, o.f); // a write error shows at the close
+    pkv_trace_destroy(t);
+    return out_close(&o) != 0 ? 1 : 0;
 }

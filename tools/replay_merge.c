@@ -4,13 +4,17 @@
 // whole sweep would have written: same trace, config and sweep lines, the runs
 // of every shard in point order, partial if a shard was or a point is missing.
 // Only the stamp differs: it lists the shards' stamps.
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "out_file.h"
 #include "replay_tools.h"
 
 typedef struct text {
     char *buf;
+    size_t len; // bytes in buf
+    int binary; // a NUL among them: not text
     char **lines;
     size_t n;
 } text;
@@ -39,6 +43,8 @@ static int load(const char *path, text *t) {
     fclose(f);
     if (bad) return -1;
     t->buf[len] = '\0';
+    t->len = len;
+    t->binary = memchr(t->buf, '\0', len) != NULL;
     size_t nl = 1;
     for (size_t i = 0; i < len; i++) nl += t->buf[i] == '\n';
     t->lines = malloc(nl * sizeof *t->lines);
@@ -130,15 +136,22 @@ int rt_merge_main(int argc, char **argv) {
     size_t nrows = 0, cap = 0;
     int rc = 0, json = -1, partial = 0;
     unsigned long points = 0;
-    FILE *out = NULL;
+    out_file o;
+    FILE *out;
     if (!t) {
         fprintf(stderr, "pkv-replay merge: out of memory\n");
         free(files);
         return 1;
     }
     for (size_t k = 0; k < nf; k++) {
-        if (load(files[k], &t[k]) != 0) FAIL("cannot read %s", files[k]);
-        if (t[k].n == 0) FAIL("%s is empty", files[k]);
+        errno = 0;
+        if (load(files[k], &t[k]) != 0)
+            FAIL("cannot read %s: %s", files[k], errno ? strerror(errno) : "read error");
+        if (t[k].len == 0) FAIL("%s is empty", files[k]);
+        // Binary bytes are no report, whatever the first line looks like.
+        if (t[k].binary)
+            FAIL("%s is not a pkv-replay report: it holds binary data (expected the JSON document "
+                 "of --json or the CSV of --csv)", files[k]);
         const int is_json = starts(t[k].lines[0], "{\"stamp\": ");
         if (json == -1) json = is_json;
         if (json != is_json) FAIL("%s: cannot merge JSON with CSV", files[k]);
@@ -205,12 +218,12 @@ int rt_merge_main(int argc, char **argv) {
                 nrows, points);
         partial = 1;
     }
-    out = out_path ? fopen(out_path, "w") : stdout;
-    if (!out) {
-        fprintf(stderr, "pkv-replay merge: cannot write %s\n", out_path);
+    // Whole or not at all, a failed write named (out_file.h).
+    if (out_open(&o, "pkv-replay merge", out_path ? out_path : "-") != 0) {
         rc = 1;
         goto done;
     }
+    out = o.f;
     if (json) {
         fputs("{\"stamp\": {\"merged_from\": [", out);
         for (size_t k = 0; k < nf; k++) {
@@ -228,9 +241,8 @@ int rt_merge_main(int argc, char **argv) {
         fprintf(out, "%s\n", t[0].lines[0]);
         for (size_t i = 0; i < nrows; i++) fprintf(out, "%.*s\n", (int)rows[i].len, rows[i].line);
     }
-    if (ferror(out)) rc = 1;
+    if (out_close(&o) != 0) rc = 1;
 done:
-    if (out && out != stdout && fclose(out) != 0) rc = 1;
     for (size_t k = 0; k < nf; k++) unload(&t[k]);
     free(t);
     free(rows);

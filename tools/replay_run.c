@@ -92,6 +92,13 @@ static pkv_status run_one(worker *w, const rt_point *pt, double scale, rt_timeli
     return st;
 }
 
+// A probe failed: keep its report for the message (report.failure names a
+// policy that broke its contract).
+static pkv_status failed(rt_result *r, const pkv_replay_report *rep, pkv_status st) {
+    r->report = *rep;
+    return st;
+}
+
 // Throughput at the SLO for r->point's (policy, block size, budget): geometric
 // bisection of the load scale in [lo, hi] (latency grows with load), keeping
 // the highest scale that met the SLO.
@@ -101,7 +108,7 @@ static pkv_status search(worker *w, rt_result *r) {
     pkv_replay_report rep;
     pkv_status st = run_one(w, &r->point, hi, NULL, NULL, &rep);
     r->slo_probes = 1;
-    if (st != PKV_OK) return st;
+    if (st != PKV_OK) return failed(r, &rep, st);
     if (rep.partial || rt_slo_met(job->slo, &rep)) {
         r->report = rep;
         r->point.load_scale = hi;
@@ -111,7 +118,7 @@ static pkv_status search(worker *w, rt_result *r) {
     }
     st = run_one(w, &r->point, lo, NULL, NULL, &rep);
     r->slo_probes++;
-    if (st != PKV_OK) return st;
+    if (st != PKV_OK) return failed(r, &rep, st);
     r->report = rep;
     r->point.load_scale = lo;
     r->slo_bounded = 1;
@@ -124,7 +131,7 @@ static pkv_status search(worker *w, rt_result *r) {
         const double mid = sqrt(lo * hi);
         st = run_one(w, &r->point, mid, NULL, NULL, &rep);
         r->slo_probes++;
-        if (st != PKV_OK) return st;
+        if (st != PKV_OK) return failed(r, &rep, st);
         if (rep.partial) { // stopped: report the best so far, marked partial
             r->report.partial = 1;
             break;

@@ -30,9 +30,21 @@ int rt_slo_parse(const char *text, rt_slo *slo, char *err, size_t cap) {
     snprintf(slo->text, sizeof slo->text, "%s", text);
     char buf[256];
     snprintf(buf, sizeof buf, "%s", text);
-    char *save = NULL;
-    for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+    // Terms split at every comma (strtok would merge ",," and drop a trailing
+    // one): an empty term is an error, not nothing (issue 20, defect 4).
+    char *next = buf;
+    for (size_t k = 1; next; k++) {
+        char *t = next, *comma = strchr(t, ',');
+        next = comma ? comma + 1 : NULL;
+        if (comma) *comma = '\0';
         while (*t == ' ') t++;
+        for (size_t n = strlen(t); n && t[n - 1] == ' '; n--) t[n - 1] = '\0';
+        if (!*t) {
+            snprintf(err, cap, "--slo: term %zu of '%s' is empty (a stray comma?)", k, text);
+            return -1;
+        }
+        char term[sizeof buf];
+        snprintf(term, sizeof term, "%s", t);
         char *op = strstr(t, "<=");
         if (!op) {
             snprintf(err, cap, "--slo term '%s' must read metric<=value, e.g. ttft_p99<=2s", t);
@@ -48,6 +60,12 @@ int rt_slo_parse(const char *text, rt_slo *slo, char *err, size_t cap) {
                      t);
             return -1;
         }
+        for (size_t j = 0; j < slo->num_terms; j++)
+            if (slo->terms[j].offset == metrics[m].offset) {
+                snprintf(err, cap, "--slo: term '%s': metric '%s' is bounded twice (one bound each)",
+                         term, t);
+                return -1;
+            }
         const char *v = op + 2;
         char *end;
         double x = strtod(v, &end);

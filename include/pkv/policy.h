@@ -21,6 +21,11 @@
 //   -> release (finished or preempted; a preempted request is admitted again
 //      later with nseq sequences of len tokens).
 // After every step the engine reads stats() and reservation() for the reports.
+// The engine believes no answer it builds on: a status a slot may not return,
+// stats with used > reserved or reserved > capacity, a cached count above the
+// prompt or a granularity outside 1..capacity_slots stop the run with
+// PKV_ERR_CORRUPT and a message naming the policy, the slot and the value
+// (pkv_replay_run, report->failure), in every mode.
 //
 // Backend calls: a policy that models device allocation calls (cudaMalloc per
 // request, per token, ...) reports each through cfg->host.backend_calls; the

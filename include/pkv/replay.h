@@ -471,7 +471,14 @@ typedef struct pkv_replay_report {
 // above), PKV_ERR_UNSUPPORTED for run mode where the build lacks it, or with
 // static batching or chunked prefill. Memory pressure never fails the call:
 // requests are preempted, requests that can never fit are rejected, and a run
-// that completes none returns PKV_OK with report->failure set.
+// that completes none returns PKV_OK with report->failure set. The policy's
+// answers are checked every step, in every mode (the rules of pkv/policy.h
+// that are cheap: a status its slot may return, used <= reserved <= capacity,
+// cached <= prompt, 1 <= granularity <= capacity): one that breaks them stops
+// the run with PKV_ERR_CORRUPT (PKV_ERR_OUT_OF_MEMORY if a slot returned that)
+// and report->failure naming the policy, the slot and the value, e.g.
+// "policy 'mine': slot 'admit': cached 4294967295 > prompt 12 (request 3)".
+// report->failure is empty after every other error.
 pkv_status pkv_replay_run(const pkv_trace *trace, const pkv_replay_params *params,
                           pkv_replay_report *report);
 

@@ -26,6 +26,7 @@ import json
 import math
 import os
 import sys
+import tempfile
 from collections import OrderedDict
 
 __all__ = ["capacity", "cdf", "norm", "waste", "slo", "PlotInputError", "MatplotlibMissing",
@@ -152,8 +153,33 @@ def _title(base, report, with_slo=False):
 
 def _finish(fig, out, dpi):
     if out:
-        fig.savefig(out, dpi=dpi, bbox_inches="tight")
+        _save_whole(fig, out, dpi)
     return fig
+
+
+def _save_whole(fig, out, dpi):
+    """Whole or not at all, as pkv-replay writes its reports: a temporary file in the
+    target's folder, renamed once every byte is written (a failed write leaves no
+    truncated figure under the final name); a device or a FIFO (an existing target
+    that is not a regular file) is written in place. Raises OSError."""
+    target = os.path.realpath(out)
+    fmt = os.path.splitext(out)[1][1:].lower() or "png"
+    if os.path.exists(target) and not os.path.isfile(target):
+        fig.savefig(out, dpi=dpi, bbox_inches="tight", format=fmt)
+        return
+    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(target) + ".tmp.",
+                               dir=os.path.dirname(target))
+    try:
+        with os.fdopen(fd, "wb") as f:
+            fig.savefig(f, dpi=dpi, bbox_inches="tight", format=fmt)
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(tmp, 0o666 & ~mask)  # mkstemp's 0600 is not a figure's mode
+        os.replace(tmp, target)
+        tmp = None
+    finally:
+        if tmp is not None:
+            os.unlink(tmp)
 
 
 def capacity(timeline, out=None, title=None, report=None, max_points=4000, latency=True,

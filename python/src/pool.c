@@ -30,6 +30,15 @@ static PyObject *Pool_alloc(PoolObject *self, PyObject *arg) {
     uint32_t n;
     if (pkvpy_u32(arg, &n, "BlockPool.alloc(n)") < 0)
         return NULL;
+    // More than the pool has: the library refuses before writing a single id
+    // (pool.h: all or nothing), so it counts the failure without the n-entry
+    // output the wrapper would otherwise size from n first (issue 20).
+    if (n > pkv_pool_free_count(self->pool)) {
+        pkv_block_id none[1];
+        pkv_status st = pkv_pool_alloc(self->pool, n, none);
+        return pkvpy_raise(st, "BlockPool.alloc", "asked for %u blocks, %u free", n,
+                           pkv_pool_free_count(self->pool));
+    }
     PyArrayObject *ids = pkvpy_new_vector(n, NPY_INT32);
     if (!ids)
         return NULL;

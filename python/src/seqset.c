@@ -95,6 +95,16 @@ static PyObject *SeqSet_append(SeqSetObject *self, PyObject *args) {
     uint32_t n;
     if (seq_arg(ido, &id, "SeqSet.append") < 0 || pkvpy_u32(no, &n, "SeqSet.append(n)") < 0)
         return NULL;
+    // The library refuses before the output is sized from n (issue 20): a
+    // stale id or a growth the pool cannot hold raises, not a 32 GiB numpy
+    // allocation. Growth that fits is bounded by the pool's slots.
+    uint32_t need = 0;
+    pkv_status ck = pkv_seq_blocks_needed(self->set, id, n, &need);
+    const uint32_t avail = pkv_pool_free_count(pool_of(self));
+    if (ck == PKV_OK && need > avail) // (the watermark is the library's to check)
+        ck = PKV_ERR_OUT_OF_BLOCKS;
+    if (ck != PKV_OK)
+        return raise_growth(ck, "SeqSet.append", self, id, n);
     PyArrayObject *slots = pkvpy_new_vector(n, NPY_INT64);
     if (!slots)
         return NULL;
@@ -259,6 +269,14 @@ static PyObject *export_padded(SeqSetObject *self, PyArrayObject *ids, PyObject 
             Py_DECREF(lens);
             return NULL;
         }
+        // The table is sized from it: no sequence holds more blocks than the
+        // pool has, so wider is a caller's mistake, not a 16 GiB array.
+        const uint32_t cap = pkv_pool_capacity(pool_of(self));
+        if (max_blocks > cap) {
+            Py_DECREF(lens);
+            return pkvpy_raise(PKV_ERR_INVALID_ARG, what,
+                               "max_blocks %u is wider than the pool (%u blocks)", max_blocks, cap);
+        }
     } else if (lengths(self, seqs, n, NULL, &total, &max_blocks, what) < 0) {
         Py_DECREF(lens);
         return NULL;
@@ -413,12 +431,27 @@ static PyObject *raise_batch(pkv_status st, const char *what, SeqSetObject *self
                        "large); nothing changed", n);
 }
 
-static uint64_t count_sum(PyArrayObject *counts) {
+// The slots a batch appends, after the library said it can take them (issue
+// 20: the output is sized from the counts, so a count of 2**32 - 1 must raise
+// OutOfBlocks / InvalidArgument, not allocate 32 GiB first). -1 after raising.
+static npy_intp count_sum(SeqSetObject *self, PyArrayObject *seqs, PyArrayObject *counts,
+                          const char *what) {
+    uint32_t need = 0;
+    pkv_status st = pkv_seqset_blocks_needed_batch(self->set, PyArray_DATA(seqs),
+                                                   PyArray_DATA(counts),
+                                                   (uint32_t)PyArray_DIM(seqs, 0), &need);
+    const uint32_t avail = pkv_pool_free_count(pool_of(self));
+    if (st == PKV_OK && need > avail) // (the watermark is the library's to check)
+        st = PKV_ERR_OUT_OF_BLOCKS;
+    if (st != PKV_OK) {
+        raise_batch(st, what, self, seqs, counts);
+        return -1;
+    }
     const uint32_t *c = PyArray_DATA(counts);
     uint64_t total = 0;
     for (npy_intp i = 0; i < PyArray_DIM(counts, 0); i++)
         total += c[i];
-    return total;
+    return (npy_intp)total;
 }
 #endif
 
@@ -452,7 +485,8 @@ static PyObject *SeqSet_append_batch(SeqSetObject *self, PyObject *args) {
     PyArrayObject *seqs, *counts;
     if (batch_args(so, co, &seqs, &counts, "SeqSet.append_batch") < 0)
         return NULL;
-    PyArrayObject *slots = pkvpy_new_vector((npy_intp)count_sum(counts), NPY_INT64);
+    const npy_intp total = count_sum(self, seqs, counts, "SeqSet.append_batch");
+    PyArrayObject *slots = total < 0 ? NULL : pkvpy_new_vector(total, NPY_INT64);
     PyObject *result = (PyObject *)slots;
     if (slots) {
         pkv_status st = pkv_seqset_append_batch(self->set, PyArray_DATA(seqs),
@@ -635,7 +669,8 @@ static PyObject *SeqSet_step(SeqSetObject *self, PyObject *args, PyObject *kw) {
     if (batch_args(so, co, &seqs, &counts, "SeqSet.step") < 0)
         return NULL;
     PyObject *res = NULL, *lens = NULL, *table = NULL, *copies = NULL;
-    PyArrayObject *slots = pkvpy_new_vector((npy_intp)count_sum(counts), NPY_INT64);
+    const npy_intp total = count_sum(self, seqs, counts, "SeqSet.step");
+    PyArrayObject *slots = total < 0 ? NULL : pkvpy_new_vector(total, NPY_INT64);
     if (!slots)
         goto done;
     // 1. Grow every sequence (all or nothing).

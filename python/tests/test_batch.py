@@ -217,3 +217,33 @@ def test_fork_at_truncate_move_group():
         s.length(p)
     s.validate(exclusive=True)
     host.validate(exclusive=True)
+
+
+@pytest.mark.parametrize("huge", [2**32 - 1, 2**31 - 16])
+@pytest.mark.parametrize("what", ["append_batch", "step", "append", "alloc", "export_padded"])
+def test_refused_before_the_output_is_sized(what, huge):
+    """Issue 20, defect 7: the library refuses a count of 2**32 - 1 (too long:
+    InvalidArgument) or 2**31 - 16 (more blocks than the pool: OutOfBlocks) before the
+    wrapper sizes its output from it (it allocated 16 to 32 GiB first: MemoryError, or
+    the library's error only after the allocation)."""
+    s = Side(8)
+    a = s.set.create()
+    long_or_big = pkv.InvalidArgument if huge > 2**31 else pkv.OutOfBlocks
+    calls = {
+        "append_batch": (lambda: s.set.append_batch([a], [huge]), long_or_big),
+        "step": (lambda: s.set.step([a], [huge]), long_or_big),
+        "append": (lambda: s.set.append(a, huge), long_or_big),
+        "alloc": (lambda: s.pool.alloc(huge), pkv.OutOfBlocks),
+        "export_padded": (lambda: s.set.export_padded([a], max_blocks=huge), pkv.InvalidArgument),
+    }
+    call, err = calls[what]
+    import tracemalloc  # numpy reports its array data to tracemalloc
+    tracemalloc.start()
+    try:
+        with pytest.raises(err):
+            call()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20, f"{what}: {peak} bytes allocated before the refusal"
+    assert s.pool.free_count == 8  # nothing changed

@@ -50,13 +50,22 @@ pkvi_cuda_copy_blocks(void *arena, const pkv_block_copy *pairs, uint32_t n,
     CopyArgs a;
     a.arena = static_cast<char *>(arena);
     a.g = *geom;
+    // Launch errors are read without clearing a caller's pending error (issue
+    // 20, defect 9: cudaGetLastError cleared it), as attn_cuda.cuh's launchers
+    // do: with one pending before, ours shows at the next synchronizing call.
+    const cudaError_t before = cudaPeekAtLastError();
     for (uint32_t done = 0; done < n; done += PKVI_COPY_CHUNK) {
         a.n = n - done < PKVI_COPY_CHUNK ? n - done : PKVI_COPY_CHUNK;
         for (uint32_t i = 0; i < a.n; i++) a.pairs[i] = pairs[done + i];
         dim3 grid(a.n, geom->num_layers);
         copy_blocks_kernel<<<grid, kThreads, 0, st>>>(a);
-        cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (before == cudaSuccess) {
+            const cudaError_t err = cudaPeekAtLastError();
+            if (err != cudaSuccess) {
+                (void)cudaGetLastError(); // ours: reported, not left behind
+                return (int)err;
+            }
+        }
     }
     return (int)cudaSuccess;
 }

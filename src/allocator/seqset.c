@@ -643,7 +643,8 @@ pkv_status pkv_seq_move_group(pkv_seqset *from, const pkv_seq_id *ids, uint32_t 
     uint32_t t = 0, d = 0;
     for (uint32_t i = 0; i < n; i++) {
         const seq *s = get_seq(from, ids[i]);
-        memcpy(uniq + t, s->blocks, s->num_blocks * sizeof *uniq);
+        // An empty sequence has no table (blocks NULL): memcpy(_, NULL, 0) is UB.
+        if (s->num_blocks) memcpy(uniq + t, s->blocks, s->num_blocks * sizeof *uniq);
         t += s->num_blocks;
     }
     qsort(uniq, t, sizeof *uniq, cmp_block);

@@ -160,9 +160,12 @@ extern "C" pkv_status pkv_attn_copy_blocks_cuda(pkv_dtype dtype, void *base, uin
     } else if (es == 4) {
         launch_copy<uint32_t>(base, num_layers, layer_stride, block_stride, block_elems,
                               num_blocks, copies, num_copies, cs);
-    } else {
+    } else if (es == 2) {
         launch_copy<uint16_t>(base, num_layers, layer_stride, block_stride, block_elems,
                               num_blocks, copies, num_copies, cs);
+    } else { // 8-bit caches: strides and sizes count bytes (issue 20, defect 11)
+        launch_copy<uint8_t>(base, num_layers, layer_stride, block_stride, block_elems,
+                             num_blocks, copies, num_copies, cs);
     }
     return pkvi_launch_status(before);
 }

@@ -90,18 +90,34 @@ static inline bool pkvi_stride16(uint64_t elems, size_t es) {
     return (elems * es) % 16u == 0;
 }
 
+// The runtime could not start: no device, no driver, a stub library. What
+// cudaPeekAtLastError reports then is no caller's pending error but the
+// absence of a device (issue 20, defect 9: it was taken for one, and the
+// launchers returned PKV_OK without running anything).
+static inline bool pkvi_cuda_unavailable(cudaError_t e) {
+    return e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver ||
+           e == cudaErrorInitializationError || e == cudaErrorStubLibrary ||
+           e == cudaErrorDevicesUnavailable || e == cudaErrorSystemDriverMismatch ||
+           e == cudaErrorCompatNotSupportedOnDevice;
+}
+
 // Launch errors without touching a caller's pending error: take
 // pkvi_launch_begin() before the launches and pass it to pkvi_launch_status()
 // after them. With nothing pending before, an error pending after is ours: it is
 // cleared and reported. With an error already pending (someone else's, not ours
 // to clear), it is left for its owner; a launch of ours that fails then is only
-// seen at the next synchronizing call, like an execution error.
+// seen at the next synchronizing call, like an execution error. Without a usable
+// device nothing ran: PKV_ERR_NO_DEVICE, whatever came before.
 static inline cudaError_t pkvi_launch_begin(void) {
     return cudaPeekAtLastError();
 }
 
 static inline pkv_status pkvi_launch_status(cudaError_t before) {
-    if (before != cudaSuccess || cudaPeekAtLastError() == cudaSuccess) {
+    const cudaError_t after = cudaPeekAtLastError();
+    if (pkvi_cuda_unavailable(before) || pkvi_cuda_unavailable(after)) {
+        return PKV_ERR_NO_DEVICE;
+    }
+    if (before != cudaSuccess || after == cudaSuccess) {
         return PKV_OK;
     }
     (void)cudaGetLastError();

@@ -8,7 +8,8 @@
 # a wrong rescale in the split-K merge, a wrong token offset in the cache write;
 # GQA head groups padded wrongly (offset, padded heads written), the caller's
 # max_context ignored, carved rows' seq_offsets ignored or a negative one used,
-# 8-bit V scales taken from K (int8 per-row, fp8 per-tensor).
+# 8-bit V scales taken from K (int8 per-row, fp8 per-tensor), 2-byte units for an
+# 8-bit block copy.
 #
 # usage: tests/emu/mutate.sh BUILD_DIR   (from the repository root; BUILD_DIR is a
 #        configured and built tree: its libpagedkv.a and pkv_config.h are used)

@@ -747,6 +747,13 @@ const char *cudaGetErrorString(cudaError_t e) {
         return "invalid device pointer";
     case cudaErrorNoDevice:
         return "no CUDA-capable device is detected";
+    case cudaErrorInitializationError:
+    case cudaErrorStubLibrary:
+    case cudaErrorInsufficientDriver:
+    case cudaErrorDevicesUnavailable:
+    case cudaErrorSystemDriverMismatch:
+    case cudaErrorCompatNotSupportedOnDevice:
+        return "the CUDA runtime cannot start (never raised by the emulator)";
     }
     return "unknown error";
 }

@@ -38,6 +38,13 @@ typedef enum cudaError {
     cudaErrorInvalidConfiguration = 9,
     cudaErrorInvalidDevicePointer = 17,
     cudaErrorNoDevice = 100,
+    // The runtime's "cannot start" codes (attn_cuda.cuh's pkvi_cuda_unavailable).
+    cudaErrorInitializationError = 3,
+    cudaErrorStubLibrary = 34,
+    cudaErrorInsufficientDriver = 35,
+    cudaErrorDevicesUnavailable = 46,
+    cudaErrorSystemDriverMismatch = 803,
+    cudaErrorCompatNotSupportedOnDevice = 804,
 } cudaError_t;
 
 typedef struct CUstream_st *cudaStream_t;

@@ -16,6 +16,17 @@
 // wrong CoW, a bad prefix hit or a block handed out twice shows), and the CSR
 // export agrees with the block tables. At the end
 // every sequence is freed and the cache reclaimed: all blocks must be free.
+//
+// Codes 0x80..0xBF (issue 20) reach the rest of the API, each against the same
+// model: fork_at and truncate; pkv_seq_move and pkv_seq_move_group (with empty
+// sequences in the group) to a second ("host") set on its own pool and back,
+// the data carried by the returned pairs and read back on both sides, sharing
+// kept (one pair per distinct block); the refcount limit (a block's refcount
+// set to INT32_MAX through the pool's internal layout: retain and fork refuse
+// with PKV_ERR_LIMIT and change nothing); a second attach (again: no-op; to a
+// second cache: PKV_ERR_BUSY); eviction order (two prompts cached one after
+// the other, then one block reclaimed: the older one loses its last block);
+// and the padded export beside the CSR one after every flush.
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +35,7 @@
 #include "pkv/pool.h"
 #include "pkv/prefix.h"
 #include "pkv/seq.h"
+#include "pool_internal.h" // the refcount limit: a refcount set near INT32_MAX
 
 #define CHECK(cond, ...)                                                                           \
     do {                                                                                           \
@@ -59,7 +71,12 @@ typedef struct world {
     pkv_pool *pool;
     pkv_seqset *set;
     pkv_prefix_cache *cache; // NULL when the input runs without one
+    uint32_t cache_cap;      // its max_entries
     uint32_t *mem;           // [capacity * bs]
+    // The host side of moves: its own pool, set and memory ([capacity * bs]).
+    pkv_pool *hpool;
+    pkv_seqset *hset;
+    uint32_t *hmem;
     mseq seqs[MAX_SEQS];
     write writes[MAX_SEQS * MAX_LEN];
     uint32_t num_writes;
@@ -155,6 +172,26 @@ static void flush(world *w) {
         CHECK((uint32_t)(indptr[i + 1] - indptr[i]) == nb, "csr row %u length", i);
         for (uint32_t j = 0; j < nb; j++) CHECK(indices[indptr[i] + (int32_t)j] == t[j], "csr entry");
         CHECK((uint32_t)last[i] == (len == 0 ? 0 : len - (nb - 1) * w->bs), "last_page_len %d", last[i]);
+    }
+    // The padded export (vLLM layout): the same tables, padded, widest first.
+    uint32_t mx = 0;
+    uint64_t tot = 0;
+    CHECK(pkv_seqset_export_size(w->set, ids, nids, &mx, &tot) == PKV_OK && tot == total, "size");
+    static int32_t table[MAX_SEQS * MAX_LEN];
+    int32_t lens[MAX_SEQS];
+    if (mx > 0)
+        CHECK(pkv_seqset_export_padded(w->set, ids, nids, mx - 1, -7, table, lens) ==
+                  PKV_ERR_BUFFER_TOO_SMALL, "narrow padded table accepted");
+    const uint32_t width = mx ? mx : 1;
+    CHECK(pkv_seqset_export_padded(w->set, ids, nids, width, -7, table, lens) == PKV_OK, "padded");
+    for (uint32_t i = 0; i < nids; i++) {
+        const pkv_block_id *t;
+        uint32_t nb, len;
+        CHECK(pkv_seq_block_table(w->set, ids[i], &t, &nb) == PKV_OK &&
+                  pkv_seq_length(w->set, ids[i], &len) == PKV_OK, "table");
+        CHECK((uint32_t)lens[i] == len, "padded lens %d", lens[i]);
+        for (uint32_t j = 0; j < width; j++)
+            CHECK(table[i * width + j] == (j < nb ? t[j] : -7), "padded entry %u,%u", i, j);
     }
 }
 
@@ -360,6 +397,256 @@ static void op(world *w, uint8_t code, uint8_t arg) {
     }
 }
 
+// ---- issue 20: the rest of the API ----
+
+// Every live sequence's values, read through `set`'s tables from `mem`.
+static void check_values(const world *w, const pkv_seqset *set, const uint32_t *mem,
+                         const mseq *m, pkv_seq_id id) {
+    const pkv_block_id *t;
+    uint32_t nb, len;
+    CHECK(pkv_seq_block_table(set, id, &t, &nb) == PKV_OK && pkv_seq_length(set, id, &len) == PKV_OK &&
+              len == m->len, "moved seq %d: len %u want %u", id, len, m->len);
+    for (uint32_t p = 0; p < m->len; p++)
+        CHECK(mem[(size_t)t[p / w->bs] * w->bs + p % w->bs] == m->val[p],
+              "moved seq %d position %u holds the wrong value", id, p);
+}
+
+// Carry the data of `pairs` (src in `from`, dst in `to`), as pkv_cache_transfer.
+static void carry(const world *w, const pkv_block_copy *pairs, uint32_t n, const uint32_t *from,
+                  uint32_t *to, uint32_t to_cap) {
+    for (uint32_t i = 0; i < n; i++) {
+        CHECK(pairs[i].src >= 0 && (uint32_t)pairs[i].src < w->capacity && pairs[i].dst >= 0 &&
+                  (uint32_t)pairs[i].dst < to_cap, "bad pair %d -> %d", pairs[i].src, pairs[i].dst);
+        CHECK(i == 0 || pairs[i].src > pairs[i - 1].src, "pairs not in increasing src order");
+        memcpy(to + (size_t)pairs[i].dst * w->bs, from + (size_t)pairs[i].src * w->bs,
+               w->bs * sizeof *to);
+    }
+}
+
+// Distinct blocks in the tables of ids[0..n-1].
+static uint32_t distinct_blocks(const pkv_seqset *set, const pkv_seq_id *ids, uint32_t n) {
+    pkv_block_id seen[MAX_SEQS * MAX_LEN];
+    uint32_t d = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        const pkv_block_id *t;
+        uint32_t nb;
+        CHECK(pkv_seq_block_table(set, ids[i], &t, &nb) == PKV_OK, "table");
+        for (uint32_t j = 0; j < nb; j++) {
+            uint32_t k = 0;
+            while (k < d && seen[k] != t[j]) k++;
+            if (k == d) seen[d++] = t[j];
+        }
+    }
+    return d;
+}
+
+// Move up to four live sequences (and, on odd arg, a fresh empty one) to the
+// host set as a group, check them there, and move them back.
+static void move_round_trip(world *w, uint8_t arg) {
+    flush(w); // the queued copies run before a move
+    mseq *g[MAX_SEQS];
+    pkv_seq_id ids[MAX_SEQS], hids[MAX_SEQS], back[MAX_SEQS];
+    uint32_t n = 0;
+    for (int k = 0; k < MAX_SEQS && n < 1u + arg % 4; k++) {
+        mseq *m = &w->seqs[(arg + k) % MAX_SEQS];
+        if (m->live) g[n++] = m;
+    }
+    mseq *e = (arg & 1) ? slot_empty(w) : NULL;
+    if (e) { // an empty sequence in the group (defect 8)
+        memset(e, 0, sizeof *e);
+        CHECK(pkv_seq_create(w->set, &e->id) == PKV_OK, "create");
+        e->live = 1;
+        g[n++] = e;
+    }
+    if (n == 0) return;
+    for (uint32_t i = 0; i < n; i++) ids[i] = g[i]->id;
+    const uint32_t d = distinct_blocks(w->set, ids, n);
+    const uint32_t live = pkv_seqset_live_count(w->set), hfree = pkv_pool_free_count(w->hpool);
+    pkv_block_copy pairs[MAX_SEQS * MAX_LEN];
+    uint32_t np = 0;
+    pkv_status st;
+    if (n == 1 && (arg & 2)) // one sequence: pkv_seq_move
+        st = pkv_seq_move(w->set, ids[0], w->hset, &hids[0], pairs, MAX_SEQS * MAX_LEN, &np);
+    else
+        st = pkv_seq_move_group(w->set, ids, n, w->hset, hids, pairs, MAX_SEQS * MAX_LEN, &np);
+    if (st == PKV_ERR_OUT_OF_BLOCKS) {
+        CHECK(d > hfree, "move of %u blocks refused with %u free", d, hfree);
+        CHECK(pkv_seqset_live_count(w->set) == live && pkv_pool_free_count(w->hpool) == hfree,
+              "a refused move changed something");
+        return;
+    }
+    CHECK(st == PKV_OK, "move status %d", (int)st);
+    CHECK(np == d, "%u pairs for %u distinct blocks", np, d);
+    CHECK(hfree - pkv_pool_free_count(w->hpool) == d, "host took %u blocks for %u",
+          hfree - pkv_pool_free_count(w->hpool), d);
+    carry(w, pairs, np, w->mem, w->hmem, w->capacity);
+    for (uint32_t i = 0; i < n; i++) check_values(w, w->hset, w->hmem, g[i], hids[i]);
+    CHECK(distinct_blocks(w->hset, hids, n) == d, "sharing lost on the host");
+    CHECK(pkv_seqset_validate(w->hset, 1) == PKV_OK, "host set invalid");
+    // And back (into the device set's pool, which has at least d blocks now
+    // unless a cache or another sequence still holds the moved ones).
+    const uint32_t free_dev = pkv_pool_free_count(w->pool);
+    for (uint32_t i = 0; i < n; i++) ids[i] = hids[i];
+    // The host set has no other reference: swap its pairs' direction is enough.
+    pkv_block_copy bp[MAX_SEQS * MAX_LEN];
+    st = pkv_seq_move_group(w->hset, ids, n, w->set, back, bp, MAX_SEQS * MAX_LEN, &np);
+    if (st == PKV_ERR_OUT_OF_BLOCKS) {
+        CHECK(d > free_dev, "move back of %u blocks refused with %u free", d, free_dev);
+        // Stranded on the host: free them there (the model forgets them).
+        CHECK(pkv_seqset_free_batch(w->hset, ids, n) == PKV_OK, "free on host");
+        for (uint32_t i = 0; i < n; i++) {
+            drop_writes(w, g[i]->id);
+            g[i]->live = 0;
+        }
+        return;
+    }
+    CHECK(st == PKV_OK && np == d, "move back: status %d, %u pairs for %u", (int)st, np, d);
+    // Pairs index the host pool as src: carry from host memory.
+    for (uint32_t i = 0; i < np; i++) {
+        CHECK(bp[i].dst >= 0 && (uint32_t)bp[i].dst < w->capacity, "bad pair back");
+        memcpy(w->mem + (size_t)bp[i].dst * w->bs, w->hmem + (size_t)bp[i].src * w->bs,
+               w->bs * sizeof *w->mem);
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        g[i]->id = back[i];
+        check_values(w, w->set, w->mem, g[i], back[i]);
+    }
+    CHECK(pkv_pool_free_count(w->hpool) == w->capacity, "host blocks lost");
+}
+
+// A block's refcount at INT32_MAX: retain and fork refuse, nothing changes.
+static void refcount_limit(world *w, mseq *m) {
+    if (!m || m->len == 0) return;
+    flush(w);
+    const pkv_block_id *t;
+    uint32_t nb;
+    CHECK(pkv_seq_block_table(w->set, m->id, &t, &nb) == PKV_OK && nb > 0, "table");
+    const pkv_block_id b = t[nb - 1];
+    const int32_t was = w->pool->refcount[b];
+    w->pool->refcount[b] = INT32_MAX - 1;
+    CHECK(pkv_pool_retain(w->pool, b) == PKV_OK, "retain to INT32_MAX");
+    CHECK(pkv_pool_retain(w->pool, b) == PKV_ERR_LIMIT, "retain past INT32_MAX");
+    CHECK(pkv_pool_refcount(w->pool, b) == INT32_MAX, "refused retain changed the refcount");
+    const uint32_t live = pkv_seqset_live_count(w->set), free_before = pkv_pool_free_count(w->pool);
+    pkv_seq_id child;
+    CHECK(pkv_seq_fork(w->set, m->id, &child) == PKV_ERR_LIMIT, "fork past the refcount limit");
+    CHECK(pkv_seqset_live_count(w->set) == live && pkv_pool_free_count(w->pool) == free_before &&
+              pkv_pool_refcount(w->pool, b) == INT32_MAX, "a refused fork changed something");
+    w->pool->refcount[b] = was;
+}
+
+// Attaching again is a no-op; a second cache finds the set busy.
+static void second_attach(world *w) {
+    if (!w->cache) return;
+    CHECK(pkv_prefix_cache_attach(w->cache, w->set) == PKV_OK, "attach again");
+    pkv_prefix_cache *other;
+    CHECK(pkv_prefix_cache_create(w->pool, w->bs, 4, &other) == PKV_OK, "second cache");
+    CHECK(pkv_prefix_cache_attach(other, w->set) == PKV_ERR_BUSY, "set attached to two caches");
+    CHECK(pkv_prefix_cache_detach(other, w->set) == PKV_ERR_NOT_FOUND, "detach from the wrong cache");
+    const pkv_status st = pkv_prefix_cache_attach(other, w->hset);
+    CHECK(st == PKV_ERR_INVALID_ARG, "a set of another pool attached: status %d", (int)st);
+    pkv_prefix_cache_destroy(other);
+    CHECK(pkv_prefix_cache_validate(w->cache) == PKV_OK, "cache invalid after a second attach");
+}
+
+// Cache one prompt of `blocks` full blocks starting with token `first`, then
+// free its sequence (its blocks are left to the cache alone).
+static int cache_prompt(world *w, int32_t first, uint32_t blocks) {
+    int32_t toks[MAX_LEN];
+    const uint32_t n = blocks * w->bs;
+    for (uint32_t p = 0; p < n; p++) toks[p] = first + (int32_t)p;
+    pkv_seq_id id;
+    CHECK(pkv_seq_create(w->set, &id) == PKV_OK, "create");
+    if (pkv_seq_append(w->set, id, n, NULL) != PKV_OK) {
+        CHECK(pkv_seq_free(w->set, id) == PKV_OK, "free");
+        return -1;
+    }
+    CHECK(pkv_prefix_cache_insert(w->cache, w->set, id, toks, n, NULL) == PKV_OK, "insert");
+    CHECK(pkv_seq_free(w->set, id) == PKV_OK, "free");
+    return 0;
+}
+
+static uint32_t cached_blocks(const world *w, int32_t first, uint32_t blocks) {
+    int32_t toks[MAX_LEN];
+    const uint32_t n = blocks * w->bs + 1; // one more token: the whole prompt can hit
+    for (uint32_t p = 0; p < n; p++) toks[p] = first + (int32_t)p;
+    pkv_prefix_match mt;
+    CHECK(pkv_prefix_cache_match(w->cache, toks, n, &mt) == PKV_OK, "match");
+    return mt.cached_blocks;
+}
+
+// LRU: of two prompts left to the cache, the older loses its last block first.
+static void eviction_order(world *w, uint8_t arg) {
+    if (!w->cache) return;
+    flush(w);
+    (void)pkv_prefix_cache_reclaim(w->cache, w->capacity); // evict all that can go
+    const uint32_t blocks = 1 + arg % 2;
+    // Tokens outside the model's alphabet (0..4): no hit on older entries.
+    const int32_t a = 1000 + 10 * (arg >> 2), b = a + 500;
+    pkv_prefix_stats st;
+    CHECK(pkv_prefix_cache_get_stats(w->cache, &st) == PKV_OK, "stats");
+    if (pkv_pool_free_count(w->pool) < 2 * blocks + 1 || st.entries + 2 * blocks > w->cache_cap) return;
+    if (cache_prompt(w, a, blocks) != 0 || cache_prompt(w, b, blocks) != 0) return;
+    CHECK(cached_blocks(w, a, blocks) == blocks && cached_blocks(w, b, blocks) == blocks,
+          "both prompts cached");
+    const uint64_t ev = (pkv_prefix_cache_get_stats(w->cache, &st), st.evictions);
+    const uint32_t need = pkv_pool_free_count(w->pool) + 1;
+    CHECK(pkv_prefix_cache_reclaim(w->cache, need) == PKV_OK, "reclaim one block");
+    CHECK(pkv_pool_free_count(w->pool) == need, "reclaim went past its need");
+    CHECK(pkv_prefix_cache_get_stats(w->cache, &st) == PKV_OK && st.evictions == ev + 1, "one eviction");
+    CHECK(cached_blocks(w, a, blocks) == blocks - 1 && cached_blocks(w, b, blocks) == blocks,
+          "eviction order: the newer prompt lost a block before the older (%u, %u of %u)",
+          cached_blocks(w, a, blocks), cached_blocks(w, b, blocks), blocks);
+}
+
+// Codes 0x80..0xBF: the operations of issue 20.
+static void op2(world *w, uint8_t code, uint8_t arg) {
+    mseq *m = slot_live(w, arg);
+    switch (code % 8) {
+    case 0: { // fork_at: the child shares the first len tokens
+        mseq *e = slot_empty(w);
+        if (!m || !e) return;
+        flush(w);
+        const uint32_t len = arg % (m->len + 1), free_before = pkv_pool_free_count(w->pool);
+        pkv_seq_id id;
+        CHECK(pkv_seq_fork_at(w->set, m->id, m->len + 1, &id) == PKV_ERR_INVALID_ARG,
+              "fork_at past the end");
+        CHECK(pkv_seq_fork_at(w->set, m->id, len, &id) == PKV_OK, "fork_at");
+        CHECK(pkv_pool_free_count(w->pool) == free_before, "fork_at took blocks");
+        *e = *m;
+        e->id = id;
+        e->len = len;
+        return;
+    }
+    case 1: { // truncate
+        if (!m) return;
+        flush(w);
+        const uint32_t len = arg % (m->len + 1);
+        CHECK(pkv_seq_truncate(w->set, m->id, m->len + 1) == PKV_ERR_INVALID_ARG,
+              "truncate past the end");
+        CHECK(pkv_seq_truncate(w->set, m->id, len) == PKV_OK, "truncate");
+        m->len = len;
+        return;
+    }
+    case 2:
+    case 3: move_round_trip(w, arg); return;
+    case 4: refcount_limit(w, m); return;
+    case 5: second_attach(w); return;
+    case 6: eviction_order(w, arg); return;
+    case 7: { // bare pool: a block at the refcount limit
+        const pkv_block_id b = (pkv_block_id)(arg % w->bare_cap);
+        if (w->bare_ref[b] == 0) return;
+        const int32_t was = w->bare->refcount[b];
+        w->bare->refcount[b] = INT32_MAX;
+        CHECK(pkv_pool_retain(w->bare, b) == PKV_ERR_LIMIT, "retain past INT32_MAX");
+        CHECK(pkv_pool_release(w->bare, b) == PKV_OK && pkv_pool_refcount(w->bare, b) == INT32_MAX - 1,
+              "release from the limit");
+        w->bare->refcount[b] = was;
+        return;
+    }
+    }
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 3) return 0;
     static world w; // large: not on the stack
@@ -371,18 +658,26 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     CHECK(pkv_pool_create(w.capacity, &w.pool) == PKV_OK, "pool");
     CHECK(pkv_seqset_create(w.pool, w.bs, &w.set) == PKV_OK, "set");
     if (with_cache) {
-        CHECK(pkv_prefix_cache_create(w.pool, w.bs, 1 + (data[2] >> 1) % 64, &w.cache) == PKV_OK,
-              "cache");
+        w.cache_cap = 1 + (data[2] >> 1) % 64;
+        CHECK(pkv_prefix_cache_create(w.pool, w.bs, w.cache_cap, &w.cache) == PKV_OK, "cache");
         CHECK(pkv_prefix_cache_attach(w.cache, w.set) == PKV_OK, "attach");
     }
     w.mem = calloc((size_t)w.capacity * w.bs, sizeof *w.mem);
     CHECK(w.mem != NULL, "mem");
+    CHECK(pkv_pool_create(w.capacity, &w.hpool) == PKV_OK, "host pool");
+    CHECK(pkv_seqset_create(w.hpool, w.bs, &w.hset) == PKV_OK, "host set");
+    w.hmem = calloc((size_t)w.capacity * w.bs, sizeof *w.hmem);
+    CHECK(w.hmem != NULL, "host mem");
     w.bare_cap = 1 + data[0] / 4 % 64;
     CHECK(pkv_pool_create(w.bare_cap, &w.bare) == PKV_OK, "bare pool");
     for (size_t i = 3; i + 1 < size; i += 2) {
         // Codes 0xC0 and up drive the bare pool; the rest the sequences.
         if (data[i] >= 0xC0) {
             bare_op(&w, data[i], data[i + 1]);
+            bare_check(&w);
+        } else if (data[i] >= 0x80) {
+            op2(&w, data[i], data[i + 1]);
+            check_state(&w);
             bare_check(&w);
         } else {
             op(&w, data[i], data[i + 1]);
@@ -407,6 +702,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     CHECK(pkv_pool_free_count(w.pool) == w.capacity, "blocks lost: %u of %u free",
           pkv_pool_free_count(w.pool), w.capacity);
+    CHECK(pkv_seqset_live_count(w.hset) == 0 && pkv_pool_free_count(w.hpool) == w.capacity,
+          "host blocks lost");
+    pkv_seqset_destroy(w.hset);
+    pkv_pool_destroy(w.hpool);
+    free(w.hmem);
     pkv_seqset_destroy(w.set);
     pkv_prefix_cache_destroy(w.cache);
     pkv_pool_destroy(w.pool);

@@ -148,7 +148,7 @@ static pkv_status admit_continuous(engine *e) {
         }
         uint64_t ef = 0;
         uint32_t cached = 0;
-        pkv_status st = e->pol->vt->admit(e->pol->state, r, &a, e->wm_slots, &ef, &cached);
+        pkv_status st = pkvi_policy_admit(e->pol, r, &a, e->wm_slots, &ef, &cached);
         if (st == PKV_ERR_OUT_OF_BLOCKS) {
             e->ext_frag = ef;
             break;
@@ -196,7 +196,7 @@ static pkv_status admit_static(engine *e) {
         pkvi_engine_make_admit(e, r, &a);
         uint64_t ef = 0;
         uint32_t cached = 0;
-        pkv_status st = e->pol->vt->admit(e->pol->state, r, &a, e->wm_slots, &ef, &cached);
+        pkv_status st = pkvi_policy_admit(e->pol, r, &a, e->wm_slots, &ef, &cached);
         if (st == PKV_ERR_OUT_OF_BLOCKS) {
             if (!s->restore) s->pad_prompt = s->pad_output = 0;
             e->ext_frag = ef;

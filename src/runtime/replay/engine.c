@@ -247,7 +247,7 @@ static pkv_status decode(engine *e) {
             e->grow_r = r;
             e->grow_c = c;
             for (;;) {
-                pkv_status st = e->pol->vt->grow(e->pol->state, r, c);
+                pkv_status st = pkvi_policy_grow(e->pol, r, c);
                 if (st == PKV_OK) break;
                 if (st != PKV_ERR_OUT_OF_BLOCKS) return st;
                 if (e->run_count == 1) {
@@ -286,7 +286,7 @@ static pkv_status time_step(engine *e, double *dt_out) {
     const pkv_replay_params *prm = e->prm;
     const uint64_t cap = e->pol->info.capacity_slots;
     pkv_policy_stats tot;
-    e->pol->vt->stats(e->pol->state, &tot);
+    if (pkvi_policy_stats(e->pol, &tot) != PKV_OK) return PKV_ERR_CORRUPT; // policy_check.c
     uint64_t reservation = 0, padding = 0, uncomputed = 0;
     for (uint32_t i = 0; i < e->run_count; i++) {
         const uint32_t r = e->running[i];
@@ -340,14 +340,13 @@ static pkv_status time_step(engine *e, double *dt_out) {
     e->acc.alloc_hidden_s += ch->async_s < exec ? ch->async_s : exec;
     ch->sync_s = ch->async_s = 0;
     e->t += dt;
+    if (prm->validate && (status = pkvi_policy_validate(e->pol)) != PKV_OK) return status;
+    if ((status = pkvi_policy_check_reservation(e->pol, &tot, reservation)) != PKV_OK) return status;
+    // Chunked prefill: prompt tokens that no chunk has computed yet are held for the
+    // tokens to come (reservation), not token states.
     const uint64_t used = tot.used - (uncomputed < tot.used ? uncomputed : tot.used);
     const uint64_t reserved = tot.reserved;
     reservation += tot.used - used;
-    if (prm->validate) {
-        pkv_status vs = e->pol->vt->validate ? e->pol->vt->validate(e->pol->state) : PKV_OK;
-        if (vs != PKV_OK) return vs;
-        if (used > reserved || reserved > cap || reservation > reserved - used) return PKV_ERR_CORRUPT;
-    }
     if (used > e->peak_used) e->peak_used = used;
     if (reserved > e->peak_reserved) e->peak_reserved = reserved;
     const uint64_t ext = e->ext_frag < cap - reserved ? e->ext_frag : cap - reserved;
@@ -434,7 +433,7 @@ static pkv_status retire(engine *e) {
                 if (e->pol->vt->commit) // its prompt K/V exist now
                     e->pol->vt->commit(e->pol->state, r, prompt_of(e, r));
                 if (output_of(e, r) > 1 && q->n > 1) {
-                    pkv_status st = e->pol->vt->fork(e->pol->state, r, q->n);
+                    pkv_status st = pkvi_policy_fork(e->pol, r, q->n);
                     if (st == PKV_OK && e->ex->on_fork) st = e->ex->on_fork(e->ex, r, q->n);
                     if (st != PKV_OK) return st;
                     s->nseq = q->n;

@@ -97,15 +97,13 @@ pkv_status pkvi_policy_open(pkvi_policy *p, const pkv_policy_vtable *vt, const p
     p->cfg.host.backend_calls = host_backend_calls;
     p->cost = cost;
     st = vt->create(&p->cfg, &p->info, &p->state);
+    if (st != PKV_OK) p->state = NULL;
+    // A policy may not claim more than the budget, nor a unit larger than itself.
+    st = pkvi_policy_check_create(p, st, cfg->capacity_bytes / cfg->bytes_per_token);
     if (st != PKV_OK) {
+        if (p->state) vt->destroy(p->state);
         p->state = NULL;
         return st;
-    }
-    const uint64_t cap = cfg->capacity_bytes / cfg->bytes_per_token;
-    if (p->info.capacity_slots == 0 || p->info.capacity_slots > cap || p->info.granularity == 0) {
-        vt->destroy(p->state);
-        p->state = NULL;
-        return PKV_ERR_INVALID_ARG; // a policy may not claim more than the budget
     }
     // Calls made while it set itself up are outside every step (totals only).
     p->charges.sync_s = p->charges.async_s = 0;

@@ -417,8 +417,10 @@ static pkv_status paged_validate(const void *pp) {
 static void paged_destroy(void *pp) {
     paged *p = pp;
     if (!p) return;
-    pkv_prefix_cache_destroy(p->cache);
+    // The set before its cache (pkv/prefix.h): a run stopped mid-way still has
+    // live sequences, whose release calls the cache's hook.
     pkv_seqset_destroy(p->set);
+    pkv_prefix_cache_destroy(p->cache);
     pkv_pool_destroy(p->pool);
     free(p->fill);
     free(p->seq_base);

@@ -64,6 +64,7 @@ static int schedule_ok(const pkv_replay_schedule *s, uint32_t n) {
 // pkv_replay_run, recording the schedule into `rec` when it is not NULL.
 static pkv_status replay(const pkv_trace *trace, const pkv_replay_params *params,
                          pkv_replay_report *report, pkv_replay_schedule *rec) {
+    if (report) memset(report, 0, sizeof *report); // failure stays empty unless set below
     if (!trace || !params || !report || pkv_trace_count(trace) == 0 || !params_ok(params))
         return PKV_ERR_INVALID_ARG;
     if (pkv_trace_count(trace) > UINT32_MAX - 1) return PKV_ERR_INVALID_ARG;
@@ -162,6 +163,9 @@ static pkv_status replay(const pkv_trace *trace, const pkv_replay_params *params
         if (st != PKV_OK) goto done;
     }
 done:
+    // A policy that broke its contract is named with the rule (policy_check.c).
+    if (st != PKV_OK && e.pol && e.pol->why[0])
+        snprintf(report->failure, sizeof report->failure, "%s", e.pol->why);
     if (e.ex) e.ex->destroy(e.ex);
     if (e.work) e.work->destroy(e.work);
     if (e.pol) pkvi_policy_close(e.pol);

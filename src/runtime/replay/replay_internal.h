@@ -38,6 +38,10 @@ typedef struct pkvi_policy {
     // seconds they took; NULL in sim mode.
     double (*real_calls)(void *ctx, pkv_backend_call kind, uint64_t bytes, uint64_t count);
     void *real_ctx;
+    // Checks of the policy's answers (policy_check.c): its last stats, and why
+    // it broke the contract ("policy 'NAME': slot 'SLOT': rule"; empty if not).
+    pkv_policy_stats last;
+    char why[160];
 } pkvi_policy;
 
 // Create vt's policy for cfg (cfg.host is set here) into *p, which must not
@@ -45,6 +49,20 @@ typedef struct pkvi_policy {
 pkv_status pkvi_policy_open(pkvi_policy *p, const pkv_policy_vtable *vt, const pkv_policy_config *cfg,
                             const pkv_alloc_model *cost);
 void pkvi_policy_close(pkvi_policy *p);
+
+// ---- policy_check.c: the engine calls a policy's status- and stats-returning
+// slots through these, which check what pkv/policy.h promises every time. On a
+// broken rule: PKV_ERR_CORRUPT (OUT_OF_MEMORY stays itself) and p->why says it.
+pkv_status pkvi_policy_check_create(pkvi_policy *p, pkv_status st, uint64_t budget_slots);
+pkv_status pkvi_policy_admit(pkvi_policy *p, uint32_t r, const pkv_policy_admit *a,
+                             uint64_t watermark, uint64_t *ext_frag, uint32_t *cached);
+pkv_status pkvi_policy_fork(pkvi_policy *p, uint32_t r, uint32_t n);
+pkv_status pkvi_policy_grow(pkvi_policy *p, uint32_t r, uint32_t child);
+pkv_status pkvi_policy_stats(pkvi_policy *p, pkv_policy_stats *s);
+pkv_status pkvi_policy_validate(pkvi_policy *p); // PKV_OK if the slot is NULL
+// Every step: the sum of the running requests' reservation() fits reserved - used.
+pkv_status pkvi_policy_check_reservation(pkvi_policy *p, const pkv_policy_stats *s,
+                                        uint64_t reservation);
 
 // The built-in tables (policy_paged.c, policy_contig.c, policy_token.c).
 extern const pkv_policy_vtable pkvi_policy_paged_vtable;

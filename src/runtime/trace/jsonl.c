@@ -293,13 +293,19 @@ static int parse_line(const char *p, size_t n, double *vals, int *seen, u64vec *
             } else if (skip_value(&c, 0) != 0) {
                 return -1;
             }
-            *field = "";
+            // The key is named until its value ends: a NUL or stray byte right
+            // after a number is that field's error (issue 20, defect 10).
             skip_ws(&c);
             if (c.p < c.end && *c.p == '}') {
                 c.p++;
+                *field = "";
                 break;
             }
-            if (expect(&c, ',', "expected ',' or '}'") != 0) return -1;
+            if (expect(&c, ',', "expected ',' or '}'") != 0) {
+                if (c.p >= c.end) *field = ""; // the line is cut short, not the value
+                return -1;
+            }
+            *field = "";
         }
     }
     skip_ws(&c);
