@@ -132,3 +132,27 @@ Test(device_mem, malloc_per_request_fragments_only_in_an_arena) {
     cr_expect_eq(cuda.alloc.backend_free_calls, 3);
     pkv_trace_destroy(t);
 }
+
+// A refused admission never reaches the device model (an engine checks before it
+// calls), also when only the granule rounding makes it not fit. 16-token budget,
+// watermark 5 slots (ceil(0.3125 * 16)). A (P4 O2: 5 tokens -> 8 held) leaves 8
+// free. B (P2 O2: 3 tokens -> 4 held) passes 3 + 5 <= 8 but would leave 4 < 5: it
+// must wait for A without a call; before, each step's try was a charged cudaMalloc
+// and cudaFree (its rollback).
+Test(device_mem, refused_admission_makes_no_call) {
+    const pkv_trace_request q[2] = {{0, 4, 2, 1, -1, 0, 0}, {1e-9, 2, 2, 1, -1, 0, 1}};
+    pkv_trace *t = make_trace(q, 2);
+    pkv_replay_params p = pkv_replay_params_default();
+    p.policy = PKV_POLICY_MALLOC_PER_REQUEST;
+    p.kv_mem_bytes = 8 * MiB;
+    p.watermark = 0.3125;
+    p.validate = 1;
+    p.alloc_model = pkv_alloc_model_none();
+    pkv_replay_report r;
+    cr_assert_eq(pkv_replay_run(t, &p, &r), PKV_OK);
+    cr_expect_str_eq(r.memory.device_mem, "cuda");
+    cr_expect_eq(r.requests.completed, 2);
+    cr_expect_eq(r.alloc.backend_alloc_calls, 2, "%llu", (unsigned long long)r.alloc.backend_alloc_calls);
+    cr_expect_eq(r.alloc.backend_free_calls, 2, "%llu", (unsigned long long)r.alloc.backend_free_calls);
+    pkv_trace_destroy(t);
+}

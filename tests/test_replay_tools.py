@@ -504,6 +504,17 @@ def test_table_says_rejected_and_deviations():
           "contiguous-max deviates from paged's schedule at 4 GiB")
 
 
+def test_fixed_schedule_decodes_every_request():
+    # A recorded preemption can take a request from the middle of the replaying
+    # policy's running list (its order differs from the recording's): the requests
+    # after it still decode in that step. --validate checks that every running
+    # request past its prompt decoded; before, they were skipped yet emitted tokens.
+    trace = os.path.join(ROOT, "traces", "parallel_n2to8.csv")
+    for pol in ("vmm", "paged", "realloc-copy"):
+        run(trace, "-q", "--policy", pol, "--load-scale", "2", "--kv-mem", "3G", "--validate",
+            "--schedule", "fixed-from contiguous-pow2-grow")  # exit 1 (corrupt) before
+
+
 def test_bad_usage():
     trace = os.path.join(ROOT, "traces", "conv_small.csv")
     for args in (["--point", "4/3"], ["--point", "0/3"], ["--jobs", "0"],
@@ -523,7 +534,8 @@ def main():
         for t in (test_sweep_jobs_and_individual_runs, test_shards_merge, test_slo_hand_computed,
                   test_stamp, test_sigint_partial, test_progress_line, test_plots,
                   test_cost_fields_and_failure, test_sim_efficiency, test_timeline_breakdown,
-                  test_table_says_rejected_and_deviations, test_bad_usage):
+                  test_table_says_rejected_and_deviations,
+                  test_fixed_schedule_decodes_every_request, test_bad_usage):
             print("--", t.__name__)
             t()
     print("%d failure(s)" % len(FAILS))

@@ -234,14 +234,17 @@ static int preempt_due(engine *e, uint32_t r, uint32_t c, uint32_t *i) {
 
 // Grow every decoding sequence by its last emitted token; preempt when short.
 static pkv_status decode(engine *e) {
-    for (uint32_t i = 0; i < e->run_count; i++) {
+    for (uint32_t i = 0; i < e->run_count;) {
         const uint32_t r = e->running[i];
         req_state *s = &e->st[r];
-        if (s->prefilling) continue; // still computing its prompt (chunked)
-        int gone = 0;
+        if (s->prefilling) { // still computing its prompt (chunked)
+            i++;
+            continue;
+        }
+        int gone = 0, due = 0;
         for (uint32_t c = 0; c < s->nseq && !gone; c++) {
             if (e->num_due && preempt_due(e, r, c, &i)) {
-                gone = 1;
+                gone = due = 1;
                 break;
             }
             e->grow_r = r;
@@ -262,16 +265,28 @@ static pkv_status decode(engine *e) {
             }
         }
         e->grow_r = UINT32_MAX;
-        if (gone) break; // r was the newest (the tail): nobody after it to grow
+        // A recorded preemption (fixed schedule) may take r from anywhere in the
+        // running list: running[i] now holds the next request, still to grow. A
+        // preemption of our own takes the newest, so r was the tail: nobody after it.
+        if (due) continue;
+        if (gone) break;
         const uint32_t ctx = prompt_of(e, r) + s->emitted;
         e->b.num_decode_seqs += s->nseq;
         e->b.decode_ctx_tokens += (uint64_t)s->nseq * ctx;
         if (e->ex->needs_seqs)
             for (uint32_t c = 0; c < s->nseq; c++)
                 if (pkvi_engine_push_seq(e, r, c, 1, ctx) != 0) return PKV_ERR_OUT_OF_MEMORY;
+        i++;
     }
     e->grow_r = UINT32_MAX;
     if (e->num_due) (void)preempt_due(e, UINT32_MAX, 0, NULL); // their point never came
+    if (e->prm->validate) {
+        // Every running request past its prompt decoded this step, each sequence once.
+        uint64_t want = 0;
+        for (uint32_t i = 0; i < e->run_count; i++)
+            if (!e->st[e->running[i]].prefilling) want += e->st[e->running[i]].nseq;
+        if (want != e->b.num_decode_seqs) return PKV_ERR_CORRUPT;
+    }
     if (e->prm->chunked_prefill) {
         const uint64_t d = e->b.num_decode_seqs;
         e->budget_left = d < e->prm->chunked_prefill ? e->prm->chunked_prefill - d : 0;

@@ -169,7 +169,11 @@ static pkv_status contig_admit(void *pp, uint32_t r, const pkv_policy_admit *a, 
     const uint64_t size = extent_for(c, a->len, a->final_len);
     const uint32_t count = a->n; // every sequence's extent, now
     const uint64_t free_total = free_slots(c);
-    if ((uint64_t)count * size + wm > free_total) return PKV_ERR_OUT_OF_BLOCKS;
+    // A device model's allocation holds its size rounded (cuda: to the 2 MiB granule):
+    // check with what it will hold, so that a refused admission does not reach the
+    // model, which charges every call it sees (an engine checks before it calls).
+    const uint64_t holds = held_slots(c->dm_kind, c->bytes_per_token, size);
+    if ((uint64_t)count * holds + wm > free_total) return PKV_ERR_OUT_OF_BLOCKS;
     const uint64_t b = c->seq_base[r];
     for (uint32_t i = 0; i < count; i++) {
         uint64_t got = size;
