@@ -62,15 +62,20 @@ int out_open(out_file *o, const char *prog, const char *path) {
         o->f = fopen(path, "w");
         return o->f ? 0 : fail(o, errno);
     }
-    // mkstemp makes it 0600; a report is as readable as any new file.
+    // mkstemp makes it 0600: a replaced file keeps its mode, a new one is as
+    // readable as any new file.
+    struct stat old;
     const mode_t mask = umask(0);
     umask(mask);
-    (void)fchmod(fd, 0666 & ~mask);
+    (void)fchmod(fd, stat(o->target, &old) == 0 ? old.st_mode & 07777 : 0666 & ~mask);
     o->f = fdopen(fd, "w");
     if (!o->f) {
         err = errno;
         close(fd);
         unlink(o->tmp);
+        free(o->tmp);
+        free(o->target);
+        o->tmp = o->target = NULL;
         return fail(o, err);
     }
     return 0;

@@ -181,7 +181,8 @@ typedef struct pkv_kv_event {
     const pkv_block_hash *hashes;  // [num_hashes]: stored or removed blocks
     int has_parent;                // BlockStored: 1 if parent is set
     pkv_block_hash parent;
-    uint32_t num_tokens;           // BlockStored: num_hashes * block_size token ids
+    uint32_t num_tokens;           // BlockStored: block_size token ids per block stored,
+                                   // null blocks included (their hashes are not)
     const int32_t *tokens;         // [num_tokens]
     uint32_t block_size;
     int64_t lora_id;               // PKV_NO_LORA or the adapter id

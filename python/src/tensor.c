@@ -89,7 +89,15 @@ static int from_dlpack(PyObject *obj, PyObject *stream, pkvpy_tensor *t, const c
     PyObject *kw = NULL;
     if (dev_type == DL_CUDA || dev_type == DL_CUDA_MANAGED) {
         // None tells the producer nothing; the caller's stream orders its work first.
+        // The DLPack protocol forbids 0: the legacy default stream is 1 there.
+        PyObject *one = NULL;
+        if (stream && PyLong_Check(stream) && PyLong_AsLongLong(stream) == 0) {
+            if (!(one = PyLong_FromLong(1)))
+                return -1;
+            stream = one;
+        }
         kw = Py_BuildValue("{s:O}", "stream", stream ? stream : Py_None);
+        Py_XDECREF(one);
         if (!kw)
             return -1;
     }

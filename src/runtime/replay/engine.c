@@ -318,7 +318,9 @@ static pkv_status time_step(engine *e, double *dt_out) {
         // After growth a decoded sequence holds P + e tokens; one that was
         // prefilled or restored (or still is) what its prefill fills.
         const uint32_t len = (s->fresh || s->prefilling) ? s->pf_len : prompt_of(e, r) + s->emitted;
-        reservation += e->pol->vt->reservation(e->pol->state, r, s->nseq, len, (uint32_t)final_len(e, r));
+        const uint64_t rv = e->pol->vt->reservation(e->pol->state, r, s->nseq, len, (uint32_t)final_len(e, r));
+        // Saturate: a lying plugin's huge values must not wrap past the check below.
+        reservation = rv > UINT64_MAX - reservation ? UINT64_MAX : reservation + rv;
         // Chunked prefill: the whole prompt was allocated at admission, but the
         // tokens no chunk has computed yet hold no K/V: reservation, not used.
         if (s->prefilling) uncomputed += s->pf_len - s->pf_done + s->pf_extra;

@@ -180,11 +180,13 @@ static pkv_status contig_admit(void *pp, uint32_t r, const pkv_policy_admit *a, 
         pkv_status st = get_extent(c, &got, &c->off[b + i], 0);
         if (st != PKV_OK || (c->dm && free_slots(c) < wm)) {
             if (st == PKV_OK) put_extent(c, c->off[b + i], got, 0);
-            if (st != PKV_OK && st != PKV_ERR_OUT_OF_BLOCKS) return st;
             // Enough free slots, no extent long enough: external fragmentation
             // (arena, torch-caching; cuda: the granule rounding, not external).
-            // The rolled-back extents cost nothing: an engine checks before it calls.
+            // The arena charges its rolled-back extents nothing (an engine checks
+            // before it calls); torch-caching charges the cudaMalloc PyTorch would
+            // have made; cuda's check above leaves it nothing to roll back.
             for (uint32_t j = 0; j < i; j++) put_extent(c, c->off[b + j], c->size[b + j], 0);
+            if (st != PKV_OK && st != PKV_ERR_OUT_OF_BLOCKS) return st;
             *ext_frag = c->dm_kind == PKV_DEVICE_MEM_CUDA ? 0 : free_total;
             return PKV_ERR_OUT_OF_BLOCKS;
         }
