@@ -189,7 +189,8 @@ int alloc_calibrate_main(int argc, char **argv) {
     // them; "measured") written over its closing brace.
     pkv_alloc_model_write_json(f, &m);
     fseek(f, -1, SEEK_CUR);
-    fprintf(f, ",\n \"backend\": \"%s\", \"host_cpu\": \"%s\", \"measured\": [", cuda ? "cuda" : "host", cpu);
+    fprintf(f, ",\n \"backend\": \"%s\", \"host_cpu\": \"%s\", \"measured\": [",
+            cuda ? "cuda" : "host", cpu);
     for (int i = 0; i < n; i++)
         fprintf(f, "%s\n  {\"bytes\": %zu, \"alloc_us\": %.4f, \"free_us\": %.4f}", i ? "," : "",
                 pt[i].bytes, pt[i].alloc_s * 1e6, pt[i].free_s * 1e6);

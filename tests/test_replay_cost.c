@@ -247,7 +247,8 @@ Test(replay_cost, host_link_runs_at_its_published_share) {
     q2.sim_eff = p.sim_eff;
     run(t, p, &slow, &rs);
     run(t, q2, &fast, &rf);
-    cr_expect_float_eq(slow.s[2].step_s - fast.s[2].step_s, 20 / 32e9, 1e-15, "peak: the datasheet");
+    cr_expect_float_eq(slow.s[2].step_s - fast.s[2].step_s, 20 / 32e9, 1e-15,
+                       "peak: the datasheet");
     pkv_trace_destroy(t);
 }
 
@@ -554,7 +555,8 @@ Test(replay_cost, cuda_boyer_cost_rises_with_size) {
         cr_expect_float_eq(pkv_alloc_call_seconds(&m.alloc, want[i].bytes) * 1e6, want[i].us, 1e-6,
                            "alloc of %llu bytes", (unsigned long long)want[i].bytes);
         cr_expect_float_eq(pkv_alloc_call_seconds(&def.alloc_model.free, want[i].bytes) * 1e6,
-                           want[i].us, 1e-6, "free of %llu bytes", (unsigned long long)want[i].bytes);
+                           want[i].us, 1e-6, "free of %llu bytes",
+                           (unsigned long long)want[i].bytes);
     }
     cr_expect_eq(m.alloc.sync, 1);
     cr_expect_eq(m.free.sync, 1);

@@ -84,7 +84,8 @@ pkv_status pkv_alloc_call_cost_check(const pkv_alloc_call_cost *c) {
         return PKV_ERR_INVALID_ARG;
     for (uint32_t i = 0; i < c->num_points; i++) {
         if (!(c->point_s[i] >= 0) || !isfinite(c->point_s[i])) return PKV_ERR_INVALID_ARG;
-        if (i > 0 && (c->point_bytes[i] <= c->point_bytes[i - 1] || c->point_s[i] < c->point_s[i - 1]))
+        if (i > 0 && (c->point_bytes[i] <= c->point_bytes[i - 1] ||
+                      c->point_s[i] < c->point_s[i - 1]))
             return PKV_ERR_INVALID_ARG;
     }
     return PKV_OK;
@@ -94,7 +95,8 @@ double pkv_alloc_call_seconds(const pkv_alloc_call_cost *c, uint64_t bytes) {
     if (!c) return 0;
     const uint32_t n = c->num_points;
     if (n == 0) return c->base_s + c->per_byte_s * (double)bytes;
-    if (n == 1 || bytes <= c->point_bytes[0]) return c->point_s[bytes <= c->point_bytes[0] ? 0 : n - 1];
+    if (bytes <= c->point_bytes[0]) return c->point_s[0];
+    if (n == 1) return c->point_s[0]; // one point: flat
     uint32_t i = 1; // the segment [i - 1, i] holding bytes, or the last one past the end
     while (i + 1 < n && bytes > c->point_bytes[i]) i++;
     const double x0 = (double)c->point_bytes[i - 1], x1 = (double)c->point_bytes[i];
@@ -291,7 +293,8 @@ static int points(jp *p, pkv_alloc_call_cost *c, const char *field) {
         const uint32_t i = c->num_points++;
         c->point_bytes[i] = (uint64_t)b;
         c->point_s[i] = us * 1e-6;
-        if (i > 0 && (c->point_bytes[i] <= c->point_bytes[i - 1] || c->point_s[i] < c->point_s[i - 1])) {
+        if (i > 0 && (c->point_bytes[i] <= c->point_bytes[i - 1] ||
+                      c->point_s[i] < c->point_s[i - 1])) {
             fail(p, field, "point %u: bytes must increase and the cost must not decrease", i + 1);
             return -1;
         }

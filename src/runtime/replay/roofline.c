@@ -178,10 +178,12 @@ double pkvi_host_link_frac(const pkv_replay_params *p) {
     // datasheet rate: its own figures say nothing about PCIe.
     if (s->bw_frac != 0 || s->compute_frac != 0 || s->step_overhead_s != 0) return 1;
     pkv_gpu_spec preset;
-    if (pkv_gpu_preset(p->gpu.name, &preset) != PKV_OK || preset.host_link_bw != p->gpu.host_link_bw)
+    if (pkv_gpu_preset(p->gpu.name, &preset) != PKV_OK ||
+        preset.host_link_bw != p->gpu.host_link_bw)
         return 1; // a GPU of one's own: its link as given
     for (size_t i = 0; i < sizeof host_link_published / sizeof host_link_published[0]; i++)
-        if (strcmp(host_link_published[i].gpu, p->gpu.name) == 0) return host_link_published[i].frac;
+        if (strcmp(host_link_published[i].gpu, p->gpu.name) == 0)
+            return host_link_published[i].frac;
     return 1;
 }
 
