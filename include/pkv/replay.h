@@ -363,6 +363,12 @@ pkv_replay_params pkv_replay_params_default(void);
 // roofline for a GPU of one's own). PKV_ERR_INVALID_ARG for a number out of range.
 pkv_status pkv_replay_sim_efficiency(const pkv_replay_params *params, pkv_sim_efficiency *eff);
 
+// The share of params->gpu.host_link_bw that swaps reach in sim mode: a GPU
+// preset's published achieved fraction (nvbandwidth figures, docs/POLICIES.md
+// "Host link") when params->sim_eff is the default (all 0) and the link is the
+// preset's; 1 otherwise (an explicit efficiency, a GPU of one's own, NULL). Pure.
+double pkv_replay_host_link_frac(const pkv_replay_params *params);
+
 // KV bytes per token for these params (pkv_cache_bytes_per_token of the KV dtype:
 // dtype_bytes, or kv_dtype when it is 8-bit); 0 for invalid params.
 uint64_t pkv_replay_kv_bytes_per_token(const pkv_replay_params *params);

@@ -131,9 +131,6 @@ struct pkvi_executor {
 
 // Roofline model of params->model on params->gpu (defined in roofline.c).
 pkv_status pkvi_executor_roofline_create(const pkv_replay_params *params, pkvi_executor **out);
-// The achieved share of params->gpu.host_link_bw that swaps get in sim mode: a
-// preset's published figure under its default efficiency, else 1 (roofline.c).
-double pkvi_host_link_frac(const pkv_replay_params *params);
 
 // The decoder over the policy's seqset and pool (defined in run.c). The
 // policy is borrowed and must outlive the executor.

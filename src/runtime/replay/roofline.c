@@ -5,7 +5,7 @@
 // A step's time is the sum of its kernels' rooflines (step_kernels below: the
 // linear layers, prefill attention, decode attention, device copies, each
 // max(flops / peak_flops, bytes / mem_bw)) + swap / (host_link_bw x the link's
-// achieved fraction, pkvi_host_link_frac), where
+// achieved fraction, pkv_replay_host_link_frac), where
 // - flops = 2 x params x tokens (every weight is one multiply-add per token)
 //         + 4 x layers x heads x head_dim x (query, key) pairs (QK^T and PV);
 // - bytes = the weights once per step (weights_read below: every weight but the
@@ -172,7 +172,8 @@ static const struct {
     {"h200-141g", 2 / (1 / 35.2 + 1 / 52.77) / 64},
 };
 
-double pkvi_host_link_frac(const pkv_replay_params *p) {
+double pkv_replay_host_link_frac(const pkv_replay_params *p) {
+    if (!p) return 1;
     const pkv_sim_efficiency *s = &p->sim_eff;
     // An explicit efficiency (peak, a calibration, the user's) keeps the link's
     // datasheet rate: its own figures say nothing about PCIe.
@@ -332,7 +333,7 @@ pkv_status pkvi_executor_roofline_create(const pkv_replay_params *p, pkvi_execut
     }
     m->peak_flops = p->gpu.peak_flops * eff.compute_frac;
     m->mem_bw = p->gpu.mem_bw * eff.bw_frac;
-    m->host_bw = p->gpu.host_link_bw * pkvi_host_link_frac(p);
+    m->host_bw = p->gpu.host_link_bw * pkv_replay_host_link_frac(p);
     m->overhead_s = eff.step_overhead_s;
     m->copy_overlap = p->copy_overlap;
     *out = &m->base;
