@@ -448,8 +448,10 @@ typedef struct pkv_replay_report {
         double prefill_frac;       // share of busy time spent in prefill (a mixed step
                                    // is split in proportion of its modelled parts)
         double decode_frac;        // 1 - prefill_frac
-        double decode_compute_util; // sim: decode-only steps' flops / (time x peak)
-        double decode_bw_util;      // sim: their bytes / (time x bandwidth); NaN in run
+        double decode_compute_util; // sim: decode-phase steps' (no prefill; a decode
+                                    // or a swap) flops / (time x peak)
+        double decode_bw_util;      // sim: their bytes (kernels, copies, swaps) /
+                                    // (time x bandwidth); NaN in run
         double busy_s;              // sum of step durations
     } time;
     uint64_t padding_tokens;  // static batching: padding tokens computed
