@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: MIT
 // bench_alloc --calibrate FILE.json: measure what one backend allocation and
-// one free cost on this machine, fit t(bytes) = base + per_byte x bytes to each,
-// and write the pkv_alloc_model that `pkv-replay --alloc-model FILE.json` reads.
+// one free cost on this machine at 4 KiB .. 256 MiB, fit the shape of the
+// built-in cuda-boyer model to each (piecewise linear in size, one point per
+// measured size, made non-decreasing), and write the pkv_alloc_model that
+// `pkv-replay --alloc-model FILE.json` reads.
 //
 // Backends: the host backend always; the CUDA backend (cudaMalloc/cudaFree)
 // when a GPU is present, which is then the one written unless --backend host.
@@ -61,29 +63,32 @@ static int measure(pkv_backend *be, size_t bytes, int live, point *out) {
     return 0;
 }
 
-// Least squares t = base + slope x bytes; a negative slope is clamped to 0
-// (base = the mean) since a call never gets cheaper with size.
+// The same shape as the built-in cuda-boyer model: piecewise linear in size
+// through one point per measured size (pkv_alloc_call_cost.points). A call
+// never gets cheaper with size, so the medians are made non-decreasing by
+// isotonic regression (pool adjacent violators: a run of sizes whose medians
+// decrease is replaced by their mean) before they become the points.
 static void fit(const point *pt, int n, int use_free, pkv_alloc_call_cost *c) {
-    double sx = 0, sy = 0, sxx = 0, sxy = 0;
-    for (int i = 0; i < n; i++) {
-        const double x = (double)pt[i].bytes, y = use_free ? pt[i].free_s : pt[i].alloc_s;
-        sx += x;
-        sy += y;
-        sxx += x * x;
-        sxy += x * y;
+    double val[PKV_ALLOC_COST_MAX_POINTS];
+    int len[PKV_ALLOC_COST_MAX_POINTS], blocks = 0;
+    for (int i = 0; i < n && i < PKV_ALLOC_COST_MAX_POINTS; i++) {
+        val[blocks] = use_free ? pt[i].free_s : pt[i].alloc_s;
+        len[blocks++] = 1;
+        while (blocks > 1 && val[blocks - 2] > val[blocks - 1]) { // merge the violators
+            const int a = len[blocks - 2], b = len[blocks - 1];
+            val[blocks - 2] = (val[blocks - 2] * a + val[blocks - 1] * b) / (a + b);
+            len[blocks - 2] = a + b;
+            blocks--;
+        }
     }
-    const double den = n * sxx - sx * sx;
-    double slope = den > 0 ? (n * sxy - sx * sy) / den : 0;
-    double base = (sy - slope * sx) / n;
-    if (slope < 0) {
-        slope = 0;
-        base = sy / n;
-    } else if (base < 0) {
-        base = 0;
-        slope = sxx > 0 ? sxy / sxx : 0; // through the origin
-    }
-    c->base_s = base;
-    c->per_byte_s = slope;
+    memset(c, 0, sizeof *c);
+    int i = 0;
+    for (int k = 0; k < blocks; k++)
+        for (int j = 0; j < len[k]; j++, i++) {
+            c->point_bytes[i] = pt[i].bytes;
+            c->point_s[i] = val[k];
+        }
+    c->num_points = (uint32_t)i;
     c->sync = 1; // cudaFree synchronizes; a host call stalls the (CPU) step
 }
 
@@ -180,11 +185,12 @@ int alloc_calibrate_main(int argc, char **argv) {
         fprintf(stderr, "bench_alloc: cannot write %s\n", path);
         return 1;
     }
-    // The model object, with the points it was fitted to (the reader skips them)
-    // written over its closing brace.
+    // The model object, with the raw medians it was fitted to (the reader skips
+    // them; "measured") written over its closing brace.
     pkv_alloc_model_write_json(f, &m);
     fseek(f, -1, SEEK_CUR);
-    fprintf(f, ",\n \"backend\": \"%s\", \"host_cpu\": \"%s\", \"points\": [", cuda ? "cuda" : "host", cpu);
+    fprintf(f, ",\n \"backend\": \"%s\", \"host_cpu\": \"%s\", \"measured\": [",
+            cuda ? "cuda" : "host", cpu);
     for (int i = 0; i < n; i++)
         fprintf(f, "%s\n  {\"bytes\": %zu, \"alloc_us\": %.4f, \"free_us\": %.4f}", i ? "," : "",
                 pt[i].bytes, pt[i].alloc_s * 1e6, pt[i].free_s * 1e6);
@@ -193,8 +199,10 @@ int alloc_calibrate_main(int argc, char **argv) {
         fprintf(stderr, "bench_alloc: cannot write %s\n", path);
         return 1;
     }
-    printf("fit: alloc %.3f us + %.4f us/MiB, free %.3f us + %.4f us/MiB -> %s\n",
-           m.alloc.base_s * 1e6, m.alloc.per_byte_s * 1e6 * 1048576.0, m.free.base_s * 1e6,
-           m.free.per_byte_s * 1e6 * 1048576.0, path);
+    printf("fit (piecewise, non-decreasing):\n%12s %12s %12s\n", "bytes", "alloc us", "free us");
+    for (uint32_t i = 0; i < m.alloc.num_points; i++)
+        printf("%12llu %12.2f %12.2f\n", (unsigned long long)m.alloc.point_bytes[i],
+               m.alloc.point_s[i] * 1e6, m.free.point_s[i] * 1e6);
+    printf("-> %s (pkv-replay --alloc-model %s)\n", path, path);
     return 0;
 }

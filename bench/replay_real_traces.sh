@@ -7,7 +7,8 @@
 #   e.g. bench/replay_real_traces.sh build traces/real /tmp/realbench
 # A trace missing from TRACE_DIR is fetched there first.
 # Every run is sim mode with the default allocation cost model (cuda-boyer:
-# 50 us per cudaMalloc/cudaFree, synchronizing) unless its name says otherwise.
+# cudaMalloc/cudaFree by size, 50 us up to 2 MiB and 50 us per further 2 MiB,
+# synchronizing) unless its name says otherwise.
 set -eu
 B=${1:?build dir}
 T=${2:?trace dir}
@@ -35,7 +36,8 @@ for gpu in a100-80g h200-141g; do
       "$T/mooncake_fast25_conversation.jsonl"
 done
 # What the seed's ~5x claim depends on: malloc-per-token and paged under
-# constant per-call costs (0 = calls free, 50 = the cuda-boyer default).
+# constant per-call costs (0 = calls free, 50 = cuda-boyer-flat; malloc-per-token's
+# 512 KiB calls cost 50 us under the default too).
 C="$T/azure_conv_2023.csv"
 for us in 0 10 50 200 1000; do
   for load in 1 4; do
@@ -47,4 +49,9 @@ done
 # prefill, and swap with vLLM's 4 GiB host pool, on Azure conv at x4.
 run x_static_conv_a100-80g_x4 --policy all $A --gpu a100-80g --load-scale 4 --batching static "$C"
 run x_chunked512_conv_a100-80g_x4 --policy paged $A --gpu a100-80g --load-scale 4 --chunked-prefill 512 "$C"
+# The flat 50 us model (before issue 21 item 5) beside the default by-size one.
+for load in 1 4; do
+  run "x_flat_conv_a100-80g_x${load}" --policy all $A --gpu a100-80g --load-scale $load \
+      --alloc-model cuda-boyer-flat "$C"
+done
 run x_swap_conv_a100-80g_x4 --policy all $A --gpu a100-80g --load-scale 4 --preempt swap "$C"

@@ -103,7 +103,7 @@ Test(replay_cost, call_cost_depends_on_size) {
     pkv_replay_report r;
     run(t, p, &base, &r);
     p.alloc_model = pkv_alloc_model_none();
-    p.alloc_model.alloc = (pkv_alloc_call_cost){1e-3, 1e-4, 1};
+    p.alloc_model.alloc = (pkv_alloc_call_cost){.base_s = 1e-3, .per_byte_s = 1e-4, .sync = 1};
     run(t, p, &cost, &r);
     const double want = 3 * 1e-3 + (36 + 16 + 16) * 1e-4;
     cr_expect_float_eq(cost.s[0].step_s - base.s[0].step_s, want, 1e-12);
@@ -199,12 +199,56 @@ Test(replay_cost, swap_is_charged_both_ways) {
         const double want = (s == 2 || s == 4) ? 20 / 1e3 : 0;
         cr_expect_float_eq(slow.s[s].step_s - fast.s[s].step_s, want, 1e-9, "step %d", s + 1);
     }
+    // "dec bw" counts the swapped bytes (each crosses HBM once) with the
+    // steps' own: both swaps fall in decode-only steps.
+    double bytes = 40, secs = 0;
+    for (int st = 0; st < 7; st++) {
+        if (slow.s[st].prefill_tokens != 0 || slow.s[st].running == 0) {
+            cr_expect(st != 2 && st != 4, "step %d (a swap) is decode-only", st + 1);
+            continue;
+        }
+        bytes += slow.s[st].work_bytes;
+        secs += slow.s[st].step_s;
+    }
+    cr_expect_float_eq(rs.time.decode_bw_util, bytes / (secs * p.gpu.mem_bw), 1e-12);
     // A host pool of 16 bytes cannot take R1's 20: it recomputes instead.
     p.swap_space_bytes = 16;
     run(t, p, &slow, &rs);
     cr_expect_eq(rs.swap_fallbacks, 1);
     cr_expect_eq(rs.swap_bytes, 0);
     cr_expect_eq(rs.requests.completed, 2);
+    pkv_trace_destroy(t);
+}
+
+// The A100 preset's host link at its published achieved share (nvbandwidth,
+// 25.13 of 32 GB/s): the swap steps of the trace above are longer by 20 bytes /
+// 25.13 GB/s than with a free link (100 % of the datasheet: 20 / 32 GB/s). The
+// explicit peak efficiency keeps the datasheet's link.
+Test(replay_cost, host_link_runs_at_its_published_share) {
+    const pkv_trace_request q[2] = {{0, 4, 4, 1, -1, 0, 0}, {0, 4, 4, 1, -1, 0, 1}};
+    pkv_trace *t = make_trace(q, 2);
+    pkv_replay_params p = tiny_params(PKV_POLICY_MALLOC_PER_TOKEN, 10);
+    cr_assert_eq(pkv_gpu_preset("a100-80g", &p.gpu), PKV_OK);
+    p.sim_eff = (pkv_sim_efficiency){0};
+    p.preempt = PKV_PREEMPT_SWAP;
+    recorder slow, fast;
+    pkv_replay_report rs, rf;
+    run(t, p, &slow, &rs);
+    cr_assert_eq(rs.swap_bytes, 40);
+    pkv_replay_params q2 = p;
+    q2.gpu.host_link_bw = 1e30;
+    run(t, q2, &fast, &rf);
+    cr_assert_eq(slow.n, fast.n);
+    for (uint64_t s = 0; s < slow.n; s++) {
+        const double want = (s == 2 || s == 4) ? 20 / 25.13e9 : 0;
+        cr_expect_float_eq(slow.s[s].step_s - fast.s[s].step_s, want, 1e-15, "step %d", (int)s + 1);
+    }
+    p.sim_eff = pkv_sim_efficiency_peak();
+    q2.sim_eff = p.sim_eff;
+    run(t, p, &slow, &rs);
+    run(t, q2, &fast, &rf);
+    cr_expect_float_eq(slow.s[2].step_s - fast.s[2].step_s, 20 / 32e9, 1e-15,
+                       "peak: the datasheet");
     pkv_trace_destroy(t);
 }
 
@@ -454,8 +498,8 @@ static const char *write_tmp(const char *text) {
 Test(replay_cost, alloc_model_files_round_trip_and_fail_clearly) {
     pkv_alloc_model m = pkv_alloc_model_none();
     snprintf(m.name, sizeof m.name, "test \"model\"");
-    m.alloc = (pkv_alloc_call_cost){12e-6, 3e-12, 1};
-    m.free = (pkv_alloc_call_cost){7e-6, 0, 0};
+    m.alloc = (pkv_alloc_call_cost){.base_s = 12e-6, .per_byte_s = 3e-12, .sync = 1};
+    m.free = (pkv_alloc_call_cost){.base_s = 7e-6, .per_byte_s = 0, .sync = 0};
     char *buf = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&buf, &len);
@@ -482,12 +526,106 @@ Test(replay_cost, alloc_model_files_round_trip_and_fail_clearly) {
     cr_expect(strstr(err, ":2: free.base_us:") != NULL, "%s", err);
     path = write_tmp("{\"alloc\": {\"base_us\": 1, \"sync\": true}, \"free\": {}}");
     cr_expect_eq(pkv_alloc_model_load(path, &back, err, sizeof err), PKV_ERR_FORMAT);
-    cr_expect(strstr(err, "alloc: needs base_us, per_mib_us and sync") != NULL, "%s", err);
+    cr_expect(strstr(err, "alloc: needs sync and either base_us and per_mib_us, or points") != NULL,
+              "%s", err);
     cr_expect_eq(pkv_alloc_model_load("/nonexistent/x.json", &back, err, sizeof err), PKV_ERR_IO);
     remove(write_tmp(""));
-    cr_expect_eq(pkv_alloc_model_builtin("cuda-boyer", &back), PKV_OK);
-    cr_expect_float_eq(back.alloc.base_s, 50e-6, 1e-15);
+    cr_expect_eq(pkv_alloc_model_builtin("cuda-boyer-flat", &back), PKV_OK);
+    cr_expect_float_eq(pkv_alloc_call_seconds(&back.alloc, 1ull << 30), 50e-6, 1e-15);
     cr_expect_eq(pkv_alloc_model_builtin("nope", &back), PKV_ERR_NOT_FOUND);
+}
+
+// The default cudaMalloc/cudaFree cost (cuda-boyer) by size, by hand: 50 us at and
+// below 2 MiB (Boyer's 4 KiB-512 KiB measurement, one 2 MiB page up to 2 MiB),
+// then 50 us per further 2 MiB: 3 MiB = 75 us, 1 GiB = 512 pages = 25.6 ms,
+// 4 GiB = 102.4 ms, and past the last point the same slope: 8 GiB = 204.8 ms.
+// The flat model charged 50 us for all of them.
+Test(replay_cost, cuda_boyer_cost_rises_with_size) {
+    pkv_alloc_model m;
+    cr_assert_eq(pkv_alloc_model_builtin("cuda-boyer", &m), PKV_OK);
+    const pkv_replay_params def = pkv_replay_params_default();
+    cr_expect_str_eq(def.alloc_model.name, m.name, "the default");
+    const struct {
+        uint64_t bytes;
+        double us;
+    } want[] = {{1024, 50},          {4096, 50},          {512 << 10, 50},   {2 << 20, 50},
+                {3 << 20, 75},       {1ull << 30, 25600}, {4ull << 30, 102400},
+                {8ull << 30, 204800}};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        cr_expect_float_eq(pkv_alloc_call_seconds(&m.alloc, want[i].bytes) * 1e6, want[i].us, 1e-6,
+                           "alloc of %llu bytes", (unsigned long long)want[i].bytes);
+        cr_expect_float_eq(pkv_alloc_call_seconds(&def.alloc_model.free, want[i].bytes) * 1e6,
+                           want[i].us, 1e-6, "free of %llu bytes",
+                           (unsigned long long)want[i].bytes);
+    }
+    cr_expect_eq(m.alloc.sync, 1);
+    cr_expect_eq(m.free.sync, 1);
+}
+
+// A piecewise cost in a replay: malloc-per-request makes R0 one 36-byte call and
+// R1 two 16-byte calls in step 1. Points (16 B, 1 ms), (36 B, 3 ms): 3 + 1 + 1 = 5 ms
+// (the line through the two points gives 2 ms at 26 bytes, 5 ms at 56).
+Test(replay_cost, piecewise_cost_is_charged_by_size) {
+    pkv_trace *t = make_trace(two, 2);
+    pkv_replay_params p = tiny_params(PKV_POLICY_MALLOC_PER_REQUEST, 1000);
+    recorder base, cost;
+    pkv_replay_report r;
+    run(t, p, &base, &r);
+    p.alloc_model = pkv_alloc_model_none();
+    p.alloc_model.alloc = (pkv_alloc_call_cost){.sync = 1, .num_points = 2};
+    p.alloc_model.alloc.point_bytes[0] = 16;
+    p.alloc_model.alloc.point_s[0] = 1e-3;
+    p.alloc_model.alloc.point_bytes[1] = 36;
+    p.alloc_model.alloc.point_s[1] = 3e-3;
+    cr_expect_float_eq(pkv_alloc_call_seconds(&p.alloc_model.alloc, 26), 2e-3, 1e-15);
+    cr_expect_float_eq(pkv_alloc_call_seconds(&p.alloc_model.alloc, 56), 5e-3, 1e-15);
+    cr_expect_float_eq(pkv_alloc_call_seconds(&p.alloc_model.alloc, 4), 1e-3, 1e-15);
+    run(t, p, &cost, &r);
+    cr_expect_float_eq(cost.s[0].step_s - base.s[0].step_s, 5e-3, 1e-12);
+    cr_expect_float_eq(r.alloc.backend_alloc_seconds, 5e-3, 1e-12);
+    // Points out of order are refused, as the replay's parameters.
+    p.alloc_model.alloc.point_s[1] = 0.5e-3;
+    cr_expect_eq(pkv_alloc_call_cost_check(&p.alloc_model.alloc), PKV_ERR_INVALID_ARG);
+    cr_expect_eq(pkv_replay_run(t, &p, &r), PKV_ERR_INVALID_ARG);
+    pkv_trace_destroy(t);
+}
+
+// The file format of a piecewise model (what bench_alloc --calibrate writes) reads
+// back exactly, and bad points name the field.
+Test(replay_cost, piecewise_model_files_round_trip) {
+    pkv_alloc_model m;
+    cr_assert_eq(pkv_alloc_model_builtin("cuda-boyer", &m), PKV_OK);
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    cr_assert_eq(pkv_alloc_model_write_json(f, &m), PKV_OK);
+    fclose(f);
+    const char *path = write_tmp(buf);
+    free(buf);
+    pkv_alloc_model back;
+    char err[256];
+    cr_assert_eq(pkv_alloc_model_load(path, &back, err, sizeof err), PKV_OK, "%s", err);
+    cr_expect_str_eq(back.name, m.name);
+    cr_assert_eq(back.alloc.num_points, 4);
+    cr_assert_eq(back.free.num_points, 4);
+    for (int i = 0; i < 4; i++) {
+        cr_expect_eq(back.alloc.point_bytes[i], m.alloc.point_bytes[i]);
+        cr_expect_float_eq(back.alloc.point_s[i], m.alloc.point_s[i], 1e-15);
+    }
+    cr_expect_float_eq(pkv_alloc_call_seconds(&back.free, 1ull << 30), 25.6e-3, 1e-12);
+    path = write_tmp("{\"alloc\": {\"points\": [[4096, 50], [2048, 60]], \"sync\": true},\n"
+                     " \"free\": {\"base_us\": 1, \"per_mib_us\": 0, \"sync\": true}}\n");
+    cr_expect_eq(pkv_alloc_model_load(path, &back, err, sizeof err), PKV_ERR_FORMAT);
+    cr_expect(strstr(err, ":1: alloc.points: point 2: bytes must increase") != NULL, "%s", err);
+    path = write_tmp("{\"alloc\": {\"points\": [[1, 1], [2, 2], [3, 3], [4, 4], [5, 5], [6, 6],"
+                     " [7, 7], [8, 8], [9, 9]], \"sync\": true}, \"free\": {\"points\": [[1, 1]],"
+                     " \"sync\": false}}");
+    cr_expect_eq(pkv_alloc_model_load(path, &back, err, sizeof err), PKV_ERR_FORMAT);
+    cr_expect(strstr(err, "alloc.points: more than 8 points") != NULL, "%s", err);
+    path = write_tmp("{\"alloc\": {\"points\": [[1.5, 1]], \"sync\": true}, \"free\": {}}");
+    cr_expect_eq(pkv_alloc_model_load(path, &back, err, sizeof err), PKV_ERR_FORMAT);
+    cr_expect(strstr(err, "alloc.points: bytes must be a whole number") != NULL, "%s", err);
+    remove(write_tmp(""));
 }
 
 // A 2048-token fp16 prefill of Llama-2-7B on h100-80g alone: its linear layers and

@@ -234,7 +234,7 @@ static int same_used(const steps *a, const steps *b) {
 Test(fixed_schedule, every_policy_stores_the_same_tokens_at_every_step, .timeout = 240) {
     const pkv_policy_vtable *plugins[] = {load("oracle"), load("buddy"), load("paged_reserve")};
     pkv_trace *t = spread_trace();
-    pkv_replay_params p = pkv_replay_params_default(); // cuda-boyer: 50 us per call
+    pkv_replay_params p = pkv_replay_params_default(); // cuda-boyer: by size, 50 us to 2 MiB
     p.kv_mem_bytes = 96ull << 30; // ample: even contiguous-max holds all 120 at once
     p.max_seq_len = 1200;
     p.validate = 1;

@@ -441,6 +441,40 @@ def test_sim_efficiency():
         run(trace, "-q", *args, expect=2)
     p = run(trace, "-q", "--calibration", tmp("none.json"), "--sim-efficiency", "peak", expect=2)
     check("--sim-efficiency" in p.stderr, "--calibration sets the efficiency itself")
+    # Issue 21 item 9: the host link at its published achieved share (nvbandwidth:
+    # A100 25.13 of 32 GB/s; H100 35.2 and 52.77 GB/s, harmonic mean, of 64), the
+    # datasheet under an explicit efficiency.
+    e, _, _ = config_eff()
+    check(abs(e["host_link_frac"] - 25.13 / 32) < 1e-9, "a100-80g link share (%s)" % e)
+    e, _, _ = config_eff("--gpu", "h100-80g")
+    check(abs(e["host_link_frac"] - 2 / (1 / 35.2 + 1 / 52.77) / 64) < 1e-9,
+          "h100-80g link share (%s)" % e)
+    e, _, _ = config_eff("--sim-efficiency", "peak")
+    check(e["host_link_frac"] == 1, "peak: the link's datasheet rate")
+    # Issue 21 item 5: the default prices cudaMalloc by size (points in the config);
+    # a run-mode calibration takes bench_alloc --calibrate's by-size model beside it.
+    e, r, _ = config_eff()
+    with open(out) as f:
+        am = json.load(f)["config"]["alloc_model"]
+    check(am["alloc"]["points"] == [[4096, 50], [524288, 50], [2097152, 50], [4294967296, 102400]]
+          and am["free"]["points"] == am["alloc"]["points"] and am["alloc"]["sync"] is True,
+          "default alloc model: cuda-boyer by size (%s)" % am)
+    cal = tmp("cal.json")
+    with open(cal, "w") as f:
+        f.write('{"model": "llama2-7b", "device": "cuda", "dtype_bytes": 2, '
+                '"achieved_bw_bytes_per_s": 1.5e12, "achieved_flops_per_s": 2e14, '
+                '"step_overhead_us": 10, "alloc_call_us": 40, "free_call_us": 30, '
+                '"steps": 100, "median_rel_err": 0.05}\n')
+    e, r, _ = config_eff("--calibration", cal)
+    with open(out) as f:
+        am = json.load(f)["config"]["alloc_model"]
+    check(am["alloc"]["base_us"] == 40 and am["free"]["base_us"] == 30,
+          "a calibration alone: its flat per-call costs (%s)" % am)
+    e, r, _ = config_eff("--calibration", cal, "--alloc-model", "cuda-boyer")
+    with open(out) as f:
+        am = json.load(f)["config"]["alloc_model"]
+    check(len(am["alloc"]["points"]) == 4 and e["bw_frac"] == 1,
+          "--calibration with --alloc-model: the by-size calls, the calibrated rates (%s)" % am)
     h = run("--help")
     check("--sim-efficiency" in h.stdout and "torchao" in h.stdout and "TensorRT-LLM" in h.stdout,
           "--help states the sources")

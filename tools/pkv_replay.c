@@ -84,13 +84,15 @@ static void usage(FILE *f) {
         "                      (GPU memory - weights) x --gpu-util in sim, 64M in run mode\n"
         "  --gpu-util F        utilization factor for the default budget (default 0.9)\n"
         "  --alloc-model M     sim: cost of backend alloc/free calls: cuda-boyer (default,\n"
-        "                      50 us/call, synchronizing; see DESIGN.md), none, or a FILE.json\n"
-        "                      written by bench_alloc --calibrate\n"
-        "  --alloc-call-us X   sim: a constant X microseconds per call instead\n"
+        "                      by size: 50 us to 2 MiB, +50 us per further 2 MiB, synchronizing;\n"
+        "                      see POLICIES.md), cuda-boyer-flat (50 us whatever the size), none,\n"
+        "                      or a FILE.json written by bench_alloc --calibrate\n"
+        "  --alloc-call-us X   sim: a flat X microseconds per call, whatever the size\n"
         "  --calibrate-out F   run mode: fit sim mode to the measured steps (achieved\n"
         "                      bandwidth, compute, per-step overhead, per-call cost), write\n"
         "                      the calibration to F, and report the calibrated sim's error\n"
         "  --calibration F     sim mode: model the machine and model calibrated in F\n"
+        "                      (with --alloc-model FILE.json: its by-size call costs)\n"
         "  --sim-efficiency E  sim: the share of the GPU's datasheet peak a step reaches.\n"
         "                      preset (default): what real engines reached on whole steps\n"
         "                      (published figures, docs/POLICIES.md 'Sim efficiency'):\n",
@@ -528,9 +530,11 @@ int rt_replay_main(int argc, char **argv) {
     if (axes.num_plugins && !have_policy) axes.policies[PKV_POLICY_PAGED] = 0; // plugins only
     if (calibrate_out && prm.mode != PKV_REPLAY_RUN) BAD("--calibrate-out needs --mode run");
     if (calibration && prm.mode != PKV_REPLAY_SIM) BAD("--calibration is for sim mode");
-    if (calibration && (gpu || alloc_model || alloc_call_us >= 0 || sim_efficiency))
-        BAD("--calibration sets the machine and call costs: drop --gpu / --alloc-model / "
-            "--alloc-call-us / --sim-efficiency");
+    // --alloc-model with --calibration: by-size call costs (bench_alloc --calibrate on
+    // the same machine) replace the calibration's flat per-call ones.
+    if (calibration && (gpu || alloc_call_us >= 0 || sim_efficiency))
+        BAD("--calibration sets the machine and call costs: drop --gpu / --alloc-call-us / "
+            "--sim-efficiency");
     if (sim_efficiency && prm.mode != PKV_REPLAY_SIM) BAD("--sim-efficiency is for sim mode");
     const int model_given = model != NULL;
     if (!model) model = prm.mode == PKV_REPLAY_RUN ? "tiny" : "llama2-7b";
@@ -543,10 +547,12 @@ int rt_replay_main(int argc, char **argv) {
         pkv_status cs = pkv_replay_calibration_load(calibration, &cal, cerr, sizeof cerr);
         if (cs != PKV_OK) BAD("--calibration: %s", cerr[0] ? cerr : pkv_status_str(cs));
         const pkv_model_config want = prm.model;
+        const pkv_alloc_model by_size = prm.alloc_model;
         if (pkv_replay_params_apply_calibration(&prm, &cal, calibration) != PKV_OK)
             BAD("--calibration %s: unknown model '%s'", calibration, cal.model);
         if (model_given && strcmp(want.name, prm.model.name) != 0)
             BAD("--calibration %s was measured with model %s, not %s", calibration, cal.model, want.name);
+        if (alloc_model) prm.alloc_model = by_size;
         prm.prefix_sharing = 0; // as the run it was measured with
         if (!have_kv) axes.kv_mems[0] = 64ull << 20;
     }

@@ -74,6 +74,8 @@ static void config_line(FILE *f, const rt_doc *d) {
         rt_json_num(f, eff.compute_frac);
         fputs(", \"step_overhead_us\": ", f);
         rt_json_num(f, eff.step_overhead_s * 1e6);
+        fputs(", \"host_link_frac\": ", f);
+        rt_json_num(f, pkv_replay_host_link_frac(p));
         fputs(", \"source\": ", f);
         rt_json_str(f, eff.source);
         fputc('}', f);

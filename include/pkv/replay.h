@@ -110,14 +110,25 @@ const char *pkv_device_mem_name(pkv_device_mem mem);
 // PKV_ERR_NOT_FOUND for an unknown name.
 pkv_status pkv_device_mem_from_name(const char *name, pkv_device_mem *mem);
 
-// Cost of one backend call of `bytes`: base_s + per_byte_s x bytes seconds.
-// sync = 1: the call synchronizes the device (cudaFree, and cudaMalloc when it
-// must), so its time adds to the step's; sync = 0: it overlaps the step's device
-// work and only the part longer than the step shows.
+// Most points a piecewise cost (pkv_alloc_call_cost.points) may have.
+#define PKV_ALLOC_COST_MAX_POINTS 8
+
+// Cost of one backend call of `bytes`. With num_points == 0: base_s +
+// per_byte_s x bytes seconds. With num_points >= 1 (base_s and per_byte_s
+// ignored): piecewise linear in bytes through (point_bytes[i], point_s[i]),
+// point_bytes strictly increasing and point_s non-decreasing; below the first
+// point the first point's cost, above the last the last segment's line
+// continued (flat with one point). sync = 1: the call synchronizes the device
+// (cudaFree, and cudaMalloc when it must), so its time adds to the step's;
+// sync = 0: it overlaps the step's device work and only the part longer than the
+// step shows.
 typedef struct pkv_alloc_call_cost {
     double base_s;
     double per_byte_s;
     int sync;
+    uint32_t num_points;
+    uint64_t point_bytes[PKV_ALLOC_COST_MAX_POINTS];
+    double point_s[PKV_ALLOC_COST_MAX_POINTS];
 } pkv_alloc_call_cost;
 
 // A cost model for backend allocation and free calls (sim mode). Plain data.
@@ -131,9 +142,15 @@ typedef struct pkv_alloc_model {
 pkv_alloc_model pkv_alloc_model_none(void);
 // A constant `seconds` per call of either kind, synchronizing (name "constant N us").
 pkv_alloc_model pkv_alloc_model_constant(double seconds);
-// Built-in models: "none", "cuda-boyer" (cudaMalloc measured by Boyer, see
-// docs/DESIGN.md "Allocation cost models"). PKV_ERR_NOT_FOUND otherwise.
+// Built-in models: "none", "cuda-boyer" (the default: cudaMalloc/cudaFree
+// piecewise in size, 50 us flat to 2 MiB as Boyer measured to 512 KiB, then 50 us
+// per further 2 MiB page, extrapolated; docs/POLICIES.md "Allocation cost"),
+// "cuda-boyer-flat" (50 us per call whatever the size, the model before issue
+// 21 item 5). PKV_ERR_NOT_FOUND otherwise.
 pkv_status pkv_alloc_model_builtin(const char *name, pkv_alloc_model *model);
+// Check a call cost: finite non-negative numbers, num_points <= the maximum,
+// points increasing in bytes and non-decreasing in cost. PKV_ERR_INVALID_ARG if not.
+pkv_status pkv_alloc_call_cost_check(const pkv_alloc_call_cost *cost);
 // Read a model written by `bench_alloc --calibrate` (JSON, keys in DESIGN.md).
 // On PKV_ERR_FORMAT / PKV_ERR_IO, `err` (optional, err_len bytes) says
 // "path:line: field: problem".
@@ -346,6 +363,12 @@ pkv_replay_params pkv_replay_params_default(void);
 // roofline for a GPU of one's own). PKV_ERR_INVALID_ARG for a number out of range.
 pkv_status pkv_replay_sim_efficiency(const pkv_replay_params *params, pkv_sim_efficiency *eff);
 
+// The share of params->gpu.host_link_bw that swaps reach in sim mode: a GPU
+// preset's published achieved fraction (nvbandwidth figures, docs/POLICIES.md
+// "Host link") when params->sim_eff is the default (all 0) and the link is the
+// preset's; 1 otherwise (an explicit efficiency, a GPU of one's own, NULL). Pure.
+double pkv_replay_host_link_frac(const pkv_replay_params *params);
+
 // KV bytes per token for these params (pkv_cache_bytes_per_token of the KV dtype:
 // dtype_bytes, or kv_dtype when it is 8-bit); 0 for invalid params.
 uint64_t pkv_replay_kv_bytes_per_token(const pkv_replay_params *params);
@@ -425,8 +448,10 @@ typedef struct pkv_replay_report {
         double prefill_frac;       // share of busy time spent in prefill (a mixed step
                                    // is split in proportion of its modelled parts)
         double decode_frac;        // 1 - prefill_frac
-        double decode_compute_util; // sim: decode-only steps' flops / (time x peak)
-        double decode_bw_util;      // sim: their bytes / (time x bandwidth); NaN in run
+        double decode_compute_util; // sim: decode-phase steps' (no prefill; a decode
+                                    // or a swap) flops / (time x peak)
+        double decode_bw_util;      // sim: their bytes (kernels, copies, swaps) /
+                                    // (time x bandwidth); NaN in run
         double busy_s;              // sum of step durations
     } time;
     uint64_t padding_tokens;  // static batching: padding tokens computed

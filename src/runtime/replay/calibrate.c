@@ -145,8 +145,8 @@ pkv_status pkv_replay_calibrate(const pkv_replay_step *steps, size_t n, double a
     const double f = free_calls ? free_s / (double)free_calls : (free_s > 0 ? 0 : a);
     snprintf(out->alloc.name, sizeof out->alloc.name, "calibrated: %.3g us/alloc, %.3g us/free",
              a * 1e6, f * 1e6);
-    out->alloc.alloc = (pkv_alloc_call_cost){a, 0, 1};
-    out->alloc.free = (pkv_alloc_call_cost){f, 0, 1};
+    out->alloc.alloc = (pkv_alloc_call_cost){.base_s = a, .per_byte_s = 0, .sync = 1};
+    out->alloc.free = (pkv_alloc_call_cost){.base_s = f, .per_byte_s = 0, .sync = 1};
     return PKV_OK;
 }
 
@@ -247,8 +247,8 @@ pkv_status pkv_replay_calibration_load(const char *path, pkv_replay_calibration 
     c->achieved_bw = num[3];
     c->achieved_flops = num[4];
     c->step_overhead_s = num[5] * 1e-6;
-    c->alloc.alloc = (pkv_alloc_call_cost){num[6] * 1e-6, 0, 1};
-    c->alloc.free = (pkv_alloc_call_cost){num[7] * 1e-6, 0, 1};
+    c->alloc.alloc = (pkv_alloc_call_cost){.base_s = num[6] * 1e-6, .per_byte_s = 0, .sync = 1};
+    c->alloc.free = (pkv_alloc_call_cost){.base_s = num[7] * 1e-6, .per_byte_s = 0, .sync = 1};
     snprintf(c->alloc.name, sizeof c->alloc.name, "calibrated: %.3g us/alloc, %.3g us/free", num[6],
              num[7]);
     c->steps = (uint64_t)num[8];

@@ -391,10 +391,13 @@ static pkv_status time_step(engine *e, double *dt_out) {
         const double pshare = ps + ds > 0 ? ps / (ps + ds) : (e->b.prefill_tokens ? 1.0 : 0.0);
         A->prefill_s += dt * pshare;
         A->decode_s += dt * (1 - pshare);
-        if (e->b.prefill_tokens == 0 && e->b.num_decode_seqs > 0) {
+        // Decode-phase steps: no prefill, and a decode or a swap (a step that
+        // only swaps a sequence back in is decode time spent on the link).
+        if (e->b.prefill_tokens == 0 && (e->b.num_decode_seqs > 0 || e->b.swap_bytes > 0)) {
             A->dec_s += dt;
             A->dec_flops += parts.flops;
-            A->dec_bytes += parts.bytes;
+            // Swapped bytes cross HBM once (read out, or written in) besides the link.
+            A->dec_bytes += parts.bytes + (double)e->b.swap_bytes;
         }
     }
     const uint32_t batch = e->b.num_decode_seqs + e->b.num_prefill_seqs;

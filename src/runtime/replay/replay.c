@@ -21,9 +21,10 @@ static int params_ok(const pkv_replay_params *p) {
            (p->batching == PKV_BATCHING_CONTINUOUS || p->batching == PKV_BATCHING_STATIC) &&
            (unsigned)p->device_mem <= PKV_DEVICE_MEM_TORCH_CACHING &&
            !(p->batching == PKV_BATCHING_STATIC && p->chunked_prefill) &&
-           p->load_scale > 0 && isfinite(p->load_scale) && p->alloc_model.alloc.base_s >= 0 &&
-           p->alloc_model.alloc.per_byte_s >= 0 && p->alloc_model.free.base_s >= 0 &&
-           p->alloc_model.free.per_byte_s >= 0 && pkv_replay_sim_efficiency(p, &eff) == PKV_OK &&
+           p->load_scale > 0 && isfinite(p->load_scale) &&
+           pkv_alloc_call_cost_check(&p->alloc_model.alloc) == PKV_OK &&
+           pkv_alloc_call_cost_check(&p->alloc_model.free) == PKV_OK &&
+           pkv_replay_sim_efficiency(p, &eff) == PKV_OK &&
            pkv_model_config_validate(&p->model) == PKV_OK &&
            ((p->policy != PKV_POLICY_VMM && p->policy != PKV_POLICY_VMM_SYNC) ||
             (p->vmm_page_bytes >= 4096 && p->vmm_page_bytes % 4096 == 0));

@@ -188,6 +188,7 @@ pkv_status pkv_replay_write_json(FILE *f, const char *trace_name, const pkv_trac
         field(f, "{\"bw_frac\": ", eff.bw_frac);
         field(f, ", \"compute_frac\": ", eff.compute_frac);
         field(f, ", \"step_overhead_us\": ", eff.step_overhead_s * 1e6);
+        field(f, ", \"host_link_frac\": ", pkv_replay_host_link_frac(p));
         fputs(", \"source\": ", f);
         str(f, eff.source);
         fputc('}', f);

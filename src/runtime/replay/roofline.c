@@ -4,7 +4,8 @@
 //
 // A step's time is the sum of its kernels' rooflines (step_kernels below: the
 // linear layers, prefill attention, decode attention, device copies, each
-// max(flops / peak_flops, bytes / mem_bw)) + swap / host_link_bw, where
+// max(flops / peak_flops, bytes / mem_bw)) + swap / (host_link_bw x the link's
+// achieved fraction, pkv_replay_host_link_frac), where
 // - flops = 2 x params x tokens (every weight is one multiply-add per token)
 //         + 4 x layers x heads x head_dim x (query, key) pairs (QK^T and PV);
 // - bytes = the weights once per step (weights_read below: every weight but the
@@ -149,6 +150,42 @@ static const published *published_for(const char *gpu) {
     for (size_t i = 0; i < sizeof published_figures / sizeof published_figures[0]; i++)
         if (strcmp(published_figures[i].gpu, gpu) == 0) return &published_figures[i];
     return NULL;
+}
+
+// Achieved share of the host link's datasheet rate (PCIe x16: 32 GB/s Gen4,
+// 64 GB/s Gen5) for the large pinned copies a swap makes, from NVIDIA's
+// nvbandwidth tool as users published it (docs/POLICIES.md, "Host link"):
+// - A100 (PCIe 4.0): NVIDIA/nvbandwidth issue 42, A100-SXM4-40GB,
+//   host_to_device_memcpy_sm 25.13 GB/s at 512 MiB and 1 GiB buffers; issue 53,
+//   A100-SXM4-80GB, device to host ~25 GB/s one way: 25.13 / 32 = 0.785 both ways.
+// - H100 (PCIe 5.0): NVIDIA/nvbandwidth issue 24, H100 cluster, host to device
+//   35.2 GB/s, device to host 52.77 GB/s (memcpy_sm). A swap moves the same bytes
+//   out and back in, so the rate for both is their harmonic mean, 42.2 GB/s:
+//   0.660 of 64.
+// - H200: no figure found; the H100's (the same PCIe 5.0 x16 host interface).
+static const struct {
+    const char *gpu;
+    double frac;
+} host_link_published[] = {
+    {"a100-80g", 25.13 / 32},
+    {"h100-80g", 2 / (1 / 35.2 + 1 / 52.77) / 64},
+    {"h200-141g", 2 / (1 / 35.2 + 1 / 52.77) / 64},
+};
+
+double pkv_replay_host_link_frac(const pkv_replay_params *p) {
+    if (!p) return 1;
+    const pkv_sim_efficiency *s = &p->sim_eff;
+    // An explicit efficiency (peak, a calibration, the user's) keeps the link's
+    // datasheet rate: its own figures say nothing about PCIe.
+    if (s->bw_frac != 0 || s->compute_frac != 0 || s->step_overhead_s != 0) return 1;
+    pkv_gpu_spec preset;
+    if (pkv_gpu_preset(p->gpu.name, &preset) != PKV_OK ||
+        preset.host_link_bw != p->gpu.host_link_bw)
+        return 1; // a GPU of one's own: its link as given
+    for (size_t i = 0; i < sizeof host_link_published / sizeof host_link_published[0]; i++)
+        if (strcmp(host_link_published[i].gpu, p->gpu.name) == 0)
+            return host_link_published[i].frac;
+    return 1;
 }
 
 pkv_status pkv_sim_efficiency_for_gpu(const pkv_gpu_spec *gpu, pkv_sim_efficiency *eff) {
@@ -296,7 +333,7 @@ pkv_status pkvi_executor_roofline_create(const pkv_replay_params *p, pkvi_execut
     }
     m->peak_flops = p->gpu.peak_flops * eff.compute_frac;
     m->mem_bw = p->gpu.mem_bw * eff.bw_frac;
-    m->host_bw = p->gpu.host_link_bw;
+    m->host_bw = p->gpu.host_link_bw * pkv_replay_host_link_frac(p);
     m->overhead_s = eff.step_overhead_s;
     m->copy_overlap = p->copy_overlap;
     *out = &m->base;
