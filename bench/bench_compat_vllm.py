@@ -14,13 +14,18 @@ Operations (median of repeats, per call):
   step       256 sequences append one token; the filled blocks are hashed and cached
              in one PrefixPool.hash_and_cache call (BlockStored each) and new ones
              allocated from the queue (evicting cached blocks lazily, BlockRemoved);
-             events drained once per step
+             events drained once per step: a tuple per event (take_events), packed
+             (take_events_packed), and packed without token ids
+
+compat.vllm is measured twice: events with token ids (vLLM's) and without
+(BlockPool(..., event_token_ids=False)).
 
     python3 bench/bench_compat_vllm.py [--json]
 """
 import argparse
 import hashlib
 import json
+import operator
 import platform
 import statistics
 import time
@@ -247,10 +252,29 @@ def bench_ops(make_pool, repeat):
     return out
 
 
-def bench_step(repeat, seqs=256, block_size=16, num_blocks=4096):
+STEP_VARIANTS = {  # name: (drain, token ids in the events)
+    "tuple drain (take_events)": ("tuples", True),
+    "packed drain (take_events_packed)": ("packed", True),
+    "packed drain, no token ids": ("packed", False),
+}
+
+
+def gatherer(idx):
+    """x -> (x[i] for i in idx) as a tuple, in one C call when idx has several entries."""
+    if len(idx) == 1:
+        i = idx[0]
+        return lambda x: (x[i],)
+    return operator.itemgetter(*idx) if idx else (lambda x: ())
+
+
+def bench_step(repeat, drain="packed", event_tokens=True, seqs=256, block_size=16, num_blocks=4096):
     """One engine step on pagedkv.PrefixPool. Every sequence grows one token a step,
     so the sequences whose block fills at step t are known ahead (an engine knows its
-    requests' lengths): bucket them by phase instead of scanning 256 lengths."""
+    requests' lengths): bucket them by phase instead of scanning 256 lengths. The
+    tokens of the blocks being filled come from a table the step only reads (an engine
+    has them from its sampler; drawing random numbers is not the pool's cost).
+    drain: "tuples" (take_events: a tuple per event) or "packed" (take_events_packed);
+    event_tokens: BlockStored events carry the blocks' token ids."""
     pool = pagedkv.PrefixPool(num_blocks, event_capacity=4096)
     hasher = pagedkv.BlockHasher("xxh3_128" if "xxh3_128" in pagedkv.HASH_ALGOS else "fnv1a_64")
     rng = np.random.default_rng(0)
@@ -258,37 +282,49 @@ def bench_step(repeat, seqs=256, block_size=16, num_blocks=4096):
     buckets = [[] for _ in range(block_size)]
     for s in range(seqs):
         buckets[(block_size - int(start[s])) % block_size].append(s)
-    buckets = [np.array(b, dtype=np.int64) for b in buckets]
+    bucket_ids = [list(b) for b in buckets]
+    # one C call gathers a bucket's entries of a per-sequence list (a tuple)
+    gather = [gatherer(b) for b in buckets]
+    # the filled blocks' tokens, one row per sequence; a step's rows in one flat array
+    # (distinct per round so that hashes differ and the cache keeps turning over)
+    rounds = 64
+    flat = [[rng.integers(0, 50000, (len(b), block_size), dtype=np.int32).ravel() for b in buckets]
+            for _ in range(rounds)]
     tables = [pool.get_new_blocks(1) for _ in range(seqs)]
+    last_block = [t[-1] for t in tables]
     last_hash = [None] * seqs
-    tokens = rng.integers(0, 50000, (seqs, block_size), dtype=np.int32)  # the block being filled
     clock = [0]
+    take = (pool.take_events if drain == "tuples"
+            else (lambda: pool.take_events_packed(tokens=event_tokens)))
 
     def step():
-        clock[0] += 1
-        filled = buckets[clock[0] % block_size]
-        if len(filled):
-            ids = filled.tolist()
+        c = clock[0] = clock[0] + 1
+        phase = c % block_size
+        ids = bucket_ids[phase]
+        if ids:
             new = pool.get_new_blocks(len(ids))  # lazy eviction happens here
             # Hash and cache every filled block in one call (one BlockStored each).
-            hashes = pool.hash_and_cache(hasher, [tables[s][-1] for s in ids], tokens[filled].ravel(),
-                                         [last_hash[s] for s in ids], block_size)
+            g = gather[phase]
+            hashes = pool.hash_and_cache(hasher, g(last_block), flat[(c // block_size) % rounds][phase],
+                                         g(last_hash), block_size, event_tokens=event_tokens)
             for s, b, h in zip(ids, new, hashes):
                 t = tables[s]
                 t.append(b)
+                last_block[s] = b
                 last_hash[s] = h
                 if len(t) > 12:  # retire long sequences: their blocks stay cached
                     pool.free_blocks(t[::-1])
-                    tables[s] = pool.get_new_blocks(1)
+                    t = tables[s] = pool.get_new_blocks(1)
+                    last_block[s] = t[0]
                     last_hash[s] = None
-            tokens[filled] = rng.integers(0, 50000, (len(ids), block_size), dtype=np.int32)
-        return pool.take_events()
+        return take()
 
     # warm up until the queue cycles through cached blocks (lazy eviction is live)
     for _ in range(2000):
         step()
     events = []
-    t = median_us(lambda: events.append(len(step())), repeat, 100)
+    count = (len if drain == "tuples" else (lambda r: len(r[0])))
+    t = median_us(lambda: events.append(count(step())), repeat, 100)
     return t, statistics.mean(events)
 
 
@@ -299,19 +335,32 @@ def main(argv=None):
     a = ap.parse_args(argv)
     ours = bench_ops(lambda n: V.BlockPool(n, enable_kv_cache_events=True), a.repeat)
     base = bench_ops(lambda n: PyBlockPool(n, events=True), a.repeat)
-    step_us, ev_per_step = bench_step(a.repeat)
+    ours_notok = bench_ops(lambda n: V.BlockPool(n, enable_kv_cache_events=True,
+                                                 event_token_ids=False), a.repeat)
+    # the step's variants interleaved, a.repeat rounds each, so that load hits them alike
+    steps = {k: [] for k in STEP_VARIANTS}
+    ev_per_step = {}
+    for _ in range(3):
+        for k, (drain, tok) in STEP_VARIANTS.items():
+            us, ev_per_step[k] = bench_step(a.repeat, drain, tok)
+            steps[k].append(us)
+    step_us = {k: statistics.median(v) for k, v in steps.items()}
     res = {"machine": platform.processor() or platform.machine(), "python": platform.python_version(),
-           "compat_vllm_us": ours, "pure_python_us": base,
+           "compat_vllm_us": ours, "compat_vllm_no_token_ids_us": ours_notok, "pure_python_us": base,
            "ratio": {k: base[k] / ours[k] for k in ours}, "step_us": step_us,
            "events_per_step": ev_per_step}
     if a.json:
         print(json.dumps(res, indent=1))
         return
-    print(f"{'op':10} {'compat.vllm us':>15} {'pure-Python us':>15} {'ratio':>7}")
+    print(f"{'op':10} {'compat.vllm us':>15} {'pure-Python us':>15} {'ratio':>7} "
+          f"{'no token ids us':>16} {'ratio':>7}")
     for k in ours:
-        print(f"{k:10} {ours[k]:15.2f} {base[k]:15.2f} {base[k] / ours[k]:6.1f}x")
-    print(f"256-sequence step on PrefixPool (lazy eviction, events on): {step_us:.2f} us "
-          f"({ev_per_step:.1f} events drained per step)")
+        print(f"{k:10} {ours[k]:15.2f} {base[k]:15.2f} {base[k] / ours[k]:6.1f}x "
+              f"{ours_notok[k]:16.2f} {base[k] / ours_notok[k]:6.1f}x")
+    print("256-sequence step on PrefixPool (lazy eviction, events on), median of 3 interleaved runs:")
+    first = next(iter(step_us.values()))
+    for k, us in step_us.items():
+        print(f"  {k:36} {us:8.2f} us  {first / us:5.2f}x  ({ev_per_step[k]:.1f} events a step)")
 
 
 if __name__ == "__main__":
