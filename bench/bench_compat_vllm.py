@@ -23,6 +23,7 @@ compat.vllm is measured twice: events with token ids (vLLM's) and without
     python3 bench/bench_compat_vllm.py [--json]
 """
 import argparse
+import gc
 import hashlib
 import json
 import operator
@@ -189,12 +190,17 @@ class PyBlockPool:
 
 
 def median_us(fn, repeat, inner):
+    """Median over `repeat` samples of `inner` calls each, the cyclic garbage collector
+    paused while a sample runs (as bench_python.py does: an engine's step allocates no
+    cycles; a collection landing in one sample measures the process, not the call)."""
     samples = []
     for _ in range(repeat):
+        gc.disable()
         t0 = time.perf_counter()
         for _ in range(inner):
             fn()
         samples.append((time.perf_counter() - t0) / inner)
+        gc.enable()
     return statistics.median(samples) * 1e6
 
 

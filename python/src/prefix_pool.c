@@ -559,6 +559,32 @@ static PyObject *token_list(const int32_t *t, uint32_t n) {
     return l;
 }
 
+// Event names and media as interned strings, made once: a drain of a hundred events
+// otherwise builds two hundred identical strings.
+static PyObject *kind_str[5], *medium_str[3];
+
+static int intern_event_strings(void) {
+    static const char *const kinds[5] = {NULL, "BlockStored", "BlockRemoved", "AllBlocksCleared", "Overflow"};
+    for (int i = 1; i < 5; i++)
+        if (!kind_str[i] && !(kind_str[i] = PyUnicode_InternFromString(kinds[i]))) return -1;
+    for (int i = 0; i < 3; i++)
+        if (!medium_str[i] && !(medium_str[i] = PyUnicode_InternFromString(medium_names[i]))) return -1;
+    return 0;
+}
+
+// A new tuple of n items, each reference stolen; NULL (every item released) if one is NULL.
+static PyObject *tuple_of(Py_ssize_t n, PyObject **items) {
+    PyObject *t = NULL;
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (!items[i]) goto fail;
+    if (!(t = PyTuple_New(n))) goto fail;
+    for (Py_ssize_t i = 0; i < n; i++) PyTuple_SET_ITEM(t, i, items[i]);
+    return t;
+fail:
+    for (Py_ssize_t i = 0; i < n; i++) Py_XDECREF(items[i]);
+    return NULL;
+}
+
 // take_events() -> list of tuples, oldest first:
 //   ("BlockStored", hashes, parent|None, token_ids, block_size, lora_id|None, medium, group)
 //   ("BlockRemoved", hashes, medium, group)
@@ -571,21 +597,35 @@ static PyObject *PP_take_events(PrefixPoolObject *self, PyObject *unused) {
     PyObject *l = PyList_New(n);
     for (uint32_t i = 0; l && i < n; i++) {
         const pkv_kv_event *e = &ev[i];
-        const char *medium = medium_names[e->medium];
+        PyObject *kind = newref(kind_str[e->kind]), *medium = newref(medium_str[e->medium]);
         PyObject *t = NULL;
         switch (e->kind) {
         case PKV_EVENT_BLOCK_STORED: {
-            PyObject *lora = e->lora_id == PKV_NO_LORA ? newref(Py_None) : PyLong_FromLongLong(e->lora_id);
-            PyObject *parent = e->has_parent ? hash_to_bytes(&e->parent) : newref(Py_None);
-            t = Py_BuildValue("(sNNNINsI)", "BlockStored", hash_list(e->hashes, e->num_hashes), parent,
-                              token_list(e->tokens, e->num_tokens), e->block_size, lora, medium, e->group);
+            PyObject *it[8] = {kind, hash_list(e->hashes, e->num_hashes),
+                               e->has_parent ? hash_to_bytes(&e->parent) : newref(Py_None),
+                               token_list(e->tokens, e->num_tokens), PyLong_FromUnsignedLong(e->block_size),
+                               e->lora_id == PKV_NO_LORA ? newref(Py_None) : PyLong_FromLongLong(e->lora_id),
+                               medium, PyLong_FromUnsignedLong(e->group)};
+            t = tuple_of(8, it);
             break;
         }
-        case PKV_EVENT_BLOCK_REMOVED:
-            t = Py_BuildValue("(sNsI)", "BlockRemoved", hash_list(e->hashes, e->num_hashes), medium, e->group);
+        case PKV_EVENT_BLOCK_REMOVED: {
+            PyObject *it[4] = {kind, hash_list(e->hashes, e->num_hashes), medium,
+                               PyLong_FromUnsignedLong(e->group)};
+            t = tuple_of(4, it);
             break;
-        case PKV_EVENT_ALL_BLOCKS_CLEARED: t = Py_BuildValue("(ss)", "AllBlocksCleared", medium); break;
-        case PKV_EVENT_OVERFLOW: t = Py_BuildValue("(sK)", "Overflow", (unsigned long long)e->dropped); break;
+        }
+        case PKV_EVENT_ALL_BLOCKS_CLEARED: {
+            PyObject *it[2] = {kind, medium};
+            t = tuple_of(2, it);
+            break;
+        }
+        case PKV_EVENT_OVERFLOW: {
+            Py_DECREF(medium);
+            PyObject *it[2] = {kind, PyLong_FromUnsignedLongLong(e->dropped)};
+            t = tuple_of(2, it);
+            break;
+        }
         }
         if (!t) {
             Py_CLEAR(l);
@@ -937,7 +977,9 @@ static PyTypeObject Hasher_Type = {
 };
 
 int pkvpy_prefix_pool_init(PyObject *m) {
-    if (PyType_Ready(&PrefixPool_Type) < 0 || PyType_Ready(&Hasher_Type) < 0) return -1;
+    if (PyType_Ready(&PrefixPool_Type) < 0 || PyType_Ready(&Hasher_Type) < 0 ||
+        intern_event_strings() < 0)
+        return -1;
     PyObject *fields = PyTuple_New(EV_COLUMNS);
     for (int i = 0; fields && i < EV_COLUMNS; i++) {
         PyObject *f = PyUnicode_FromString(event_fields[i]);
