@@ -315,7 +315,8 @@ done:
 // -> [hashes]: the engine step's filled blocks in one call. blocks[i] (in use, uncached)
 // holds tokens[i*block_size:(i+1)*block_size] (a flat int32 array) and follows a block
 // hashed parents[i] (None: a sequence's first block); each is hashed (LoRA id as its
-// extra key) and cached, one BlockStored event each. All checked before any is cached.
+// extra key) and cached, one BlockStored event each (without token ids when
+// event_tokens is false). All checked before any is cached.
 static PyObject *PP_hash_and_cache(PrefixPoolObject *self, PyObject *args, PyObject *kw) {
     static char *kwlist[] = {"hasher", "blocks", "tokens", "parents", "block_size", "lora_id",
                              "group", "event_tokens", NULL};
