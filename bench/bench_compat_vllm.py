@@ -14,13 +14,19 @@ Operations (median of repeats, per call):
   step       256 sequences append one token; the filled blocks are hashed and cached
              in one PrefixPool.hash_and_cache call (BlockStored each) and new ones
              allocated from the queue (evicting cached blocks lazily, BlockRemoved);
-             events drained once per step
+             events drained once per step: a tuple per event (take_events), packed
+             (take_events_packed), and packed without token ids
+
+compat.vllm is measured twice: events with token ids (vLLM's) and without
+(BlockPool(..., event_token_ids=False)).
 
     python3 bench/bench_compat_vllm.py [--json]
 """
 import argparse
+import gc
 import hashlib
 import json
+import operator
 import platform
 import statistics
 import time
@@ -184,12 +190,17 @@ class PyBlockPool:
 
 
 def median_us(fn, repeat, inner):
+    """Median over `repeat` samples of `inner` calls each, the cyclic garbage collector
+    paused while a sample runs (as bench_python.py does: an engine's step allocates no
+    cycles; a collection landing in one sample measures the process, not the call)."""
     samples = []
     for _ in range(repeat):
+        gc.disable()
         t0 = time.perf_counter()
         for _ in range(inner):
             fn()
         samples.append((time.perf_counter() - t0) / inner)
+        gc.enable()
     return statistics.median(samples) * 1e6
 
 
@@ -247,10 +258,30 @@ def bench_ops(make_pool, repeat):
     return out
 
 
-def bench_step(repeat, seqs=256, block_size=16, num_blocks=4096):
+STEP_VARIANTS = {  # name: (drain, token ids in the events)
+    "tuple drain (take_events)": ("tuples", True),
+    "packed drain (take_events_packed)": ("packed", True),
+    "packed drain, no token ids": ("packed", False),
+}
+
+
+def gatherer(idx):
+    """x -> (x[i] for i in idx) as a tuple, in one C call when idx has several entries."""
+    if len(idx) == 1:
+        i = idx[0]
+        return lambda x: (x[i],)
+    return operator.itemgetter(*idx) if idx else (lambda x: ())
+
+
+def make_step(drain="packed", event_tokens=True, seqs=256, block_size=16, num_blocks=4096):
     """One engine step on pagedkv.PrefixPool. Every sequence grows one token a step,
     so the sequences whose block fills at step t are known ahead (an engine knows its
-    requests' lengths): bucket them by phase instead of scanning 256 lengths."""
+    requests' lengths): bucket them by phase instead of scanning 256 lengths. The
+    tokens of the blocks being filled come from a table the step only reads (an engine
+    has them from its sampler; drawing random numbers is not the pool's cost).
+    drain: "tuples" (take_events: a tuple per event) or "packed" (take_events_packed);
+    event_tokens: BlockStored events carry the blocks' token ids. Returns the step,
+    warmed up, as a function that returns the number of events it drained."""
     pool = pagedkv.PrefixPool(num_blocks, event_capacity=4096)
     hasher = pagedkv.BlockHasher("xxh3_128" if "xxh3_128" in pagedkv.HASH_ALGOS else "fnv1a_64")
     rng = np.random.default_rng(0)
@@ -258,38 +289,74 @@ def bench_step(repeat, seqs=256, block_size=16, num_blocks=4096):
     buckets = [[] for _ in range(block_size)]
     for s in range(seqs):
         buckets[(block_size - int(start[s])) % block_size].append(s)
-    buckets = [np.array(b, dtype=np.int64) for b in buckets]
+    bucket_ids = [list(b) for b in buckets]
+    # one C call gathers a bucket's entries of a per-sequence list (a tuple)
+    gather = [gatherer(b) for b in buckets]
+    # the filled blocks' tokens, one row per sequence; a step's rows in one flat array
+    # (distinct per round so that hashes differ and the cache keeps turning over)
+    rounds = 64
+    flat = [[rng.integers(0, 50000, (len(b), block_size), dtype=np.int32).ravel() for b in buckets]
+            for _ in range(rounds)]
     tables = [pool.get_new_blocks(1) for _ in range(seqs)]
+    last_block = [t[-1] for t in tables]
     last_hash = [None] * seqs
-    tokens = rng.integers(0, 50000, (seqs, block_size), dtype=np.int32)  # the block being filled
     clock = [0]
+    take = (pool.take_events if drain == "tuples"
+            else (lambda: pool.take_events_packed(tokens=event_tokens)))
 
     def step():
-        clock[0] += 1
-        filled = buckets[clock[0] % block_size]
-        if len(filled):
-            ids = filled.tolist()
+        c = clock[0] = clock[0] + 1
+        phase = c % block_size
+        ids = bucket_ids[phase]
+        if ids:
             new = pool.get_new_blocks(len(ids))  # lazy eviction happens here
             # Hash and cache every filled block in one call (one BlockStored each).
-            hashes = pool.hash_and_cache(hasher, [tables[s][-1] for s in ids], tokens[filled].ravel(),
-                                         [last_hash[s] for s in ids], block_size)
+            g = gather[phase]
+            hashes = pool.hash_and_cache(hasher, g(last_block), flat[(c // block_size) % rounds][phase],
+                                         g(last_hash), block_size, event_tokens=event_tokens)
             for s, b, h in zip(ids, new, hashes):
                 t = tables[s]
                 t.append(b)
+                last_block[s] = b
                 last_hash[s] = h
                 if len(t) > 12:  # retire long sequences: their blocks stay cached
                     pool.free_blocks(t[::-1])
-                    tables[s] = pool.get_new_blocks(1)
+                    t = tables[s] = pool.get_new_blocks(1)
+                    last_block[s] = t[0]
                     last_hash[s] = None
-            tokens[filled] = rng.integers(0, 50000, (len(ids), block_size), dtype=np.int32)
-        return pool.take_events()
+        return take()
 
     # warm up until the queue cycles through cached blocks (lazy eviction is live)
     for _ in range(2000):
         step()
-    events = []
-    t = median_us(lambda: events.append(len(step())), repeat, 100)
-    return t, statistics.mean(events)
+    if drain == "tuples":
+        return lambda: len(step())
+    return lambda: len(step()[0])
+
+
+def bench_steps(repeat, inner=16, turn=20):
+    """The step variants side by side: `repeat` rounds in which each variant in turn
+    runs `turn` samples of `inner` steps (16: every phase once), so that the other
+    tenants' load hits them alike while each keeps its caches warm for a while (taking
+    turns sample by sample measured the cache misses of switching pools). Short
+    samples and the median keep a preempted sample from counting; the best sample is
+    closer to what an idle core shows. Returns {variant: (median us, best us, events
+    a step)}."""
+    steps = {k: make_step(drain, tok) for k, (drain, tok) in STEP_VARIANTS.items()}
+    samples = {k: [] for k in steps}
+    events = {k: [] for k in steps}
+    for _ in range(repeat):
+        for k, step in steps.items():
+            for _ in range(turn):
+                ev = 0
+                gc.disable()
+                t0 = time.perf_counter()
+                for _ in range(inner):
+                    ev += step()
+                samples[k].append((time.perf_counter() - t0) / inner * 1e6)
+                gc.enable()
+                events[k].append(ev / inner)
+    return {k: (statistics.median(v), min(v), statistics.mean(events[k])) for k, v in samples.items()}
 
 
 def main(argv=None):
@@ -299,19 +366,29 @@ def main(argv=None):
     a = ap.parse_args(argv)
     ours = bench_ops(lambda n: V.BlockPool(n, enable_kv_cache_events=True), a.repeat)
     base = bench_ops(lambda n: PyBlockPool(n, events=True), a.repeat)
-    step_us, ev_per_step = bench_step(a.repeat)
+    ours_notok = bench_ops(lambda n: V.BlockPool(n, enable_kv_cache_events=True,
+                                                 event_token_ids=False), a.repeat)
+    steps = bench_steps(a.repeat)
     res = {"machine": platform.processor() or platform.machine(), "python": platform.python_version(),
-           "compat_vllm_us": ours, "pure_python_us": base,
-           "ratio": {k: base[k] / ours[k] for k in ours}, "step_us": step_us,
-           "events_per_step": ev_per_step}
+           "compat_vllm_us": ours, "compat_vllm_no_token_ids_us": ours_notok, "pure_python_us": base,
+           "ratio": {k: base[k] / ours[k] for k in ours},
+           "step_us": {k: v[0] for k, v in steps.items()},
+           "step_best_us": {k: v[1] for k, v in steps.items()},
+           "events_per_step": {k: v[2] for k, v in steps.items()}}
     if a.json:
         print(json.dumps(res, indent=1))
         return
-    print(f"{'op':10} {'compat.vllm us':>15} {'pure-Python us':>15} {'ratio':>7}")
+    print(f"{'op':10} {'compat.vllm us':>15} {'pure-Python us':>15} {'ratio':>7} "
+          f"{'no token ids us':>16} {'ratio':>7}")
     for k in ours:
-        print(f"{k:10} {ours[k]:15.2f} {base[k]:15.2f} {base[k] / ours[k]:6.1f}x")
-    print(f"256-sequence step on PrefixPool (lazy eviction, events on): {step_us:.2f} us "
-          f"({ev_per_step:.1f} events drained per step)")
+        print(f"{k:10} {ours[k]:15.2f} {base[k]:15.2f} {base[k] / ours[k]:6.1f}x "
+              f"{ours_notok[k]:16.2f} {base[k] / ours_notok[k]:6.1f}x")
+    print("256-sequence step on PrefixPool (lazy eviction, events on); variants take turns, "
+          f"{20 * a.repeat} samples of 16 steps each:")
+    print(f"  {'variant':36} {'median us':>9} {'ratio':>6} {'best us':>8} {'ratio':>6}  events/step")
+    first = next(iter(steps.values()))
+    for k, (med, best, ev) in steps.items():
+        print(f"  {k:36} {med:9.2f} {first[0] / med:5.2f}x {best:8.2f} {first[1] / best:5.2f}x  {ev:.1f}")
 
 
 if __name__ == "__main__":

@@ -205,6 +205,31 @@ Test(prefix_pool, reset_refused_while_in_use) {
     pkv_prefix_pool_destroy(p);
 }
 
+// The cheaper mode: tokens NULL with events on stores the blocks and emits a
+// BlockStored without token ids (it used to be refused).
+Test(prefix_pool, stored_event_without_token_ids) {
+    pkv_prefix_pool *p = make(6, 8);
+    pkv_block_id r[2];
+    pkv_prefix_pool_get_new_blocks(p, 2, r);
+    pkv_block_hash hs[2] = {H(31), H(32)};
+    pkv_block_store st = {.n = 2, .blocks = r, .hashes = hs, .block_size = 4, .lora_id = PKV_NO_LORA};
+    cr_assert_eq(pkv_prefix_pool_cache_blocks(p, &st), PKV_OK);
+    const pkv_kv_event *ev;
+    uint32_t n;
+    pkv_prefix_pool_take_events(p, &ev, &n);
+    cr_assert_eq(n, 1);
+    cr_assert_eq(ev[0].kind, PKV_EVENT_BLOCK_STORED);
+    cr_assert_eq(ev[0].num_hashes, 2);
+    cr_assert_eq(ev[0].num_tokens, 0);
+    cr_assert_null(ev[0].tokens);
+    cr_assert_eq(ev[0].block_size, 4);
+    pkv_block_id id;
+    cr_assert_eq(pkv_prefix_pool_get_cached_block(p, 0, &hs[1], &id), PKV_OK);
+    cr_assert_eq(id, r[1]);
+    cr_assert_eq(pkv_prefix_pool_validate(p), PKV_OK);
+    pkv_prefix_pool_destroy(p);
+}
+
 Test(prefix_pool, events_carry_vllms_fields) {
     pkv_prefix_pool *p = make(6, 8);
     pkv_block_id r[2];

@@ -95,7 +95,8 @@ typedef struct pkv_block_store {
     const pkv_block_id *blocks;     // [n]; null blocks are skipped
     const pkv_block_hash *hashes;   // [n]
     const pkv_block_hash *parent;   // NULL or the chain's previous hash
-    const int32_t *tokens;          // [n * block_size] for the event; NULL allowed when events are off
+    const int32_t *tokens;          // [n * block_size] for the event, or NULL: the event
+                                    // then carries no token ids (num_tokens 0; cheaper)
     uint32_t block_size;
     int64_t lora_id;                // PKV_NO_LORA or the adapter id, for the event
 } pkv_block_store;

@@ -31,6 +31,7 @@ from ._core import (  # noqa: F401
     FormatError,
     InvalidArgument,
     KVCache,
+    KV_EVENT_FIELDS,
     LimitExceeded,
     NoDevice,
     NotFound,

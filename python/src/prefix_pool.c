@@ -140,6 +140,47 @@ static int lora_from(PyObject *obj, int64_t *lora, const char *what) {
     return 0;
 }
 
+// Token ids into int32s for an event: a list or tuple of ints is read directly (the
+// compat layer passes vLLM's token lists; numpy's list conversion cost more than the
+// pool's work), anything else through numpy. *keep holds the array, *heap the list's
+// copy (free both). NULL with an exception on error.
+static const int32_t *tokens_from(PyObject *obj, PyArrayObject **keep, int32_t **heap, npy_intp *n,
+                                  const char *what) {
+    *keep = NULL;
+    *heap = NULL;
+    if (PyList_CheckExact(obj) || PyTuple_CheckExact(obj)) {
+        PyObject *seq = PySequence_Fast(obj, what);
+        if (!seq) return NULL;
+        Py_ssize_t len = PySequence_Fast_GET_SIZE(seq);
+        PyObject **items = PySequence_Fast_ITEMS(seq);
+        int32_t *t = *heap = PyMem_Malloc((size_t)(len ? len : 1) * sizeof *t);
+        if (!t) {
+            Py_DECREF(seq);
+            return (const int32_t *)PyErr_NoMemory();
+        }
+        for (Py_ssize_t i = 0; i < len; i++) {
+            long v = PyLong_AsLong(items[i]);
+            if ((v == -1 && PyErr_Occurred()) || v < INT32_MIN || v > INT32_MAX) {
+                if (!PyErr_Occurred() || PyErr_ExceptionMatches(PyExc_OverflowError)) {
+                    PyErr_Clear();
+                    pkvpy_raise(PKV_ERR_INVALID_ARG, what, "token %zd is not an int32", i);
+                }
+                Py_DECREF(seq);
+                PyMem_Free(t);
+                *heap = NULL;
+                return NULL;
+            }
+            t[i] = (int32_t)v;
+        }
+        Py_DECREF(seq);
+        *n = len;
+        return t;
+    }
+    if (!(*keep = pkvpy_int_vector(obj, NPY_INT32, what))) return NULL;
+    *n = PyArray_SIZE(*keep);
+    return PyArray_DATA(*keep);
+}
+
 // ---- PrefixPool ----
 
 static PyObject *PP_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
@@ -237,6 +278,7 @@ static PyObject *PP_cache_blocks(PrefixPoolObject *self, PyObject *args, PyObjec
     if (!ids) return NULL;
     pkv_block_hash *hs = hashes_from(hashes, &nh, what);
     PyArrayObject *tok = NULL;
+    int32_t *tok_heap = NULL;
     PyObject *r = NULL;
     if (!hs) goto done;
     if (nh != n) {
@@ -244,25 +286,26 @@ static PyObject *PP_cache_blocks(PrefixPoolObject *self, PyObject *args, PyObjec
         goto done;
     }
     if (tokens != Py_None) {
-        if (!(tok = pkvpy_int_vector(tokens, NPY_INT32, "PrefixPool.cache_blocks(tokens)"))) goto done;
-        if ((uint64_t)PyArray_SIZE(tok) != (uint64_t)n * bs) {
-            pkvpy_raise(PKV_ERR_INVALID_ARG, what, "%zd tokens for %u blocks of %u",
-                        (Py_ssize_t)PyArray_SIZE(tok), n, bs);
+        npy_intp nt = 0;
+        if (!(st.tokens = tokens_from(tokens, &tok, &tok_heap, &nt, "PrefixPool.cache_blocks(tokens)")))
+            goto done;
+        if ((uint64_t)nt != (uint64_t)n * bs) {
+            pkvpy_raise(PKV_ERR_INVALID_ARG, what, "%zd tokens for %u blocks of %u", (Py_ssize_t)nt, n, bs);
             goto done;
         }
-        st.tokens = PyArray_DATA(tok);
     }
     st.n = n;
     st.blocks = ids;
     st.hashes = hs;
     pkv_status s = pkv_prefix_pool_cache_blocks(self->pool, &st);
     if (s != PKV_OK)
-        pkvpy_raise(s, what, "every block must be in use and uncached, group < %u, and tokens "
-                    "given when events are on (nothing changed)", self->num_groups);
+        pkvpy_raise(s, what, "every block must be in use and uncached, group < %u, and "
+                    "block_size >= 1 with tokens (nothing changed)", self->num_groups);
     else
         r = newref(Py_None);
 done:
     Py_XDECREF(tok);
+    PyMem_Free(tok_heap);
     PyMem_Free(hs);
     PyMem_Free(heap);
     return r;
@@ -272,14 +315,16 @@ done:
 // -> [hashes]: the engine step's filled blocks in one call. blocks[i] (in use, uncached)
 // holds tokens[i*block_size:(i+1)*block_size] (a flat int32 array) and follows a block
 // hashed parents[i] (None: a sequence's first block); each is hashed (LoRA id as its
-// extra key) and cached, one BlockStored event each. All checked before any is cached.
+// extra key) and cached, one BlockStored event each (without token ids when
+// event_tokens is false). All checked before any is cached.
 static PyObject *PP_hash_and_cache(PrefixPoolObject *self, PyObject *args, PyObject *kw) {
     static char *kwlist[] = {"hasher", "blocks", "tokens", "parents", "block_size", "lora_id",
-                             "group", NULL};
+                             "group", "event_tokens", NULL};
     PyObject *hobj, *blocks, *tokens, *parents, *lora = Py_None;
     unsigned int bs, group = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOI|$OI:hash_and_cache", kwlist, &hobj, &blocks,
-                                     &tokens, &parents, &bs, &lora, &group))
+    int event_tokens = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOI|$OIp:hash_and_cache", kwlist, &hobj, &blocks,
+                                     &tokens, &parents, &bs, &lora, &group, &event_tokens))
         return NULL;
     const char *what = "PrefixPool.hash_and_cache";
     if (!PyObject_TypeCheck(hobj, &Hasher_Type))
@@ -294,8 +339,10 @@ static PyObject *PP_hash_and_cache(PrefixPoolObject *self, PyObject *args, PyObj
     if (!ids) return NULL;
     PyArrayObject *tok = NULL;
     PyObject *pseq = NULL, *out = NULL;
-    pkv_block_hash *hs = PyMem_Malloc((size_t)(n ? n : 1) * sizeof *hs);
-    pkv_block_hash *par = PyMem_Malloc((size_t)(n ? n : 1) * sizeof *par);
+    // A step fills a few dozen blocks at most: stack arrays, no allocation.
+    pkv_block_hash hs_small[64], par_small[64];
+    pkv_block_hash *hs = n <= 64 ? hs_small : PyMem_Malloc((size_t)n * sizeof *hs);
+    pkv_block_hash *par = n <= 64 ? par_small : PyMem_Malloc((size_t)n * sizeof *par);
     if (!hs || !par) {
         PyErr_NoMemory();
         goto done;
@@ -345,7 +392,8 @@ static PyObject *PP_hash_and_cache(PrefixPoolObject *self, PyObject *args, PyObj
     if (!(out = PyList_New(n))) goto done;
     for (uint32_t i = 0; i < n; i++) {
         pkv_block_store st = {.group = group, .n = 1, .blocks = &ids[i], .hashes = &hs[i],
-                              .parent = par[i].len ? &par[i] : NULL, .tokens = t + (size_t)i * bs,
+                              .parent = par[i].len ? &par[i] : NULL,
+                              .tokens = event_tokens ? t + (size_t)i * bs : NULL,
                               .block_size = bs, .lora_id = x.lora_id};
         pkv_status s = pkv_prefix_pool_cache_blocks(self->pool, &st);
         PyObject *b = s == PKV_OK ? hash_to_bytes(&hs[i])
@@ -359,8 +407,8 @@ static PyObject *PP_hash_and_cache(PrefixPoolObject *self, PyObject *args, PyObj
 done:
     Py_XDECREF(pseq);
     Py_XDECREF(tok);
-    PyMem_Free(hs);
-    PyMem_Free(par);
+    if (hs != hs_small) PyMem_Free(hs);
+    if (par != par_small) PyMem_Free(par);
     PyMem_Free(heap);
     return out;
 }
@@ -512,6 +560,32 @@ static PyObject *token_list(const int32_t *t, uint32_t n) {
     return l;
 }
 
+// Event names and media as interned strings, made once: a drain of a hundred events
+// otherwise builds two hundred identical strings.
+static PyObject *kind_str[5], *medium_str[3];
+
+static int intern_event_strings(void) {
+    static const char *const kinds[5] = {NULL, "BlockStored", "BlockRemoved", "AllBlocksCleared", "Overflow"};
+    for (int i = 1; i < 5; i++)
+        if (!kind_str[i] && !(kind_str[i] = PyUnicode_InternFromString(kinds[i]))) return -1;
+    for (int i = 0; i < 3; i++)
+        if (!medium_str[i] && !(medium_str[i] = PyUnicode_InternFromString(medium_names[i]))) return -1;
+    return 0;
+}
+
+// A new tuple of n items, each reference stolen; NULL (every item released) if one is NULL.
+static PyObject *tuple_of(Py_ssize_t n, PyObject **items) {
+    PyObject *t = NULL;
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (!items[i]) goto fail;
+    if (!(t = PyTuple_New(n))) goto fail;
+    for (Py_ssize_t i = 0; i < n; i++) PyTuple_SET_ITEM(t, i, items[i]);
+    return t;
+fail:
+    for (Py_ssize_t i = 0; i < n; i++) Py_XDECREF(items[i]);
+    return NULL;
+}
+
 // take_events() -> list of tuples, oldest first:
 //   ("BlockStored", hashes, parent|None, token_ids, block_size, lora_id|None, medium, group)
 //   ("BlockRemoved", hashes, medium, group)
@@ -524,21 +598,35 @@ static PyObject *PP_take_events(PrefixPoolObject *self, PyObject *unused) {
     PyObject *l = PyList_New(n);
     for (uint32_t i = 0; l && i < n; i++) {
         const pkv_kv_event *e = &ev[i];
-        const char *medium = medium_names[e->medium];
+        PyObject *kind = newref(kind_str[e->kind]), *medium = newref(medium_str[e->medium]);
         PyObject *t = NULL;
         switch (e->kind) {
         case PKV_EVENT_BLOCK_STORED: {
-            PyObject *lora = e->lora_id == PKV_NO_LORA ? newref(Py_None) : PyLong_FromLongLong(e->lora_id);
-            PyObject *parent = e->has_parent ? hash_to_bytes(&e->parent) : newref(Py_None);
-            t = Py_BuildValue("(sNNNINsI)", "BlockStored", hash_list(e->hashes, e->num_hashes), parent,
-                              token_list(e->tokens, e->num_tokens), e->block_size, lora, medium, e->group);
+            PyObject *it[8] = {kind, hash_list(e->hashes, e->num_hashes),
+                               e->has_parent ? hash_to_bytes(&e->parent) : newref(Py_None),
+                               token_list(e->tokens, e->num_tokens), PyLong_FromUnsignedLong(e->block_size),
+                               e->lora_id == PKV_NO_LORA ? newref(Py_None) : PyLong_FromLongLong(e->lora_id),
+                               medium, PyLong_FromUnsignedLong(e->group)};
+            t = tuple_of(8, it);
             break;
         }
-        case PKV_EVENT_BLOCK_REMOVED:
-            t = Py_BuildValue("(sNsI)", "BlockRemoved", hash_list(e->hashes, e->num_hashes), medium, e->group);
+        case PKV_EVENT_BLOCK_REMOVED: {
+            PyObject *it[4] = {kind, hash_list(e->hashes, e->num_hashes), medium,
+                               PyLong_FromUnsignedLong(e->group)};
+            t = tuple_of(4, it);
             break;
-        case PKV_EVENT_ALL_BLOCKS_CLEARED: t = Py_BuildValue("(ss)", "AllBlocksCleared", medium); break;
-        case PKV_EVENT_OVERFLOW: t = Py_BuildValue("(sK)", "Overflow", (unsigned long long)e->dropped); break;
+        }
+        case PKV_EVENT_ALL_BLOCKS_CLEARED: {
+            PyObject *it[2] = {kind, medium};
+            t = tuple_of(2, it);
+            break;
+        }
+        case PKV_EVENT_OVERFLOW: {
+            Py_DECREF(medium);
+            PyObject *it[2] = {kind, PyLong_FromUnsignedLongLong(e->dropped)};
+            t = tuple_of(2, it);
+            break;
+        }
         }
         if (!t) {
             Py_CLEAR(l);
@@ -547,6 +635,98 @@ static PyObject *PP_take_events(PrefixPoolObject *self, PyObject *unused) {
         PyList_SET_ITEM(l, i, t);
     }
     return l;
+}
+
+// The packed drain's records: one int64 row per event, these columns (KV_EVENT_FIELDS).
+// A plain int64 array: numpy makes it in a fraction of a structured array's time.
+enum {
+    EV_KIND,        // 1 BlockStored, 2 BlockRemoved, 3 AllBlocksCleared, 4 Overflow
+    EV_MEDIUM,      // 0 GPU, 1 CPU, 2 DISK
+    EV_GROUP,
+    EV_BLOCK_SIZE,
+    EV_PARENT,      // index in the drain's hashes; -1: none
+    EV_FIRST_HASH,  // the event's hashes: [first_hash, first_hash + num_hashes)
+    EV_NUM_HASHES,
+    EV_FIRST_TOKEN, // its token ids: [first_token, first_token + num_tokens)
+    EV_NUM_TOKENS,
+    EV_LORA_ID,     // -1: none
+    EV_DROPPED,     // Overflow: events lost since the previous drain
+    EV_COLUMNS
+};
+static const char *const event_fields[EV_COLUMNS] = {
+    "kind", "medium", "group", "block_size", "parent", "first_hash", "num_hashes",
+    "first_token", "num_tokens", "lora_id", "dropped"};
+
+// take_events_packed(*, tokens=True) -> (records, hashes, hash_offsets, token_ids): the
+// drain take_events makes, in four objects instead of a tuple (and lists) per event.
+// records: an int64 array [events, KV_EVENT_FIELDS], a row per event; hashes: every hash of the drain in
+// one bytes, hash j at hashes[hash_offsets[j]:hash_offsets[j+1]] (records index it:
+// first_hash, num_hashes, parent); token_ids: int32, event e's at
+// [first_token, first_token + num_tokens). tokens=False leaves token ids out.
+static PyObject *PP_take_events_packed(PrefixPoolObject *self, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"tokens", NULL};
+    int want_tokens = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|$p:take_events_packed", kwlist, &want_tokens)) return NULL;
+    const pkv_kv_event *ev;
+    uint32_t n;
+    pkv_prefix_pool_take_events(self->pool, &ev, &n);
+    npy_intp nh = 0, nt = 0, nbytes = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        nh += ev[i].num_hashes + (ev[i].has_parent != 0);
+        for (uint32_t j = 0; j < ev[i].num_hashes; j++) nbytes += ev[i].hashes[j].len;
+        if (ev[i].has_parent) nbytes += ev[i].parent.len;
+        if (want_tokens) nt += ev[i].num_tokens;
+    }
+    npy_intp dims[2] = {n, EV_COLUMNS}, offs_n = nh + 1;
+    PyObject *rec = PyArray_SimpleNew(2, dims, NPY_INT64);
+    PyObject *hb = PyBytes_FromStringAndSize(NULL, nbytes);
+    PyObject *off = PyArray_SimpleNew(1, &offs_n, NPY_UINT32);
+    PyObject *tok = PyArray_SimpleNew(1, &nt, NPY_INT32);
+    if (!rec || !hb || !off || !tok) {
+        Py_XDECREF(rec);
+        Py_XDECREF(hb);
+        Py_XDECREF(off);
+        Py_XDECREF(tok);
+        return NULL;
+    }
+    int64_t *r = PyArray_DATA((PyArrayObject *)rec);
+    char *bytes = PyBytes_AS_STRING(hb);
+    uint32_t *o = PyArray_DATA((PyArrayObject *)off);
+    int32_t *t = PyArray_DATA((PyArrayObject *)tok);
+    uint32_t h = 0, at = 0, ta = 0;
+    o[0] = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        const pkv_kv_event *e = &ev[i];
+        int64_t *x = r + (size_t)i * EV_COLUMNS;
+        x[EV_KIND] = e->kind;
+        x[EV_MEDIUM] = e->medium;
+        x[EV_GROUP] = e->group;
+        x[EV_BLOCK_SIZE] = e->block_size;
+        x[EV_LORA_ID] = e->lora_id == PKV_NO_LORA ? -1 : e->lora_id;
+        x[EV_DROPPED] = (int64_t)e->dropped;
+        x[EV_PARENT] = -1;
+        if (e->has_parent) {
+            memcpy(bytes + at, e->parent.bytes, e->parent.len);
+            at += e->parent.len;
+            x[EV_PARENT] = h;
+            o[++h] = at;
+        }
+        x[EV_FIRST_HASH] = h;
+        x[EV_NUM_HASHES] = e->num_hashes;
+        for (uint32_t j = 0; j < e->num_hashes; j++) {
+            memcpy(bytes + at, e->hashes[j].bytes, e->hashes[j].len);
+            at += e->hashes[j].len;
+            o[++h] = at;
+        }
+        x[EV_FIRST_TOKEN] = ta;
+        x[EV_NUM_TOKENS] = 0;
+        if (want_tokens && e->num_tokens) {
+            memcpy(t + ta, e->tokens, (size_t)e->num_tokens * sizeof *t);
+            x[EV_NUM_TOKENS] = e->num_tokens;
+            ta += e->num_tokens;
+        }
+    }
+    return Py_BuildValue("(NNNN)", rec, hb, off, tok);
 }
 
 static PyObject *PP_validate(PrefixPoolObject *self, PyObject *unused) {
@@ -571,10 +751,12 @@ static PyMethodDef PP_methods[] = {
      "touch(ids): a hit; one more reference each, out of the free queue."},
     {"cache_blocks", (PyCFunction)(void (*)(void))PP_cache_blocks, METH_VARARGS | METH_KEYWORDS,
      "cache_blocks(blocks, hashes, *, parent=None, tokens=None, block_size=0, lora_id=None,\n"
-     "group=0): cache full blocks under their hashes (one BlockStored event)."},
+     "group=0): cache full blocks under their hashes (one BlockStored event; without tokens\n"
+     "it carries no token ids)."},
     {"hash_and_cache", (PyCFunction)(void (*)(void))PP_hash_and_cache, METH_VARARGS | METH_KEYWORDS,
-     "hash_and_cache(hasher, blocks, tokens, parents, block_size, *, lora_id=None, group=0)\n"
-     "-> [hashes]: hash and cache a step's filled blocks in one call (one event each)."},
+     "hash_and_cache(hasher, blocks, tokens, parents, block_size, *, lora_id=None, group=0,\n"
+     "event_tokens=True) -> [hashes]: hash and cache a step's filled blocks in one call (one\n"
+     "event each); event_tokens=False: the BlockStored events carry no token ids (cheaper)."},
     {"get_cached_block", (PyCFunction)(void (*)(void))PP_get_cached_block, METH_VARARGS | METH_KEYWORDS,
      "get_cached_block(hash, group=0) -> id or None (the earliest cached under it)."},
     {"find_prefix", (PyCFunction)(void (*)(void))PP_find_prefix, METH_VARARGS | METH_KEYWORDS,
@@ -594,6 +776,13 @@ static PyMethodDef PP_methods[] = {
      "stats(reset=False) -> dict; reset zeroes requests/queries/hits after reading."},
     {"take_events", (PyCFunction)PP_take_events, METH_NOARGS,
      "take_events() -> [event tuples], oldest first; ends with ('Overflow', n) if n were dropped."},
+    {"take_events_packed", (PyCFunction)(void (*)(void))PP_take_events_packed, METH_VARARGS | METH_KEYWORDS,
+     "take_events_packed(*, tokens=True) -> (records, hashes, hash_offsets, token_ids): the\n"
+     "same drain as take_events without a Python object per event. records: int64\n"
+     "[events, len(KV_EVENT_FIELDS)], a row per event (kind 1 BlockStored, 2 BlockRemoved,\n"
+     "3 AllBlocksCleared, 4 Overflow; medium 0 GPU, 1 CPU, 2 DISK; lora_id -1 for none; parent -1 for none, else a hash index); hash j is\n"
+     "hashes[hash_offsets[j]:hash_offsets[j + 1]]; an event's token ids are\n"
+     "token_ids[first_token:first_token + num_tokens]. tokens=False: none copied."},
     {"validate", (PyCFunction)PP_validate, METH_NOARGS, "validate(): raise Corrupt on a broken invariant."},
     {NULL, NULL, 0, NULL},
 };
@@ -789,7 +978,19 @@ static PyTypeObject Hasher_Type = {
 };
 
 int pkvpy_prefix_pool_init(PyObject *m) {
-    if (PyType_Ready(&PrefixPool_Type) < 0 || PyType_Ready(&Hasher_Type) < 0) return -1;
+    if (PyType_Ready(&PrefixPool_Type) < 0 || PyType_Ready(&Hasher_Type) < 0 ||
+        intern_event_strings() < 0)
+        return -1;
+    PyObject *fields = PyTuple_New(EV_COLUMNS);
+    for (int i = 0; fields && i < EV_COLUMNS; i++) {
+        PyObject *f = PyUnicode_FromString(event_fields[i]);
+        if (!f) Py_CLEAR(fields);
+        else PyTuple_SET_ITEM(fields, i, f);
+    }
+    if (!fields || PyModule_AddObject(m, "KV_EVENT_FIELDS", fields) < 0) {
+        Py_XDECREF(fields);
+        return -1;
+    }
     PyObject *algos = PyList_New(0);
     for (int i = 0; algos && i < 3; i++)
         if (pkv_hash_algo_available((pkv_hash_algo)i)) {

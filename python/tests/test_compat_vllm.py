@@ -360,6 +360,20 @@ def test_kv_cache_events(hash_fn):
     assert isinstance(events[-1], V.BlockStored)
 
 
+def test_kv_cache_events_without_token_ids(hash_fn):
+    """event_token_ids=False: BlockStored as vLLM's, token_ids left out."""
+    pool = V.BlockPool(8, enable_kv_cache_events=True, event_token_ids=False)
+    req = make_request("0", list(range(16 * 2)), hash_fn)
+    blocks = pool.get_new_blocks(2)
+    pool.cache_full_blocks(req, blocks, 0, 1, 16, 0)
+    pool.cache_full_blocks(req, blocks, 1, 2, 16, 0)
+    ev = pool.take_events()
+    assert [e.token_ids for e in ev] == [[], []]
+    assert [e.block_hashes for e in ev] == [req.block_hashes[:1], req.block_hashes[1:2]]
+    assert ev[1].parent_block_hash == req.block_hashes[0] and ev[1].block_size == 16
+    assert pool.get_cached_block(req.block_hashes[1], [0]) == [blocks[1]]
+
+
 def test_kv_events_overflow_is_reported(hash_fn):
     pool = V.BlockPool(20, enable_kv_cache_events=True, event_capacity=2)
     req = make_request("0", list(range(16 * 4)), hash_fn)

@@ -59,3 +59,106 @@ def test_hashes_and_parents_are_readable():
     assert pool.block_info(ids[0])[2] is None
     assert pool.take_events() == [
         ("BlockStored", hs, None, list(range(12)), 4, None, "GPU", 0)]
+
+
+MEDIA = ("GPU", "CPU", "DISK")
+
+
+def unpack(packed):
+    """take_events_packed's four objects back into take_events' tuples."""
+    rec, hb, off, tok = packed
+    assert rec.dtype == "int64" and rec.shape[1] == len(pagedkv.KV_EVENT_FIELDS)
+    assert off.dtype == "uint32" and tok.dtype == "int32" and off[0] == 0
+    col = {f: i for i, f in enumerate(pagedkv.KV_EVENT_FIELDS)}
+    o = off.tolist()
+
+    def h(j):
+        return hb[o[j]:o[j + 1]]
+
+    out = []
+    for r in rec.tolist():
+        g = {f: r[i] for f, i in col.items()}
+        kind, medium = g["kind"], MEDIA[g["medium"]]
+        hashes = [h(g["first_hash"] + k) for k in range(g["num_hashes"])]
+        if kind == 1:
+            out.append(("BlockStored", hashes, None if g["parent"] < 0 else h(g["parent"]),
+                        tok[g["first_token"]:g["first_token"] + g["num_tokens"]].tolist(),
+                        g["block_size"], None if g["lora_id"] < 0 else g["lora_id"], medium, g["group"]))
+        elif kind == 2:
+            out.append(("BlockRemoved", hashes, medium, g["group"]))
+        elif kind == 3:
+            out.append(("AllBlocksCleared", medium))
+        else:
+            assert kind == 4
+            out.append(("Overflow", g["dropped"]))
+    return out
+
+
+def drive(pool, h):
+    """Every kind of event: stored (parent, LoRA, group 1), hashed, lazily and explicitly
+    removed, cleared; then more than the buffer holds (Overflow)."""
+    a = pool.get_new_blocks(3)
+    pool.cache_blocks(a[:2], [b"h0" * 8, b"h1" * 8], parent=b"root", tokens=list(range(8)),
+                      block_size=4, lora_id=9, group=1)
+    pool.hash_and_cache(h, a[2:], list(range(100, 104)), [b"h1" * 8], 4)
+    yield
+    pool.free_blocks(a[::-1])
+    pool.evict_block(a[2])
+    pool.free_blocks(pool.get_new_blocks(pool.num_free))  # the rest evicted lazily
+    yield
+    pool.reset()
+    yield
+    for _ in range(3):
+        b = pool.get_new_blocks(4)
+        pool.hash_and_cache(h, b, list(range(16)), [None] * 4, 4)
+        pool.free_blocks(b)
+    yield
+
+
+def test_packed_drain_is_take_events_without_the_tuples():
+    h = pagedkv.BlockHasher("fnv1a_64")
+    kw = dict(num_groups=2, medium="CPU", event_capacity=8)
+    tuples, packed = pagedkv.PrefixPool(10, **kw), pagedkv.PrefixPool(10, **kw)
+    seen = set()
+    for _ in zip(drive(tuples, h), drive(packed, h)):
+        want = tuples.take_events()
+        assert want, "every stage emits"
+        assert unpack(packed.take_events_packed()) == want
+        seen |= {e[0] for e in want}
+    assert seen == {"BlockStored", "BlockRemoved", "AllBlocksCleared", "Overflow"}
+    empty = packed.take_events_packed()
+    assert empty[0].shape == (0, len(pagedkv.KV_EVENT_FIELDS)) and unpack(empty) == []
+    packed.validate()
+
+
+def test_packed_drain_can_leave_token_ids_out():
+    pool = pagedkv.PrefixPool(8, event_capacity=8)
+    a = pool.get_new_blocks(2)
+    pool.cache_blocks(a, [b"x" * 16, b"y" * 16], tokens=(5, 6, 7, 8), block_size=2)
+    rec, _, _, tok = pool.take_events_packed(tokens=False)
+    assert len(tok) == 0 and rec[0, pagedkv.KV_EVENT_FIELDS.index("num_tokens")] == 0
+
+
+def test_events_without_token_ids():
+    """The cheaper event mode: BlockStored without token ids (it used to be refused)."""
+    h = pagedkv.BlockHasher("fnv1a_64")
+    pool = pagedkv.PrefixPool(8, event_capacity=8)
+    a, b = pool.get_new_blocks(2)
+    pool.cache_blocks([a], [b"x" * 16], block_size=4)  # no tokens
+    got = pool.hash_and_cache(h, [b], list(range(4)), [b"x" * 16], 4, event_tokens=False)
+    assert pool.take_events() == [("BlockStored", [b"x" * 16], None, [], 4, None, "GPU", 0),
+                                  ("BlockStored", got, b"x" * 16, [], 4, None, "GPU", 0)]
+    assert pool.find_prefix([b"x" * 16] + got) == [a, b]
+    pool.validate()
+
+
+def test_token_lists_are_checked():
+    pool = pagedkv.PrefixPool(8, event_capacity=8)
+    a = pool.get_new_blocks(1)
+    with pytest.raises(pagedkv.InvalidArgument, match="token 1 is not an int32"):
+        pool.cache_blocks(a, [b"x" * 16], tokens=[1, 2 ** 40], block_size=2)
+    with pytest.raises(TypeError):
+        pool.cache_blocks(a, [b"x" * 16], tokens=[1, "2"], block_size=2)
+    with pytest.raises(pagedkv.InvalidArgument, match="3 tokens for 1 blocks of 2"):
+        pool.cache_blocks(a, [b"x" * 16], tokens=[1, 2, 3], block_size=2)
+    assert pool.block_hash(a[0]) is None and pool.take_events() == []

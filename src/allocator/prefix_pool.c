@@ -301,8 +301,8 @@ pkv_status pkv_prefix_pool_cache_blocks(pkv_prefix_pool *p, const pkv_block_stor
         (st->parent && !valid_hash(st->parent)) || st->lora_id < PKV_NO_LORA)
         return PKV_ERR_INVALID_ARG;
     const int events = pkvi_events_on(&p->events);
-    if (events && st->n && (!st->tokens || st->block_size == 0 ||
-                            (uint64_t)st->n * st->block_size > UINT32_MAX))
+    if (events && st->n && st->tokens &&
+        (st->block_size == 0 || (uint64_t)st->n * st->block_size > UINT32_MAX))
         return PKV_ERR_INVALID_ARG;
     pblock *blk = p->blk;
     // Check everything first: live, uncached, listed once, hash well formed.
@@ -349,7 +349,9 @@ pkv_status pkv_prefix_pool_cache_blocks(pkv_prefix_pool *p, const pkv_block_stor
         if (st->parent) e.parent = *st->parent;
         e.block_size = st->block_size;
         e.lora_id = st->lora_id;
-        pkvi_events_emit(&p->events, &e, stored, nstored, st->tokens, st->n * st->block_size);
+        // No tokens: the event goes without its token ids (the cheaper mode).
+        pkvi_events_emit(&p->events, &e, stored, nstored, st->tokens,
+                         st->tokens ? st->n * st->block_size : 0);
     }
     if (stored != stored_small) free(stored);
     return PKV_OK;

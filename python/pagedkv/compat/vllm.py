@@ -13,7 +13,10 @@ Python hash functions or a ``pagedkv.BlockHasher`` (hashing in C, one block at a
 Differences from vLLM, by design: the pool state lives in C, so ``KVCacheBlock``
 objects are views (``ref_cnt`` and ``block_hash`` are read from the pool and cannot
 be assigned), the free queue's internal links (``prev_free_block``) are not exposed,
-and block hashes must be bytes of 1..32 bytes.
+and block hashes must be bytes of 1..32 bytes. ``BlockPool(...,
+event_token_ids=False)`` is a cheaper event mode vLLM lacks: BlockStored events then
+carry ``token_ids=[]`` (the hashes, parent, block size and LoRA id as usual), for
+consumers that route by hash alone; the default keeps vLLM's events.
 """
 from __future__ import annotations
 
@@ -369,13 +372,16 @@ class BlockPool:
     def __init__(self, num_gpu_blocks: int, enable_caching: bool = True,
                  hash_block_size: Optional[int] = None, enable_kv_cache_events: bool = False,
                  metrics_collector=None, *, num_kv_cache_groups: int = 1,
-                 event_capacity: int = 65536):
+                 event_capacity: int = 65536, event_token_ids: bool = True):
         if not isinstance(num_gpu_blocks, int) or num_gpu_blocks <= 0:
             raise ValueError(f"num_gpu_blocks must be a positive int, got {num_gpu_blocks!r}")
         self.num_gpu_blocks = num_gpu_blocks
         self.enable_caching = enable_caching
         self.hash_block_size = hash_block_size
         self.enable_kv_cache_events = enable_kv_cache_events
+        # vLLM's BlockStored carries the blocks' token ids; a consumer that routes by hash
+        # alone can turn them off: BlockStored.token_ids is then [] (no copy either way).
+        self.event_token_ids = event_token_ids
         # vLLM's pool of 1 block is only its null block; ours needs 2 ids.
         self._pool = PrefixPool(max(num_gpu_blocks, 2), enable_caching=enable_caching,
                                 num_groups=num_kv_cache_groups,
@@ -410,7 +416,7 @@ class BlockPool:
                              f"hashes, {num_full_blocks} needed")
         parent = request.block_hashes[num_cached_blocks - 1] if num_cached_blocks else None
         tokens = (request.all_token_ids[num_cached_blocks * block_size:num_full_blocks * block_size]
-                  if self.enable_kv_cache_events else None)
+                  if self.enable_kv_cache_events and self.event_token_ids else None)
         self._pool.cache_blocks([b.block_id for b in new], hashes, parent=parent, tokens=tokens,
                                 block_size=block_size, lora_id=_lora_id(request),
                                 group=kv_cache_group_id)
