@@ -29,12 +29,7 @@ class ReplayReport(dict):
 
     def rows(self):
         """One flat dict per run: nested keys joined with '.'."""
-        out = []
-        for run in self["runs"]:
-            row = {}
-            _flatten(run, "", row)
-            out.append(row)
-        return out
+        return _rows(self["runs"])
 
     def to_frame(self):
         """A pandas DataFrame indexed by policy (needs pandas)."""
@@ -44,6 +39,16 @@ class ReplayReport(dict):
             raise ImportError("ReplayReport.to_frame needs pandas (pip install pandas); "
                               "report.rows() gives the same rows as dicts") from e
         return pd.DataFrame(self.rows()).set_index("policy")
+
+
+def _rows(runs):
+    """One flat dict per run: nested keys joined with '.' (point.policy, ...)."""
+    out = []
+    for run in runs:
+        row = {}
+        _flatten(run, "", row)
+        out.append(row)
+    return out
 
 
 def _flatten(d, prefix, out):

@@ -49,13 +49,8 @@ class SweepReport(dict):
 
     def rows(self):
         """One flat dict per run: nested keys joined with '.' (point.policy, ...)."""
-        from ._report import _flatten
-        out = []
-        for run in self["runs"]:
-            row = {}
-            _flatten(run, "", row)
-            out.append(row)
-        return out
+        from ._report import _rows
+        return _rows(self["runs"])
 
 
 def _value(v):
