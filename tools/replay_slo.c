@@ -88,7 +88,13 @@ int rt_slo_parse(const char *text, rt_slo *slo, char *err, size_t cap) {
             snprintf(err, cap, "--slo: at most %d terms", RT_SLO_MAX);
             return -1;
         }
-        snprintf(slo->terms[slo->num_terms].metric, sizeof slo->terms[0].metric, "%s", t);
+        // The table's name, not t: its length is known to fit (the longest is 12).
+        const size_t name_len = strlen(metrics[m].name);
+        if (name_len >= sizeof slo->terms[0].metric) {
+            snprintf(err, cap, "--slo: metric name %s too long (internal)", metrics[m].name);
+            return -1;
+        }
+        memcpy(slo->terms[slo->num_terms].metric, metrics[m].name, name_len + 1);
         slo->terms[slo->num_terms].offset = metrics[m].offset;
         slo->terms[slo->num_terms].limit_ms = x * unit_ms;
         slo->num_terms++;
