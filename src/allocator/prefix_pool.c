@@ -246,15 +246,16 @@ pkv_status pkv_prefix_pool_free_blocks(pkv_prefix_pool *p, const pkv_block_id *i
     for (uint32_t i = 0; i < n; i++) {
         int32_t b = ids[i];
         if ((uint32_t)b >= p->capacity || (b != PKV_NULL_BLOCK && blk[b].ref <= 0)) {
-            while (i-- > 0)
-                if (ids[i] != PKV_NULL_BLOCK) blk[ids[i]].ref++;
+            for (uint32_t j = 0; j < i; j++)
+                if (ids[j] != PKV_NULL_BLOCK) blk[ids[j]].ref++;
             return PKV_ERR_NOT_FOUND;
         }
         if (b != PKV_NULL_BLOCK) blk[b].ref--;
     }
     // Pass 2: a block listed k times reaches 0 at its last listing (as one-by-one
     // decrements would); mark that position, then queue in list order.
-    for (uint32_t i = n; i-- > 0;) {
+    for (uint32_t k = n; k > 0; k--) { // last listing first (no unsigned wrap)
+        const uint32_t i = k - 1;
         int32_t b = ids[i];
         if (b != PKV_NULL_BLOCK && blk[b].ref == 0 && blk[b].mark < 0) blk[b].mark = (int32_t)i;
     }
