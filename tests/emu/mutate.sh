@@ -157,6 +157,12 @@ mutant fp8_v_scale attn_quant.cu \
     'const float vmul = int8 ? 1.0f : k_scale;'
 report fp8_v_scale fail $?
 
+# Issue 20, defect 11: an 8-bit cache copied in 2-byte units counted in bytes.
+mutant copy_8bit_unit attn_cache.cu \
+    'launch_copy<uint8_t>(base' \
+    'launch_copy<uint16_t>(base'
+report copy_8bit_unit fail $?
+
 if [ $fails -eq 0 ]; then
     echo "mutate.sh: every planted bug makes the emu suite fail"
     exit 0
