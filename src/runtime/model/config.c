@@ -11,8 +11,8 @@ typedef struct preset {
     pkv_model_config config;
 } preset;
 
-#define GPT2_STYLE PKV_NORM_LAYERNORM, PKV_FFN_GELU, PKV_POS_LEARNED, 1, 1, 1e-5f, 10000.0f
-#define LLAMA_STYLE(theta) PKV_NORM_RMSNORM, PKV_FFN_SWIGLU, PKV_POS_ROPE, 0, 0, 1e-5f, theta
+#define GPT2_STYLE PKV_NORM_LAYERNORM, PKV_FFN_GELU, PKV_POS_LEARNED, 1, 1, 1e-5f, 10000.0f, .num_kv_groups = 0
+#define LLAMA_STYLE(theta) PKV_NORM_RMSNORM, PKV_FFN_SWIGLU, PKV_POS_ROPE, 0, 0, 1e-5f, theta, .num_kv_groups = 0
 
 static const preset presets[] = {
     // name           layers  d_model heads kv  hd   d_ff   vocab   ctx
