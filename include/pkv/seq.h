@@ -164,7 +164,8 @@ pkv_status pkv_seq_truncate(pkv_seqset *set, pkv_seq_id id, uint32_t len);
 // 0 and ceil(len / block_size) <= holes) give PKV_ERR_RELEASED; moves keep them as holes and move only live
 // blocks; pkv_seqset_export_padded writes -1 for them; pkv_seqset_export_csr
 // refuses a sequence with holes (PKV_ERR_UNSUPPORTED): use
-// pkv_seqset_export_csr_live; the prefix cache inserts no block at or after a hole.
+// pkv_seqset_export_csr_live; the prefix cache's insert stops at a hole it had not
+// cached before.
 pkv_status pkv_seq_release_before(pkv_seqset *set, pkv_seq_id id, uint32_t first_live_token,
                                   uint32_t *released);
 
