@@ -155,8 +155,9 @@ pkv_status pkv_hybrid_seq_length(const pkv_hybrid *h, pkv_seq_id id, uint32_t *l
 // for the queries of this append (first query p = the length before it), then grow
 // the tables (copy-on-write as seq.h). All or nothing over every group:
 // PKV_ERR_OUT_OF_BLOCKS (some pool short, counting the blocks the release returns
-// to it) or PKV_ERR_OUT_OF_MEMORY leave every group and pool unchanged, the
-// release included.
+// to it) leaves every group and pool unchanged, the release included;
+// PKV_ERR_OUT_OF_MEMORY (host metadata) undoes the appends but may leave the
+// release done (those blocks were dead for this append's queries anyway).
 // slots: optional, caller-owned, num_groups x n entries: slots[g * n + t] is the
 // slot (seq.h) of new token t in group g, -1 in a state group. In PAGED every
 // token group gets the same slots (one page holds all of them).
@@ -255,9 +256,9 @@ typedef struct pkv_hybrid_group_stats {
                                // pools: the whole pool, counted under every group)
     uint64_t used_bytes;       // blocks_held x page_bytes (state: slots in use)
     uint64_t free_bytes;       // free bytes of that pool (shared: the whole pool's)
-    uint64_t padding_bytes;    // of used_bytes, what the pages hold beyond
-                               // tokens_held x bytes per token (partly filled
-                               // blocks, SHARED_PAGE's rounding)
+    uint64_t padding_bytes;    // of used_bytes, what no token can use: blocks_held x
+                               // (page_bytes - block_size x bytes per token), i.e.
+                               // SHARED_PAGE's rounding (0 in the other layouts)
     uint64_t blocks_held;      // distinct blocks (state: slots) held by the live
                                // sequences and queued copies of the group
     uint64_t blocks_released;  // blocks released by the window rule since create

@@ -10,7 +10,8 @@
 
 #include "pkv/hybrid.h"
 
-#define PKVI_HYBRID_MAX_POOLS PKV_MAX_KV_GROUPS
+// Token pools (PARTITION: one per token group) and one slot pool per state group.
+#define PKVI_HYBRID_MAX_POOLS (2 * PKV_MAX_KV_GROUPS)
 
 // One KV cache group of the manager.
 typedef struct pkvi_hgroup {
@@ -32,6 +33,8 @@ typedef struct pkvi_hgroup {
 
 // What the manager keeps per sequence, indexed by the low 20 bits of its id.
 typedef struct pkvi_hrecord {
+    int live;
+    pkv_seq_id id;                       // the manager's id of this life of the slot
     uint32_t len;                        // tokens, the same in every group
     pkv_seq_id gid[PKV_MAX_KV_GROUPS];   // token group: the id in its set (PAGED: the
                                          // shared set's id); state group: its slot
@@ -44,11 +47,12 @@ typedef struct pkvi_hybrid_layout_ops {
     // from `page_budget` bytes (the budget left after the state slots). On error
     // the caller destroys whatever was created (pkvi_hybrid_teardown).
     pkv_status (*build)(pkv_hybrid *h, uint64_t page_budget);
-    // Make room for need[g] more blocks in token group g's pool (num_groups
-    // entries, 0 for state groups), all or nothing: PKV_ERR_OUT_OF_BLOCKS leaves
-    // every pool as it was. Called after the fixed-pool check passed for the pools
-    // it leaves unchanged, before an append changes anything. The LCM layout grants
-    // large pages here.
+    // An append needs need[g] more free blocks in token group g's pool (num_groups
+    // entries, 0 for state groups and for groups aliasing another's set; groups on
+    // one pool add up) and some pool has fewer: make room, all or nothing
+    // (PKV_ERR_OUT_OF_BLOCKS leaves every pool as it was). Called before the append
+    // changes anything; the manager checks the pools again afterwards. The LCM
+    // layout grants large pages to the groups' pools here.
     pkv_status (*make_room)(pkv_hybrid *h, const uint32_t *need);
     // Blocks were returned to the pools of some groups (free, truncate, window
     // release, copies taken): the LCM layout hands empty large pages back here.
@@ -93,8 +97,12 @@ pkv_status pkvi_hybrid_add_pool(pkv_hybrid *h, uint64_t blocks, pkv_pool **pool)
 void pkvi_hybrid_teardown(pkv_hybrid *h);
 // The record of a live id, NULL if the id is not live.
 pkvi_hrecord *pkvi_hybrid_rec(const pkv_hybrid *h, pkv_seq_id id);
+// The group whose set token group g uses (g itself unless g is a PAGED alias).
+uint32_t pkvi_hybrid_owner(const pkv_hybrid *h, uint32_t g);
 // 1 if g is a valid group index of a token (not state) group.
 int pkvi_hybrid_is_token_group(const pkv_hybrid *h, uint32_t g);
+// Size the batch scratch (old_len, gids) for k sequences.
+pkv_status pkvi_hybrid_reserve_scratch(pkv_hybrid *h, uint32_t k);
 // Tell the layout that blocks went back to the pools.
 void pkvi_hybrid_released(pkv_hybrid *h);
 
