@@ -152,7 +152,8 @@ pkv_status pkv_hybrid_seq_fork(pkv_hybrid *h, pkv_seq_id parent, pkv_seq_id *chi
 pkv_status pkv_hybrid_seq_length(const pkv_hybrid *h, pkv_seq_id id, uint32_t *len);
 
 // Append n tokens to `id` in every group: release the blocks the window rule kills
-// for the queries of this append (first query p = the length before it), then grow
+// for the queries of this append (first query p = the length before it; n = 0
+// has no query and changes nothing), then grow
 // the tables (copy-on-write as seq.h). All or nothing over every group:
 // PKV_ERR_OUT_OF_BLOCKS (some pool short, counting the blocks the release returns
 // to it) leaves every group and pool unchanged, the release included;
@@ -192,8 +193,8 @@ pkv_status pkv_hybrid_blocks_needed(const pkv_hybrid *h, pkv_seq_id id, uint32_t
 // PKV_ERR_INVALID_ARG). PKV_ERR_RELEASED (nothing changed) when some windowed
 // group already released a token that the next query, at position len, would see
 // (first_live(len) < the tokens that group released); PKV_ERR_UNSUPPORTED (nothing
-// changed) when len < length and the model has a state group: a recurrent state
-// cannot be rolled back.
+// changed, and checked first) when len < length and the model has a state group:
+// a recurrent state cannot be rolled back.
 pkv_status pkv_hybrid_seq_truncate(pkv_hybrid *h, pkv_seq_id id, uint32_t len);
 
 // ---- per-group views ----

@@ -22,11 +22,13 @@ static void group_ids(pkv_hybrid *h, uint32_t g, const pkv_seq_id *seqs, uint32_
 
 // Dead blocks of group g that the batch's sequences hold alone: they return to the
 // pool when released. Reads h->gids and h->old_len.
-static uint32_t release_credit(const pkv_hybrid *h, uint32_t g, uint32_t k) {
+static uint32_t release_credit(const pkv_hybrid *h, uint32_t g, const uint32_t *counts,
+                               uint32_t k) {
     const pkvi_hgroup *hg = &h->groups[g];
     if (!hg->windowed) return 0;
     uint32_t credit = 0;
     for (uint32_t i = 0; i < k; i++) {
+        if (counts[i] == 0) continue; // no query, no release
         const pkv_block_id *t;
         uint32_t n, holes;
         pkv_seq_block_table(hg->set, h->gids[i], &t, &n);
@@ -59,7 +61,7 @@ static pkv_status plan(pkv_hybrid *h, const pkv_seq_id *seqs, const uint32_t *co
         // Also refuses duplicates (one manager id is one id in every set).
         if ((st = pkv_seqset_blocks_needed_batch(hg->set, h->gids, counts, k, &gross)) != PKV_OK)
             return st;
-        need[g] = (int64_t)gross - release_credit(h, g, k);
+        need[g] = (int64_t)gross - release_credit(h, g, counts, k);
     }
     return PKV_OK;
 }
@@ -75,12 +77,15 @@ static int pools_fit(const pkv_hybrid *h, const int64_t *need) {
     return 1;
 }
 
-// Release the blocks that the window rule kills for the batch's first queries.
-static void release_dead(pkv_hybrid *h, const pkv_seq_id *seqs, uint32_t k) {
+// Release the blocks that the window rule kills for the batch's first queries (a
+// sequence appended 0 tokens has no query: it keeps its blocks).
+static void release_dead(pkv_hybrid *h, const pkv_seq_id *seqs, const uint32_t *counts,
+                         uint32_t k) {
     for (uint32_t g = 0; g < h->num_groups; g++) {
         pkvi_hgroup *hg = &h->groups[g];
         if (!hg->windowed) continue;
         for (uint32_t i = 0; i < k; i++) {
+            if (counts[i] == 0) continue;
             uint32_t released = 0;
             pkv_seq_release_before(hg->set, pkvi_hybrid_rec(h, seqs[i])->gid[g],
                                    pkvi_hybrid_first_live(hg, h->old_len[i]), &released);
@@ -119,7 +124,7 @@ pkv_status pkv_hybrid_append_batch(pkv_hybrid *h, const pkv_seq_id *seqs,
     }
     uint64_t total = 0;
     for (uint32_t i = 0; i < num_seqs; i++) total += counts[i];
-    release_dead(h, seqs, num_seqs);
+    release_dead(h, seqs, counts, num_seqs);
     uint32_t g = 0;
     for (; g < h->num_groups && st == PKV_OK; g++) {
         const pkvi_hgroup *hg = &h->groups[g];

@@ -156,9 +156,10 @@ pkv_status pkv_hybrid_seq_truncate(pkv_hybrid *h, pkv_seq_id id, uint32_t len) {
     if (!r) return PKV_ERR_NOT_FOUND;
     if (len > r->len) return PKV_ERR_INVALID_ARG;
     if (len == r->len) return PKV_OK;
+    for (uint32_t g = 0; g < h->num_groups; g++)
+        if (is_state(h, g)) return PKV_ERR_UNSUPPORTED; // a state cannot go back
     for (uint32_t g = 0; g < h->num_groups; g++) {
         const pkvi_hgroup *hg = &h->groups[g];
-        if (is_state(h, g)) return PKV_ERR_UNSUPPORTED; // a state cannot go back
         uint32_t holes;
         if (!hg->owns_set || pkv_seq_released_blocks(hg->set, r->gid[g], &holes) != PKV_OK)
             continue;
