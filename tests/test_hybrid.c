@@ -34,6 +34,12 @@ static pkv_hybrid *make(const pkv_kv_group *groups, uint32_t n, pkv_hybrid_layou
     return h;
 }
 
+static pkv_seq_id new_seq(pkv_hybrid *h) {
+    pkv_seq_id id;
+    cr_assert_eq(pkv_hybrid_seq_create(h, &id), PKV_OK);
+    return id;
+}
+
 static void append_one_by_one(pkv_hybrid *h, pkv_seq_id id, uint32_t n) {
     for (uint32_t i = 0; i < n; i++) cr_assert_eq(pkv_hybrid_append(h, id, 1, NULL), PKV_OK);
 }
@@ -53,8 +59,7 @@ Test(hybrid, sliding_window_4_block_2_keeps_the_window) {
     // block 2 (4-5) still holds token 5. A full group beside it keeps everything.
     pkv_kv_group gs[2] = {group(PKV_LAYER_SLIDING, 1, 4), group(PKV_LAYER_FULL, 1, 0)};
     pkv_hybrid *h = make(gs, 2, PKV_HYBRID_PARTITION, 1 << 12, 2);
-    pkv_seq_id id;
-    cr_assert_eq(pkv_hybrid_seq_create(h, &id), PKV_OK);
+    pkv_seq_id id = new_seq(h);
     append_one_by_one(h, id, 9);
     uint32_t nb;
     cr_assert_eq(holes(h, id, 0, &nb), 2);
@@ -84,8 +89,7 @@ Test(hybrid, one_prefill_releases_on_the_next_append) {
     // The next append (query at 9, sees 6..9) releases blocks 0..2.
     pkv_kv_group gs[1] = {group(PKV_LAYER_SLIDING, 1, 4)};
     pkv_hybrid *h = make(gs, 1, PKV_HYBRID_SHARED_PAGE, 1 << 12, 2);
-    pkv_seq_id id;
-    cr_assert_eq(pkv_hybrid_seq_create(h, &id), PKV_OK);
+    pkv_seq_id id = new_seq(h);
     cr_assert_eq(pkv_hybrid_append(h, id, 9, NULL), PKV_OK);
     uint32_t nb;
     cr_assert_eq(holes(h, id, 0, &nb), 0);
@@ -99,8 +103,7 @@ Test(hybrid, chunked_8_block_4_keeps_the_current_chunk) {
     // The 17th (p = 16) starts chunk 2 and sees only 16: blocks 0..3 dead.
     pkv_kv_group gs[1] = {group(PKV_LAYER_CHUNKED, 1, 8)};
     pkv_hybrid *h = make(gs, 1, PKV_HYBRID_PARTITION, 1 << 12, 4);
-    pkv_seq_id id;
-    cr_assert_eq(pkv_hybrid_seq_create(h, &id), PKV_OK);
+    pkv_seq_id id = new_seq(h);
     append_one_by_one(h, id, 15);
     uint32_t nb;
     cr_assert_eq(holes(h, id, 0, &nb), 2);
@@ -119,8 +122,7 @@ Test(hybrid, chunked_8_block_4_keeps_the_current_chunk) {
 Test(hybrid, sliding_truncate_into_the_released_window_is_refused) {
     pkv_kv_group gs[1] = {group(PKV_LAYER_SLIDING, 1, 4)};
     pkv_hybrid *h = make(gs, 1, PKV_HYBRID_PARTITION, 1 << 12, 2);
-    pkv_seq_id id;
-    cr_assert_eq(pkv_hybrid_seq_create(h, &id), PKV_OK);
+    pkv_seq_id id = new_seq(h);
     append_one_by_one(h, id, 9); // holes: blocks 0, 1 (tokens 0..3)
     // A query at 7 sees 4..7: fine. At 6 it sees 3..6, and token 3 is gone.
     cr_assert_eq(pkv_hybrid_seq_truncate(h, id, 6), PKV_ERR_RELEASED);
@@ -158,8 +160,7 @@ Test(hybrid, shared_page_block_sizes_make_equal_pages) {
         cr_assert_eq(pkv_hybrid_group_info(h, g, NULL, &bs), PKV_OK);
         cr_assert_eq(bs, want_bs[g], "group %u", g);
     }
-    pkv_seq_id id;
-    cr_assert_eq(pkv_hybrid_seq_create(h, &id), PKV_OK);
+    pkv_seq_id id = new_seq(h);
     cr_assert_eq(pkv_hybrid_append(h, id, 22, NULL), PKV_OK);
     pkv_hybrid_group_stats st;
     cr_assert_eq(pkv_hybrid_group_stats_get(h, 1, &st), PKV_OK);
@@ -215,8 +216,7 @@ Test(hybrid, partition_and_paged_pool_sizes) {
     cr_assert_eq(pkv_hybrid_create(&p, &h), PKV_OK);
     cr_assert_eq(pkv_hybrid_group_stats_get(h, 1, &st), PKV_OK);
     cr_assert_eq(st.capacity_bytes, 243 * 16 * 192, "the sliding group's part of 243 pages");
-    pkv_seq_id id;
-    cr_assert_eq(pkv_hybrid_seq_create(h, &id), PKV_OK);
+    pkv_seq_id id = new_seq(h);
     int64_t slots[3 * 40];
     cr_assert_eq(pkv_hybrid_append(h, id, 40, slots), PKV_OK);
     for (uint32_t t = 0; t < 40; t++) {
@@ -316,8 +316,7 @@ Test(hybrid, window_release_makes_room_in_a_full_pool) {
     // one block and releases one. Without counting the release the pool is full.
     pkv_kv_group gs[1] = {group(PKV_LAYER_SLIDING, 1, 2)};
     pkv_hybrid *h = make(gs, 1, PKV_HYBRID_PARTITION, 2 * 2, 1);
-    pkv_seq_id id;
-    cr_assert_eq(pkv_hybrid_seq_create(h, &id), PKV_OK);
+    pkv_seq_id id = new_seq(h);
     cr_assert_eq(pkv_hybrid_append(h, id, 2, NULL), PKV_OK); // both blocks
     uint32_t need;
     for (uint32_t i = 0; i < 10; i++) {
@@ -333,8 +332,7 @@ Test(hybrid, window_release_makes_room_in_a_full_pool) {
 Test(hybrid, exports_per_group_show_holes) {
     pkv_kv_group gs[2] = {group(PKV_LAYER_SLIDING, 1, 2), group(PKV_LAYER_FULL, 1, 0)};
     pkv_hybrid *h = make(gs, 2, PKV_HYBRID_PARTITION, 1 << 10, 2);
-    pkv_seq_id id;
-    cr_assert_eq(pkv_hybrid_seq_create(h, &id), PKV_OK);
+    pkv_seq_id id = new_seq(h);
     append_one_by_one(h, id, 6); // query at 5 sees 4..5: blocks 0, 1 released
     const pkv_block_id *t;
     uint32_t nb, first;
@@ -408,8 +406,7 @@ Test(hybrid, create_refuses_bad_parameters) {
     cr_assert_str_eq(pkv_hybrid_layout_name(PKV_HYBRID_PARTITION), "partition");
     cr_assert_str_eq(pkv_hybrid_layout_name((pkv_hybrid_layout)9), "unknown");
     cr_assert_eq(pkv_hybrid_create(&p, &h), PKV_OK);
-    pkv_seq_id id;
-    cr_assert_eq(pkv_hybrid_seq_create(h, &id), PKV_OK);
+    pkv_seq_id id = new_seq(h);
     cr_assert_eq(pkv_hybrid_seq_free(h, id), PKV_OK);
     cr_assert_eq(pkv_hybrid_seq_free(h, id), PKV_ERR_NOT_FOUND, "a stale id");
     cr_assert_eq(pkv_hybrid_append(h, id, 1, NULL), PKV_ERR_NOT_FOUND);
