@@ -242,7 +242,10 @@ uint32_t pkv_hybrid_pending_copies(const pkv_hybrid *h, uint32_t g);
 // Take group g's queued copies into copies[0..*n-1] (caller-owned, cap entries)
 // and empty the queue, as pkv_seqset_take_copies (PKV_ERR_BUFFER_TOO_SMALL: *n is
 // the number needed, nothing taken). State copies are {src slot, dst slot}: copy
-// the state of every layer of the group. Run them before the next append.
+// the state of every layer of the group, in queue order (a fork of a fork whose
+// copy has not run yet copies from a slot an earlier copy fills). Run them before
+// the next append; the contract of pkv_seqset_copies applies to both kinds (the
+// pins keep src and dst from being handed out again until the copies are taken).
 pkv_status pkv_hybrid_take_copies(pkv_hybrid *h, uint32_t g, pkv_block_copy *copies,
                                   uint32_t cap, uint32_t *n);
 
