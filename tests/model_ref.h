@@ -20,6 +20,7 @@ typedef struct ref_layer {
     const float *wo, *bo;                       // [d][q_dim], [d]
     const float *w_up, *b_up, *w_gate;          // [ff][d], [ff], [ff][d]
     const float *w_down, *b_down;               // [d][ff], [d]
+    const float *sinks;                         // [heads] attention-sink logits or NULL
 } ref_layer;
 
 typedef struct ref_model {
@@ -61,6 +62,16 @@ static inline void ref_rope(float *v, uint32_t hd, uint32_t pos, double theta) {
     }
 }
 
+// First key position a query at t sees in layer l: the layer's group rule (sliding
+// window W: t - W + 1; chunk C: the chunk's start), 0 for full attention.
+static inline uint32_t ref_first_key(const pkv_model_config *c, uint32_t l, uint32_t t) {
+    if (!c->num_kv_groups) return 0;
+    const pkv_kv_group *g = &c->kv_groups[c->layer_group[l]];
+    if (g->kind == PKV_LAYER_SLIDING) return t + 1 >= g->window ? t + 1 - g->window : 0;
+    if (g->kind == PKV_LAYER_CHUNKED) return t - t % g->window;
+    return 0;
+}
+
 // Logits after every position of tokens[0..n-1]: logits_all [n][vocab].
 static inline void ref_forward(const ref_model *r, const int32_t *tokens, uint32_t n, float *logits_all) {
     const pkv_model_config *c = &r->c;
@@ -90,18 +101,22 @@ static inline void ref_forward(const ref_model *r, const int32_t *tokens, uint32
             }
             for (uint32_t hh = 0; hh < H; hh++) {
                 uint32_t kh = hh / (H / KH);
-                double mx = -INFINITY, sum = 0.0;
-                for (uint32_t j = 0; j <= t; j++) {
+                const uint32_t j0 = ref_first_key(c, l, t);
+                // A sink is one more logit in the softmax, with no value behind it.
+                const double sink = L->sinks ? L->sinks[hh] : -INFINITY;
+                double mx = sink, sum = 0.0;
+                for (uint32_t j = j0; j <= t; j++) {
                     double s = 0.0;
                     for (uint32_t i = 0; i < hd; i++)
                         s += (double)q[hh * hd + i] * Kl[(size_t)j * kvd + kh * hd + i];
                     sc[j] = (float)(s / sqrt((double)hd));
                     if (sc[j] > mx) mx = sc[j];
                 }
-                for (uint32_t j = 0; j <= t; j++) sum += exp(sc[j] - mx);
+                if (L->sinks) sum += exp(sink - mx);
+                for (uint32_t j = j0; j <= t; j++) sum += exp(sc[j] - mx);
                 for (uint32_t i = 0; i < hd; i++) {
                     double acc = 0.0;
-                    for (uint32_t j = 0; j <= t; j++)
+                    for (uint32_t j = j0; j <= t; j++)
                         acc += exp(sc[j] - mx) / sum * Vl[(size_t)j * kvd + kh * hd + i];
                     att[hh * hd + i] = (float)acc;
                 }

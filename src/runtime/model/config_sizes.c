@@ -124,7 +124,12 @@ uint64_t pkv_model_param_count(const pkv_model_config *c) {
     uint64_t embed = (uint64_t)c->vocab_size * d;
     uint64_t pos = c->pos == PKV_POS_LEARNED ? (uint64_t)c->max_seq_len * d : 0;
     uint64_t head = c->tied_embeddings ? 0 : (uint64_t)c->vocab_size * d;
-    return embed + pos + layers + norm + head;
+    // Attention sinks: one logit per query head and layer (the runtime keeps a row for
+    // every layer when any group has them).
+    uint64_t sinks = 0;
+    for (uint32_t i = 0; i < c->num_kv_groups; i++)
+        if (c->kv_groups[i].sinks) sinks = (uint64_t)c->num_layers * c->num_heads;
+    return embed + pos + layers + norm + head + sinks;
 }
 
 uint64_t pkv_model_active_param_count(const pkv_model_config *c) {

@@ -50,9 +50,12 @@ pkv_status pkvi_model_alloc(const pkv_model_config *c, const pkv_model_params *p
     if (!c || !p || !out) return PKV_ERR_INVALID_ARG;
     *out = NULL;
     if (pkv_model_config_validate(c) != PKV_OK) return PKV_ERR_INVALID_ARG;
-    // The decoder computes full attention on every layer: a model with KV cache groups
-    // (windows, MLA, state layers) would run as another model, so it is refused.
-    if (c->num_kv_groups) return PKV_ERR_UNSUPPORTED;
+    // Layers with groups run on the CPU (hetero_cpu.c): full, sliding, chunked, sinks.
+    // MLA and state layers are not executed yet: refused rather than run as full.
+    if (c->num_kv_groups && p->device != PKV_DEVICE_CPU) return PKV_ERR_UNSUPPORTED;
+    for (uint32_t i = 0; i < c->num_kv_groups; i++)
+        if (c->kv_groups[i].kind == PKV_LAYER_MLA || c->kv_groups[i].kind == PKV_LAYER_STATE)
+            return PKV_ERR_UNSUPPORTED;
     const pkvi_ops *ops = NULL;
     if (p->device == PKV_DEVICE_CPU) {
         ops = &pkvi_model_cpu_ops;

@@ -39,6 +39,8 @@ typedef struct pkvi_weights {
     float *lnf_w;  // [d]
     float *lnf_b;  // [d]               LayerNorm only
     float *lm_head; // [vocab][d]       == wte when tied
+    float *sinks;  // [L][heads]        attention-sink logits: models whose groups have
+                   //                   sinks (gpt-oss style) only, else NULL
 } pkvi_weights;
 
 // Number of floats of the whole weight block (== pkv_model_param_count).
@@ -151,6 +153,14 @@ typedef struct pkvi_ops {
 } pkvi_ops;
 
 extern const pkvi_ops pkvi_model_cpu_ops;
+
+// ---- hetero_cpu.c: layers other than plain full attention (issue 23) ----
+// 1 when layer l is full attention without sinks (the attention library's kernels).
+int pkvi_layer_is_plain(const pkv_model_config *c, uint32_t layer);
+// Write the layer's new K/V and attend within its window, sinks included (fp32
+// stores, paged or contiguous; PKV_ERR_UNSUPPORTED for other dtypes).
+pkv_status pkvi_hetero_attention_cpu(struct pkv_model *m, uint32_t layer, const pkvi_call *call,
+                                     const pkvi_kv_target *kv);
 #if PKV_HAVE_CUDA
 extern const pkvi_ops pkvi_model_cuda_ops;
 #endif
