@@ -55,6 +55,16 @@ static ref_model ref_of(const pkv_model *m) {
         L->sinks = c->num_kv_groups && c->kv_groups[c->layer_group[l]].sinks
                        ? w->sinks + l * c->num_heads
                        : NULL;
+        // MLA layers: their projections in w_mla, in the order the header documents.
+        if (c->num_kv_groups && c->kv_groups[c->layer_group[l]].kind == PKV_LAYER_MLA) {
+            const pkv_kv_group *g = &c->kv_groups[c->layer_group[l]];
+            const size_t r = g->latent_dim, dr = g->rope_dim, H = c->num_heads, hd = c->head_dim;
+            const size_t per = H * dr * d + (r + dr) * d + 2 * H * hd * r;
+            L->w_qr = w->w_mla + l * per;
+            L->w_dkv = L->w_qr + H * dr * d;
+            L->w_uk = L->w_dkv + (r + dr) * d;
+            L->w_uv = L->w_uk + H * hd * r;
+        }
         L->wq = w->wqkv + l * qkv * d;
         L->wk = L->wq + qd * d;
         L->wv = L->wk + kvd * d;
@@ -879,6 +889,17 @@ static pkv_model_config small_hetero_config(void) {
     return c;
 }
 
+// small_hetero_config with its full layer made MLA (latent 16 + rope 4): every kind
+// the CPU decoder runs, in one model.
+static pkv_model_config small_mla_mix_config(void) {
+    pkv_model_config c = small_hetero_config();
+    strcpy(c.name, "small-mla-mix");
+    const pkv_kv_group mla = {PKV_LAYER_MLA, 1, 0, 0, 0, 16, 4, 0, 0};
+    c.kv_groups[2] = mla;
+    cr_assert_eq(pkv_model_config_validate(&c), PKV_OK);
+    return c;
+}
+
 static pkv_model_config preset(const char *name) {
     pkv_model_config c;
     cr_assert_eq(pkv_model_preset(name, &c), PKV_OK);
@@ -890,6 +911,10 @@ Test(model_hetero, nocache_matches_the_windowed_reference) {
     check_against_reference(&swa, 41); // window 16: lengths 1..41 leave it
     pkv_model_config h = small_hetero_config();
     check_against_reference(&h, 30);
+    pkv_model_config mla = preset("tiny-mla");
+    check_against_reference(&mla, 21);
+    pkv_model_config mix = small_mla_mix_config();
+    check_against_reference(&mix, 30);
 }
 
 Test(model_hetero, paged_prefill_and_decode_match_the_windowed_reference) {
@@ -898,6 +923,10 @@ Test(model_hetero, paged_prefill_and_decode_match_the_windowed_reference) {
     pkv_model_config h = small_hetero_config();
     check_paged_steps(&h, 4, PKV_LAYOUT_HND);
     check_paged_steps(&h, 3, PKV_LAYOUT_NHD);
+    pkv_model_config mla = preset("tiny-mla");
+    check_paged_steps(&mla, 4, PKV_LAYOUT_HND);
+    pkv_model_config mix = small_mla_mix_config();
+    check_paged_steps(&mix, 4, PKV_LAYOUT_NHD);
 }
 
 // Cache == recompute: a paged prefill of 6 tokens, then 34 single-token decodes (past
@@ -943,11 +972,13 @@ static void check_cache_equals_recompute(const pkv_model_config *c) {
 Test(model_hetero, cached_decode_equals_recompute_per_layer_kind) {
     pkv_model_config swa = preset("tiny-swa");
     check_cache_equals_recompute(&swa);
-    pkv_model_config h = small_hetero_config();
+    pkv_model_config h = small_mla_mix_config();
     check_cache_equals_recompute(&h);
+    pkv_model_config mla = preset("tiny-mla");
+    check_cache_equals_recompute(&mla);
     // One kind at a time, so that a failure names the kind.
     for (uint32_t k = 0; k < 4; k++) {
-        pkv_model_config one = small_hetero_config();
+        pkv_model_config one = small_mla_mix_config();
         for (uint32_t l = 0; l < 4; l++) one.kv_groups[l] = h.kv_groups[k];
         one.num_kv_groups = 1;
         one.kv_groups[0].num_layers = 4;
@@ -981,9 +1012,11 @@ Test(model_hetero, window_and_sinks_change_the_logits) {
 Test(model_hetero, unsupported_layers_and_stores_are_refused) {
     pkv_model_params p = pkv_model_params_default();
     pkv_model *m = NULL;
-    pkv_model_config mla = preset("tiny-mla"), hyb = preset("tiny-hybrid");
-    cr_expect_eq(pkv_model_create(&mla, &p, &m), PKV_ERR_UNSUPPORTED);
-    cr_expect_eq(pkv_model_create(&hyb, &p, &m), PKV_ERR_UNSUPPORTED);
+    pkv_model_config hyb = preset("tiny-hybrid"), mix = small_mla_mix_config();
+    cr_expect_eq(pkv_model_create(&hyb, &p, &m), PKV_ERR_UNSUPPORTED); // its state layer
+    // MLA whose per-layer scratch does not fit the K/V scratch (heads x rope > kv dim).
+    mix.kv_groups[2].rope_dim = 8;
+    cr_expect_eq(pkv_model_create(&mix, &p, &m), PKV_ERR_UNSUPPORTED);
     p.device = PKV_DEVICE_CUDA;
     pkv_model_config swa = preset("tiny-swa");
     cr_expect_eq(pkv_model_create(&swa, &p, &m), PKV_ERR_UNSUPPORTED);

@@ -129,7 +129,16 @@ uint64_t pkv_model_param_count(const pkv_model_config *c) {
     uint64_t sinks = 0;
     for (uint32_t i = 0; i < c->num_kv_groups; i++)
         if (c->kv_groups[i].sinks) sinks = (uint64_t)c->num_layers * c->num_heads;
-    return embed + pos + layers + norm + head + sinks;
+    // MLA: the runtime's extra projections (pkvi_mla_layer_floats's layout) per layer.
+    uint64_t mla = 0;
+    for (uint32_t i = 0; i < c->num_kv_groups; i++) {
+        const pkv_kv_group *g = &c->kv_groups[i];
+        if (g->kind != PKV_LAYER_MLA) continue;
+        const uint64_t r = g->latent_dim, dr = g->rope_dim, H = c->num_heads, hd = c->head_dim;
+        mla = (uint64_t)c->num_layers * (H * dr * d + (r + dr) * d + 2 * H * hd * r);
+        break;
+    }
+    return embed + pos + layers + norm + head + sinks + mla;
 }
 
 uint64_t pkv_model_active_param_count(const pkv_model_config *c) {
