@@ -20,6 +20,10 @@ typedef struct ref_layer {
     const float *wo, *bo;                       // [d][q_dim], [d]
     const float *w_up, *b_up, *w_gate;          // [ff][d], [ff], [ff][d]
     const float *w_down, *b_down;               // [d][ff], [d]
+    const float *sinks;                         // [heads] attention-sink logits or NULL
+    // MLA layers: [heads dr][d] rotated query part, [r + dr][d] latent and rotated key,
+    // [heads hd][r] key and value up-projections (NULL for other layers)
+    const float *w_qr, *w_dkv, *w_uk, *w_uv;
 } ref_layer;
 
 typedef struct ref_model {
@@ -61,6 +65,53 @@ static inline void ref_rope(float *v, uint32_t hd, uint32_t pos, double theta) {
     }
 }
 
+// First key position a query at t sees in layer l: the layer's group rule (sliding
+// window W: t - W + 1; chunk C: the chunk's start), 0 for full attention.
+static inline uint32_t ref_first_key(const pkv_model_config *c, uint32_t l, uint32_t t) {
+    if (!c->num_kv_groups) return 0;
+    const pkv_kv_group *g = &c->kv_groups[c->layer_group[l]];
+    if (g->kind == PKV_LAYER_SLIDING) return t + 1 >= g->window ? t + 1 - g->window : 0;
+    if (g->kind == PKV_LAYER_CHUNKED) return t - t % g->window;
+    return 0;
+}
+
+// An MLA layer's attention for the query at t, K and V expanded from the latents (not
+// absorbed as the runtime does): k_j = [W_uk c_j, k_r j], v_j = W_uv c_j, per head.
+// Lat: [t + 1][r + dr] latents with their rotated keys; q [heads][hd]; qr [heads][dr].
+static inline void ref_mla_attend(const pkv_model_config *c, const ref_layer *L, uint32_t r,
+                                  uint32_t dr, const float *Lat, uint32_t t, const float *q,
+                                  const float *qr, float *att) {
+    const uint32_t H = c->num_heads, hd = c->head_dim, n = r + dr;
+    double *sc = calloc(t + 1, sizeof(double)), *kn = calloc(hd, sizeof(double));
+    for (uint32_t hh = 0; hh < H; hh++) {
+        double mx = -INFINITY, sum = 0.0;
+        for (uint32_t j = 0; j <= t; j++) {
+            const float *cj = Lat + (size_t)j * n;
+            double s = 0.0;
+            for (uint32_t a = 0; a < hd; a++) {
+                kn[a] = 0.0;
+                for (uint32_t b = 0; b < r; b++) kn[a] += (double)L->w_uk[((size_t)hh * hd + a) * r + b] * cj[b];
+                s += q[hh * hd + a] * kn[a];
+            }
+            for (uint32_t b = 0; b < dr; b++) s += (double)qr[hh * dr + b] * cj[r + b];
+            sc[j] = s / sqrt((double)(hd + dr));
+            if (sc[j] > mx) mx = sc[j];
+        }
+        for (uint32_t j = 0; j <= t; j++) sum += exp(sc[j] - mx);
+        for (uint32_t a = 0; a < hd; a++) {
+            double acc = 0.0;
+            for (uint32_t j = 0; j <= t; j++) {
+                double v = 0.0;
+                for (uint32_t b = 0; b < r; b++)
+                    v += (double)L->w_uv[((size_t)hh * hd + a) * r + b] * Lat[(size_t)j * n + b];
+                acc += exp(sc[j] - mx) / sum * v;
+            }
+            att[hh * hd + a] = (float)acc;
+        }
+    }
+    free(sc), free(kn);
+}
+
 // Logits after every position of tokens[0..n-1]: logits_all [n][vocab].
 static inline void ref_forward(const ref_model *r, const int32_t *tokens, uint32_t n, float *logits_all) {
     const pkv_model_config *c = &r->c;
@@ -81,6 +132,18 @@ static inline void ref_forward(const ref_model *r, const int32_t *tokens, uint32
             float *Kl = K + (size_t)l * n * kvd, *Vl = Vv + (size_t)l * n * kvd;
             ref_norm(c, xt, L->ln1_w, L->ln1_b, h);
             ref_matvec(qd, d, L->wq, L->bq, h, q);
+            if (L->w_dkv) { // MLA: the latent (with its rotated key) replaces K and V
+                const pkv_kv_group *g = &c->kv_groups[c->layer_group[l]];
+                const uint32_t r = g->latent_dim, dr = g->rope_dim;
+                float *qr = calloc((size_t)H * dr, sizeof(float));
+                ref_matvec(H * dr, d, L->w_qr, NULL, h, qr);
+                ref_matvec(r + dr, d, L->w_dkv, NULL, h, Kl + (size_t)t * (r + dr));
+                for (uint32_t hh = 0; hh < H; hh++) ref_rope(qr + hh * dr, dr, t, c->rope_theta);
+                ref_rope(Kl + (size_t)t * (r + dr) + r, dr, t, c->rope_theta);
+                ref_mla_attend(c, L, r, dr, Kl, t, q, qr, att);
+                free(qr);
+                goto attended;
+            }
             ref_matvec(kvd, d, L->wk, L->bk, h, Kl + (size_t)t * kvd);
             ref_matvec(kvd, d, L->wv, L->bv, h, Vl + (size_t)t * kvd);
             if (c->pos == PKV_POS_ROPE) {
@@ -90,22 +153,27 @@ static inline void ref_forward(const ref_model *r, const int32_t *tokens, uint32
             }
             for (uint32_t hh = 0; hh < H; hh++) {
                 uint32_t kh = hh / (H / KH);
-                double mx = -INFINITY, sum = 0.0;
-                for (uint32_t j = 0; j <= t; j++) {
+                const uint32_t j0 = ref_first_key(c, l, t);
+                // A sink is one more logit in the softmax, with no value behind it.
+                const double sink = L->sinks ? L->sinks[hh] : -INFINITY;
+                double mx = sink, sum = 0.0;
+                for (uint32_t j = j0; j <= t; j++) {
                     double s = 0.0;
                     for (uint32_t i = 0; i < hd; i++)
                         s += (double)q[hh * hd + i] * Kl[(size_t)j * kvd + kh * hd + i];
                     sc[j] = (float)(s / sqrt((double)hd));
                     if (sc[j] > mx) mx = sc[j];
                 }
-                for (uint32_t j = 0; j <= t; j++) sum += exp(sc[j] - mx);
+                if (L->sinks) sum += exp(sink - mx);
+                for (uint32_t j = j0; j <= t; j++) sum += exp(sc[j] - mx);
                 for (uint32_t i = 0; i < hd; i++) {
                     double acc = 0.0;
-                    for (uint32_t j = 0; j <= t; j++)
+                    for (uint32_t j = j0; j <= t; j++)
                         acc += exp(sc[j] - mx) / sum * Vl[(size_t)j * kvd + kh * hd + i];
                     att[hh * hd + i] = (float)acc;
                 }
             }
+        attended:
             ref_matvec(d, qd, L->wo, L->bo, att, o);
             for (uint32_t i = 0; i < d; i++) xt[i] += o[i];
             ref_norm(c, xt, L->ln2_w, L->ln2_b, h);

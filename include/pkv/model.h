@@ -76,7 +76,12 @@ uint64_t pkv_model_weight_bytes(const pkv_model_config *config);
 // 1, norm shifts 0) from params->seed. config, params: borrowed. *out is owned by
 // the caller. PKV_ERR_INVALID_ARG for an invalid config, PKV_ERR_OUT_OF_MEMORY if
 // the weights cannot be allocated, PKV_ERR_UNSUPPORTED / PKV_ERR_NO_DEVICE for
-// CUDA in a build without it / on a machine without a device.
+// CUDA in a build without it / on a machine without a device. A config with KV cache
+// groups (0.3.0) runs on the CPU with fp32 K/V stores only: sliding-window, chunked
+// and full layers (with or without attention sinks) and MLA layers (one MLA shape;
+// latent + rope_dim <= kv_heads x head_dim and heads x rope_dim <= kv_heads x
+// head_dim); PKV_ERR_UNSUPPORTED for CUDA, for state layers (not executed yet) and
+// for other MLA shapes; the steps return PKV_ERR_UNSUPPORTED for other store dtypes.
 pkv_status pkv_model_create(const pkv_model_config *config, const pkv_model_params *params,
                             pkv_model **out);
 

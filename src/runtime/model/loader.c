@@ -172,7 +172,7 @@ pkv_status pkv_model_save_llama2c(const pkv_model *m, const char *path) {
     const pkv_model_config *c = &m->cfg;
     if (c->norm != PKV_NORM_RMSNORM || c->ffn != PKV_FFN_SWIGLU || c->pos != PKV_POS_ROPE ||
         c->use_bias || c->head_dim * c->num_heads != c->d_model || c->d_model > INT32_MAX ||
-        c->vocab_size > INT32_MAX)
+        c->vocab_size > INT32_MAX || c->num_kv_groups) // the format has no layer kinds
         return PKV_ERR_UNSUPPORTED;
     float *block = malloc((size_t)pkvi_weights_count(c) * sizeof(float));
     if (!block) return PKV_ERR_OUT_OF_MEMORY;

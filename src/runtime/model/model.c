@@ -50,6 +50,10 @@ pkv_status pkvi_model_alloc(const pkv_model_config *c, const pkv_model_params *p
     if (!c || !p || !out) return PKV_ERR_INVALID_ARG;
     *out = NULL;
     if (pkv_model_config_validate(c) != PKV_OK) return PKV_ERR_INVALID_ARG;
+    // Layers with groups run on the CPU (hetero_cpu.c): full, sliding, chunked, sinks,
+    // MLA. State layers are not executed yet: refused rather than run as attention.
+    if (c->num_kv_groups && p->device != PKV_DEVICE_CPU) return PKV_ERR_UNSUPPORTED;
+    if (!pkvi_hetero_supported(c)) return PKV_ERR_UNSUPPORTED;
     const pkvi_ops *ops = NULL;
     if (p->device == PKV_DEVICE_CPU) {
         ops = &pkvi_model_cpu_ops;
@@ -352,13 +356,17 @@ static pkv_status run_layers(pkv_model *m, const pkvi_call *call, const pkvi_kv_
         tock(&t, &pr->other);
         // Q, K and V are three GEMMs over row ranges of the fused weight, so that
         // each lands contiguous ([T][heads][hd]) as the attention calls expect.
+        // An MLA layer projects its latent inside the attention op (hetero_cpu.c).
+        const int mla = pkvi_layer_is_mla(c, l);
         TRY(ops->linear(m, T, d, qd, s->h, wqkv, bqkv, s->q, 0));
-        TRY(ops->linear(m, T, d, kvd, s->h, wqkv + (size_t)qd * d, bqkv ? bqkv + qd : NULL,
-                        s->k, 0));
-        TRY(ops->linear(m, T, d, kvd, s->h, wqkv + (size_t)(qd + kvd) * d,
-                        bqkv ? bqkv + qd + kvd : NULL, s->v, 0));
+        if (!mla) {
+            TRY(ops->linear(m, T, d, kvd, s->h, wqkv + (size_t)qd * d, bqkv ? bqkv + qd : NULL,
+                            s->k, 0));
+            TRY(ops->linear(m, T, d, kvd, s->h, wqkv + (size_t)(qd + kvd) * d,
+                            bqkv ? bqkv + qd + kvd : NULL, s->v, 0));
+        }
         tock(&t, &pr->gemm_qkv);
-        if (c->pos == PKV_POS_ROPE) {
+        if (c->pos == PKV_POS_ROPE && !mla) {
             TRY(ops->rope(m, T, s->q, s->k));
             tock(&t, &pr->other);
         }

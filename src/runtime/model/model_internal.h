@@ -39,7 +39,18 @@ typedef struct pkvi_weights {
     float *lnf_w;  // [d]
     float *lnf_b;  // [d]               LayerNorm only
     float *lm_head; // [vocab][d]       == wte when tied
+    float *sinks;  // [L][heads]        attention-sink logits: models whose groups have
+                   //                   sinks (gpt-oss style) only, else NULL
+    // MLA (models with an MLA group; one latent shape r + dr per model), per layer
+    // [heads dr][d] W_qr, [r + dr][d] W_dkv, [heads hd][r] W_uk, [heads hd][r] W_uv;
+    // an MLA layer's query is wqkv's Q rows (heads x hd, no rotation) plus W_qr h
+    // (rotated), and its K/V rows of wqkv go unread (one layout for every layer).
+    float *w_mla;  // [L][pkvi_mla_layer_floats]  else NULL
 } pkvi_weights;
+
+// Floats of one layer's MLA weights (0 without an MLA group); *latent / *rope: the
+// model's MLA shape (the first MLA group's).
+uint64_t pkvi_mla_layer_floats(const pkv_model_config *c, uint32_t *latent, uint32_t *rope);
 
 // Number of floats of the whole weight block (== pkv_model_param_count).
 uint64_t pkvi_weights_count(const pkv_model_config *c);
@@ -151,6 +162,22 @@ typedef struct pkvi_ops {
 } pkvi_ops;
 
 extern const pkvi_ops pkvi_model_cpu_ops;
+
+// ---- hetero_cpu.c: layers other than plain full attention (issue 23) ----
+// 1 when layer l is full attention without sinks (the attention library's kernels).
+int pkvi_layer_is_plain(const pkv_model_config *c, uint32_t layer);
+// 1 when layer l is an MLA layer (no K/V projections, no rotation of q by the engine).
+int pkvi_layer_is_mla(const pkv_model_config *c, uint32_t layer);
+// 1 when the CPU decoder can run c's groups: no state group; MLA groups all of one
+// shape whose latent + rope fits one token's K row (kv_heads x head_dim) and whose
+// per-layer scratch fits the K/V scratch (heads x rope_dim <= kv_heads x head_dim).
+int pkvi_hetero_supported(const pkv_model_config *c);
+// Rotate v [hd] by position pos (pairs 2i, 2i+1; theta^(-2i / hd)).
+void pkvi_rope_head(float *v, uint32_t hd, int32_t pos, double theta);
+// Write the layer's new K/V and attend within its window, sinks included (fp32
+// stores, paged or contiguous; PKV_ERR_UNSUPPORTED for other dtypes).
+pkv_status pkvi_hetero_attention_cpu(struct pkv_model *m, uint32_t layer, const pkvi_call *call,
+                                     const pkvi_kv_target *kv);
 #if PKV_HAVE_CUDA
 extern const pkvi_ops pkvi_model_cuda_ops;
 #endif

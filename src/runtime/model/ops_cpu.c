@@ -139,7 +139,7 @@ static pkv_status cpu_linear(pkv_model *m, uint32_t T, uint32_t k, uint32_t n, c
 // Rotate interleaved pairs (2i, 2i+1) of one head by pos * theta^(-2i/hd)
 // (the llama2.c / Meta convention). The angle is computed in double so that
 // long positions keep their precision.
-static void rope_head(float *v, uint32_t hd, int32_t pos, double theta) {
+void pkvi_rope_head(float *v, uint32_t hd, int32_t pos, double theta) {
     for (uint32_t i = 0; i < hd / 2; i++) {
         double freq = pow(theta, -2.0 * (double)i / (double)hd);
         double a = (double)pos * freq;
@@ -155,10 +155,10 @@ static pkv_status cpu_rope(pkv_model *m, uint32_t T, float *q, float *k) {
     for (uint32_t t = 0; t < T; t++) {
         int32_t p = m->s.pos[t];
         for (uint32_t h = 0; h < c->num_heads; h++)
-            rope_head(q + ((size_t)t * c->num_heads + h) * c->head_dim, c->head_dim, p,
+            pkvi_rope_head(q + ((size_t)t * c->num_heads + h) * c->head_dim, c->head_dim, p,
                       c->rope_theta);
         for (uint32_t h = 0; h < c->num_kv_heads; h++)
-            rope_head(k + ((size_t)t * c->num_kv_heads + h) * c->head_dim, c->head_dim, p,
+            pkvi_rope_head(k + ((size_t)t * c->num_kv_heads + h) * c->head_dim, c->head_dim, p,
                       c->rope_theta);
     }
     return PKV_OK;
@@ -297,6 +297,7 @@ static pkv_status attend_quant(pkv_model *m, uint32_t layer, const pkvi_call *ca
 static pkv_status cpu_attention(pkv_model *m, uint32_t layer, const pkvi_call *call,
                                 const pkvi_kv_target *kv) {
     pkvi_scratch *s = &m->s;
+    if (!pkvi_layer_is_plain(&m->cfg, layer)) return pkvi_hetero_attention_cpu(m, layer, call, kv);
     if (pkv_dtype_is_quantized(kv->dtype)) {
         if (kv->kind != PKVI_KV_PAGED) return PKV_ERR_UNSUPPORTED;
         return attend_quant(m, layer, call, kv);

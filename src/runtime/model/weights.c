@@ -11,8 +11,16 @@
 // Element counts of every tensor, in block order. Absent tensors count 0.
 typedef struct layout {
     uint64_t wte, wpe, ln1_w, ln1_b, wqkv, bqkv, wo, bo, ln2_w, ln2_b, w_up, b_up, w_gate,
-        w_down, b_down, lnf_w, lnf_b, lm_head;
+        w_down, b_down, lnf_w, lnf_b, lm_head, sinks, w_mla;
 } layout;
+
+// 1 when some layer's group has attention sinks (gpt-oss): then every layer has a
+// row of per-head sink logits, read only by those layers.
+static int has_sinks(const pkv_model_config *c) {
+    for (uint32_t i = 0; i < c->num_kv_groups; i++)
+        if (c->kv_groups[i].sinks) return 1;
+    return 0;
+}
 
 static layout layout_of(const pkv_model_config *c) {
     const uint64_t L = c->num_layers, d = c->d_model, ff = c->d_ff, V = c->vocab_size;
@@ -39,13 +47,15 @@ static layout layout_of(const pkv_model_config *c) {
     l.lnf_w = d;
     l.lnf_b = ln ? d : 0;
     l.lm_head = c->tied_embeddings ? 0 : V * d;
+    l.sinks = has_sinks(c) ? L * c->num_heads : 0;
+    l.w_mla = L * pkvi_mla_layer_floats(c, NULL, NULL);
     return l;
 }
 
 static uint64_t layout_total(const layout *l) {
     return l->wte + l->wpe + l->ln1_w + l->ln1_b + l->wqkv + l->bqkv + l->wo + l->bo +
            l->ln2_w + l->ln2_b + l->w_up + l->b_up + l->w_gate + l->w_down + l->b_down +
-           l->lnf_w + l->lnf_b + l->lm_head;
+           l->lnf_w + l->lnf_b + l->lm_head + l->sinks + l->w_mla;
 }
 
 uint64_t pkvi_weights_count(const pkv_model_config *c) {
@@ -79,6 +89,8 @@ void pkvi_weights_carve(const pkv_model_config *c, float *base, pkvi_weights *w)
     CARVE(lnf_w);
     CARVE(lnf_b);
     CARVE(lm_head);
+    CARVE(sinks);
+    CARVE(w_mla);
 #undef CARVE
     if (!w->lm_head) w->lm_head = w->wte;
 }
@@ -129,4 +141,7 @@ void pkvi_weights_init_random(const pkv_model_config *c, uint64_t seed, float *b
     fill_const(w.lnf_w, l.lnf_w, 1.0f);
     if (w.lnf_b) fill_const(w.lnf_b, l.lnf_b, 0.0f);
     if (l.lm_head) fill_uniform(w.lm_head, l.lm_head, hw, &state);
+    // Sink logits of the order of the scores' spread, so that the sink shifts weight.
+    if (w.sinks) fill_uniform(w.sinks, l.sinks, 2.0f, &state);
+    if (w.w_mla) fill_uniform(w.w_mla, l.w_mla, hw, &state);
 }
