@@ -20,7 +20,6 @@
 #include <omp.h>
 #endif
 
-#include "attn_cpu_pages.h"
 #include "attn_cpu_rows.h"
 #include "attn_internal.h"
 #include "half.h"
@@ -113,8 +112,6 @@ PKVI_CLONES static void attend(const pkv_attn_shape *shape, const kv_view *kv, u
     const void *vr[TILE_T];
     const void *kn[TILE_T];
     const void *vn[TILE_T];
-    const void *kf[TILE_T];
-    const void *vf[TILE_T];
     const int quad = 4 * d <= PKV_ATTN_CPU_MAX_HEAD_DIM;
     // f16c != 0 means AVX2 + FMA + F16C: 16-bit rows go through the fused kernels.
     const int fused = f16c && dt != PKV_DTYPE_F32;
@@ -135,18 +132,6 @@ PKVI_CLONES static void attend(const pkv_attn_shape *shape, const kv_view *kv, u
         if (tp < len) {
             nn = len - tp < TILE_T ? len - tp : TILE_T;
             row_addrs(kv, tp, nn, kn, vn);
-        }
-        // Address translations further ahead (attn_cpu_pages.h); kf/vf are reused.
-        const uint32_t tf = t0 + PKVI_PAGE_TILES * TILE_T;
-        if (tf < len) {
-            const uint32_t nf = len - tf < TILE_T ? len - tf : TILE_T;
-            row_addrs(kv, tf, nf, kf, vf);
-            uintptr_t kp = UINTPTR_MAX;
-            uintptr_t vp = UINTPTR_MAX;
-            for (uint32_t r = 0; r < nf; r++) {
-                pkvi_touch_page(kf[r], &kp);
-                pkvi_touch_page(vf[r], &vp);
-            }
         }
         uint32_t i = 0;
         // Rows four at a time while four converted rows fit the row buffer.

@@ -21,7 +21,6 @@
 #include <omp.h>
 #endif
 
-#include "attn_cpu_pages.h"
 #include "attn_internal.h"
 #include "half.h"
 #include "quant.h"
@@ -466,10 +465,8 @@ static void rows_of(const qview *qv, uint32_t t0, uint32_t n, const uint8_t **kr
 
 // Prefetch the int8 scales of tokens t0..t0+n-1: a 64-byte line holds 16 of a
 // head's 4-byte scales, and paged scales sit at the end of each block, where no
-// hardware stream prefetcher follows them (fp8 has none). far: into L2 only, as
-// the page touches of attn_cpu_pages.h (the scales are on another page than the
-// block's rows); else into L1.
-static void prefetch_scales(const qview *qv, uint32_t t0, uint32_t n, int far) {
+// hardware stream prefetcher follows them (fp8 has none).
+static void prefetch_scales(const qview *qv, uint32_t t0, uint32_t n) {
 #if defined(__GNUC__)
     if (!qv->int8) {
         return;
@@ -480,19 +477,13 @@ static void prefetch_scales(const qview *qv, uint32_t t0, uint32_t n, int far) {
             o = (size_t)qv->table[t / qv->block_size] * qv->block_stride +
                 (size_t)(t % qv->block_size) * qv->scale_token;
         }
-        if (far) {
-            __builtin_prefetch(qv->ks + o, 0, 1);
-            __builtin_prefetch(qv->vs + o, 0, 1);
-        } else {
-            __builtin_prefetch(qv->ks + o, 0, 3);
-            __builtin_prefetch(qv->vs + o, 0, 3);
-        }
+        __builtin_prefetch(qv->ks + o, 0, 3);
+        __builtin_prefetch(qv->vs + o, 0, 3);
     }
 #else
     (void)qv;
     (void)t0;
     (void)n;
-    (void)far;
 #endif
 }
 
@@ -532,8 +523,6 @@ static void attend_q(const pkv_attn_shape *shape, const pkv_attn_kv_quant *qz, c
     const uint8_t *vr[TILE_T];
     const uint8_t *kn[TILE_T];
     const uint8_t *vn[TILE_T];
-    const uint8_t *kf[TILE_T];
-    const uint8_t *vf[TILE_T];
     // Several query heads per row: widen each group of four rows once (fits the
     // row buffer while 4 d <= PKV_ATTN_CPU_MAX_HEAD_DIM); one head: fused loads.
     const int widen = avx2 && group > 1 && 4 * d <= PKV_ATTN_CPU_MAX_HEAD_DIM;
@@ -546,20 +535,7 @@ static void attend_q(const pkv_attn_shape *shape, const pkv_attn_kv_quant *qz, c
         if (tp < len) {
             nn = len - tp < TILE_T ? len - tp : TILE_T;
             rows_of(qv, tp, nn, kn, vn, NULL, NULL);
-            prefetch_scales(qv, tp, nn, 0);
-        }
-        // Address translations further ahead (attn_cpu_pages.h); kf/vf are reused.
-        const uint32_t tf = t0 + PKVI_PAGE_TILES * TILE_T;
-        if (tf < len) {
-            const uint32_t nf = len - tf < TILE_T ? len - tf : TILE_T;
-            rows_of(qv, tf, nf, kf, vf, NULL, NULL);
-            uintptr_t kp = UINTPTR_MAX;
-            uintptr_t vp = UINTPTR_MAX;
-            for (uint32_t r = 0; r < nf; r++) {
-                pkvi_touch_page(kf[r], &kp);
-                pkvi_touch_page(vf[r], &vp);
-            }
-            prefetch_scales(qv, tf, nf, 1);
+            prefetch_scales(qv, tp, nn);
         }
         uint32_t i = 0;
 #if QX86
