@@ -259,17 +259,37 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
+typedef struct result {
+    pkv_dtype dt;
+    uint32_t batch, ctx;
+    double tp, tc;     // seconds, best of the timed calls
+    double mp, mc;     // seconds, medians
+    double cp, cc;     // CPU seconds of all threads per call (cpu_now), medians
+    double kv_bytes;   // K + V bytes read per call
+    int skipped;
+} result;
+
 #define MAX_SAMPLES 4096
 
 // Alternate paged and contiguous calls until each has run min_time. Reports the
 // best (minimum) time of each, the figure least disturbed by other processes on a
-// shared machine, and the medians.
+// shared machine, the medians, and the median CPU time of the calls: on a machine
+// whose cores are shared with other work, a call's wall time includes the time its
+// threads waited for a core, while its CPU time counts only the cycles they ran
+// (memory stalls included), so the CPU-time ratio is the one that other load
+// moves least.
 typedef pkv_status (*call_fn)(void *ctx, int paged);
 
-static int time_pair(call_fn fn, void *ctx, double min_time, double *tp, double *tc,
-                     double *mp, double *mc) {
+static double median_of(double *x, int n) {
+    qsort(x, (size_t)n, sizeof(double), cmp_double);
+    return x[n / 2];
+}
+
+static int time_pair(call_fn fn, void *ctx, double min_time, result *r) {
     static double sp[MAX_SAMPLES];
     static double sc[MAX_SAMPLES];
+    static double up[MAX_SAMPLES];
+    static double uc[MAX_SAMPLES];
     if (fn(ctx, 1) != PKV_OK || fn(ctx, 0) != PKV_OK) { // warm-up
         return -1;
     }
@@ -277,26 +297,31 @@ static int time_pair(call_fn fn, void *ctx, double min_time, double *tp, double 
     double total_c = 0;
     int n = 0;
     while (n < MAX_SAMPLES && (n < 3 || total_p < min_time || total_c < min_time)) {
+        double u0 = cpu_now();
         double t0 = now();
         pkv_status a = fn(ctx, 1);
         double t1 = now();
+        double u1 = cpu_now();
         pkv_status b = fn(ctx, 0);
         double t2 = now();
+        double u2 = cpu_now();
         if (a != PKV_OK || b != PKV_OK) {
             return -1;
         }
         sp[n] = t1 - t0;
         sc[n] = t2 - t1;
+        up[n] = u1 - u0;
+        uc[n] = u2 - u1;
         total_p += sp[n];
         total_c += sc[n];
         n++;
     }
-    qsort(sp, (size_t)n, sizeof(double), cmp_double);
-    qsort(sc, (size_t)n, sizeof(double), cmp_double);
-    *tp = sp[0];
-    *tc = sc[0];
-    *mp = sp[n / 2];
-    *mc = sc[n / 2];
+    r->mp = median_of(sp, n);
+    r->mc = median_of(sc, n);
+    r->tp = sp[0];
+    r->tc = sc[0];
+    r->cp = median_of(up, n);
+    r->cc = median_of(uc, n);
     return 0;
 }
 
@@ -494,15 +519,6 @@ static int make_host(const opts *o, pkv_dtype dt, uint32_t batch, uint32_t ctx, 
     return 0;
 }
 
-typedef struct result {
-    pkv_dtype dt;
-    uint32_t batch, ctx;
-    double tp, tc;     // seconds, best of the timed calls
-    double mp, mc;     // seconds, medians
-    double kv_bytes;   // K + V bytes read per call
-    int skipped;
-} result;
-
 static void set_descs(const opts *o, uint32_t batch, const host_data *h, const void *pk,
                       const void *pv, const void *ck, const void *cv, const int32_t *table,
                       const int32_t *lens, pkv_attn_paged_kv *pkv, pkv_attn_contig_kv *ckv) {
@@ -621,7 +637,7 @@ static int run_gpu_point(const opts *o, const host_data *h, pkv_dtype dt, uint32
         c.out = dout;
         set_descs(o, batch, h, pk, pv, ck, cv, tab, lens, &c.pkv, &c.ckv);
         c.co = (pkv_attn_cuda_opts){ws, wsb, 0, (uint32_t)sms, 0};
-        rc = time_pair(gpu_call, &c, o->min_time, &r->tp, &r->tc, &r->mp, &r->mc);
+        rc = time_pair(gpu_call, &c, o->min_time, r);
     }
     *splits = ns;
     cudaFree(pk);
@@ -654,12 +670,17 @@ static void print_json(FILE *f, const opts *op, const char *mode, int nt, double
                "\"paged_us\":%.3f,\"contig_us\":%.3f,\"paged_median_us\":%.3f,"
                "\"contig_median_us\":%.3f,\"ratio\":%.4f,\"paged_gbs\":%.3f,"
                "\"contig_gbs\":%.3f,\"paged_frac_copy\":%.4f,\"contig_frac_copy\":%.4f,"
-               "\"splits\":%u}",
+               "\"splits\":%u",
                first ? "" : ",", pkv_dtype_name(r->dt), r->batch, r->ctx, r->kv_bytes,
                r->tp * 1e6, r->tc * 1e6, r->mp * 1e6, r->mc * 1e6, r->tp / r->tc,
                r->kv_bytes / r->tp / 1e9,
                r->kv_bytes / r->tc / 1e9, r->kv_bytes / r->tp / copy_bw,
                r->kv_bytes / r->tc / copy_bw, splits[i]);
+        if (!o.gpu) { // the host threads' CPU time is the kernel's only on the CPU
+            fprintf(f, ",\"paged_cpu_us\":%.3f,\"contig_cpu_us\":%.3f,\"cpu_ratio\":%.4f",
+                    r->cp * 1e6, r->cc * 1e6, r->cp / r->cc);
+        }
+        fprintf(f, "}");
         first = 0;
     }
     fprintf(f, "]}\n");
@@ -773,9 +794,8 @@ int main(int argc, char **argv) {
                     // them through a second context that differs only there.
                     cpu_ctx cc = c;
                     cc.qz = q8 ? &cqz : NULL;
-                    rc = q8 ? time_pair(cpu_call_q8, (cpu_ctx *[2]){&c, &cc}, o.min_time, &r->tp,
-                                        &r->tc, &r->mp, &r->mc)
-                            : time_pair(cpu_call, &c, o.min_time, &r->tp, &r->tc, &r->mp, &r->mc);
+                    rc = q8 ? time_pair(cpu_call_q8, (cpu_ctx *[2]){&c, &cc}, o.min_time, r)
+                            : time_pair(cpu_call, &c, o.min_time, r);
                 }
                 free_host(&h);
                 if (rc != 0) {
@@ -809,9 +829,13 @@ int main(int argc, char **argv) {
            o.gpu ? "cudaMemcpy device-to-device" : "memcpy", copy_bw / 1e9);
     printf("times: best of the timed calls (medians in --json); K/V MiB = bytes one call\n"
            "reads (points below the last-level cache size may be served from cache).\n");
+    if (!o.gpu) {
+        printf("cpu_ratio: paged/contiguous median CPU time of all threads per call (counts\n"
+               "the cycles the calls ran, not time spent waiting for a core).\n");
+    }
     printf("%-5s %5s %7s %7s %11s %11s %7s %9s %9s %7s %7s%s\n", "dtype", "batch", "context",
            "KV_MiB", "paged_us", "contig_us", "ratio", "paged_GBs", "contig_GB", "p_copy",
-           "c_copy", o.gpu ? " splits" : "");
+           "c_copy", o.gpu ? " splits" : " cpu_ratio");
     for (uint32_t i = 0; i < nres; i++) {
         const result *r = &res[i];
         if (r->skipped) {
@@ -825,6 +849,8 @@ int main(int argc, char **argv) {
                100.0 * r->kv_bytes / r->tp / copy_bw, 100.0 * r->kv_bytes / r->tc / copy_bw);
         if (o.gpu) {
             printf(" %6u", splits[i]);
+        } else {
+            printf(" %9.3f", r->cp / r->cc);
         }
         printf("\n");
     }
