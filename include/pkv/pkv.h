@@ -14,6 +14,7 @@
 #include "pkv/block_hash.h"
 #include "pkv/prefix_pool.h"
 #include "pkv/hybrid_hit.h"
+#include "pkv/hybrid.h"
 #include "pkv/attention.h"
 #include "pkv/model_config.h"
 #include "pkv/model.h"

@@ -1,0 +1,29 @@
+// SPDX-License-Identifier: MIT
+// libFuzzer harness for the hybrid KV manager (hybrid.h): the input's bytes are
+// the choices of the randomized model test (tests/hybrid_world.h): groups, layout,
+// block sizes and budget first, then the operations (create, append, batch
+// append, fork, truncate, free), each checked against the reference model of
+// tokens, window holes and states, with pkv_hybrid_validate after every one and
+// every block back in its pool at the end.
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#define HW_CHECK(cond, ...)                                                                        \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "%s:%d: check failed: %s: ", __FILE__, __LINE__, #cond);               \
+            fprintf(stderr, __VA_ARGS__);                                                          \
+            fputc('\n', stderr);                                                                   \
+            abort();                                                                               \
+        }                                                                                          \
+    } while (0)
+#include "tests/hybrid_world.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    if (size == 0) return 0;
+    run_world(data, size, 0, UINT32_MAX);
+    return 0;
+}

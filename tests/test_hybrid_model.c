@@ -1,0 +1,12 @@
+// SPDX-License-Identifier: MIT
+// Randomized model-based test of the hybrid KV manager: 60 seeded worlds (random
+// groups, layout and sizes) of 600 random operations each, every one checked
+// against the reference model of tests/hybrid_world.h.
+#include <criterion/criterion.h>
+
+#define HW_CHECK(cond, ...) cr_assert(cond, "check failed: " #cond ": " __VA_ARGS__)
+#include "hybrid_world.h"
+
+Test(hybrid_model, random_groups_layouts_and_operations, .timeout = 300) {
+    for (uint64_t seed = 1; seed <= 60; seed++) run_world(NULL, 0, seed, 600);
+}
