@@ -71,23 +71,19 @@ static uint32_t rnd(world *w, uint32_t n) { // 0..n-1
 
 static int is_state(const world *w, uint32_t g) { return w->groups[g].kind == PKV_LAYER_STATE; }
 
-// The window rule, written independently of the library: blocks released when a
-// sequence of length p is appended to.
-static uint32_t dead_blocks(const world *w, uint32_t g, uint32_t p) {
-    const pkv_kv_group *k = &w->groups[g];
-    if (w->layout == PKV_HYBRID_PAGED) return 0;
-    uint32_t first = 0;
-    if (k->kind == PKV_LAYER_SLIDING) first = p + 1 > k->window ? p + 1 - k->window : 0;
-    else if (k->kind == PKV_LAYER_CHUNKED) first = p - p % k->window;
-    return first / w->bs[g];
-}
-
+// The window rule, written independently of the library: the first token a
+// query at p still sees (0 in PAGED, which releases nothing).
 static uint32_t first_live(const world *w, uint32_t g, uint32_t p) {
     const pkv_kv_group *k = &w->groups[g];
     if (w->layout == PKV_HYBRID_PAGED) return 0;
     if (k->kind == PKV_LAYER_SLIDING) return p + 1 > k->window ? p + 1 - k->window : 0;
     if (k->kind == PKV_LAYER_CHUNKED) return p - p % k->window;
     return 0;
+}
+
+// Blocks of token group g released when a sequence of length p is appended to.
+static uint32_t dead_blocks(const world *w, uint32_t g, uint32_t p) {
+    return is_state(w, g) ? 0 : first_live(w, g, p) / w->bs[g];
 }
 
 // Choose groups, layout and sizes (from the seed, or from w->in when set) and

@@ -6,18 +6,10 @@
 // tokens, window holes and states, with pkv_hybrid_validate after every one and
 // every block back in its pool at the end.
 #include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
 
-#define HW_CHECK(cond, ...)                                                                        \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "%s:%d: check failed: %s: ", __FILE__, __LINE__, #cond);               \
-            fprintf(stderr, __VA_ARGS__);                                                          \
-            fputc('\n', stderr);                                                                   \
-            abort();                                                                               \
-        }                                                                                          \
-    } while (0)
+#include "fuzz_common.h"
+
+#define HW_CHECK CHECK
 #include "tests/hybrid_world.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
