@@ -37,6 +37,7 @@
 #include <stdint.h>
 
 #include "pkv/block_hash.h"
+#include "pkv/hybrid_hit.h"
 #include "pkv/pool.h"
 #include "pkv/status.h"
 
@@ -198,6 +199,28 @@ pkv_status pkv_prefix_pool_take_events(pkv_prefix_pool *pool, const pkv_kv_event
 // O(num_blocks) check: queue links, free count, refcounts, cache table and
 // duplicate lists agree. PKV_OK or PKV_ERR_CORRUPT.
 pkv_status pkv_prefix_pool_validate(const pkv_prefix_pool *pool);
+
+// Hybrid models (issue 23): the longest prefix hit common to several KV cache
+// groups of this pool, vLLM's hybrid coordinator. Group g of the array is the pool's
+// group g; its request block hashes (computed at its own block size) are
+// hashes[0..num_hashes-1]. Every hash is looked up on its own (a sliding-window
+// group may have lost early blocks and still hit), the hit follows hybrid_hit.h's
+// rules (rule.cached is ignored: the pool fills it), and ids[0..hit / block_size - 1]
+// (caller-owned, num_hashes entries) receive the blocks to reuse, PKV_NULL_BLOCK for
+// those the group does not need (before its window; every block of a state group but
+// the last). Read-only, like find_prefix: touch the non-null blocks to use them.
+typedef struct pkv_hybrid_lookup {
+    pkv_hit_group rule;             // kind, window, block_size (num_blocks, cached: unused)
+    const pkv_block_hash *hashes;   // the request's full blocks in this group
+    uint32_t num_hashes;
+    pkv_block_id *ids;              // out: num_hashes entries
+    uint32_t num_ids;               // out: hit_tokens / block_size
+} pkv_hybrid_lookup;
+// PKV_ERR_INVALID_ARG: NULL, num_groups 0 or above the pool's groups or
+// PKV_MAX_KV_GROUPS, a bad rule (hybrid_hit.h) or hash; PKV_ERR_OUT_OF_MEMORY.
+pkv_status pkv_prefix_pool_find_hybrid_prefix(const pkv_prefix_pool *pool, pkv_hybrid_lookup *groups,
+                                              uint32_t num_groups, uint32_t max_tokens,
+                                              uint32_t *hit_tokens);
 
 #ifdef __cplusplus
 }

@@ -29,6 +29,8 @@ from ._core import (  # noqa: F401
     Corrupt,
     FileError,
     FormatError,
+    HybridKV,
+    HybridStep,
     InvalidArgument,
     KVCache,
     KV_EVENT_FIELDS,
@@ -40,6 +42,7 @@ from ._core import (  # noqa: F401
     PagedKVError,
     PrefixCache,
     PrefixPool,
+    Released,
     SeqSet,
     StepResult,
     Unsupported,
@@ -75,11 +78,11 @@ def __dir__():
 
 
 __all__ = [
-    "BlockPool", "SeqSet", "PrefixCache", "KVCache", "StepResult", "Trace",
+    "BlockPool", "SeqSet", "PrefixCache", "KVCache", "StepResult", "HybridKV", "HybridStep", "Trace",
     "load_trace", "parse_trace", "make_trace", "generate_trace", "replay", "ReplayReport",
     "sweep", "SweepReport", "SweepError",
     "PagedKVError", "InvalidArgument", "OutOfBlocks", "OutOfMemory", "NotFound",
     "Unsupported", "NoDevice", "BackendError", "Corrupt", "BufferTooSmall", "FileError",
-    "FormatError", "Busy", "LimitExceeded", "status_str", "POLICIES", "MODEL_PRESETS", "GPU_PRESETS",
+    "FormatError", "Busy", "LimitExceeded", "Released", "status_str", "POLICIES", "MODEL_PRESETS", "GPU_PRESETS",
     "TRACE_DTYPE", "HAVE_BATCH", "HAVE_CUDA", "POOL_MAX_BLOCKS",
 ]

@@ -30,6 +30,8 @@ static struct {
     {PKV_ERR_BUSY, "Busy", NULL, "The object is bound elsewhere or in use."},
     {PKV_ERR_LIMIT, "LimitExceeded", NULL, "A count would pass its limit (refcount, live "
                                              "sequences)."},
+    {PKV_ERR_RELEASED, "Released", NULL, "The tokens asked for were released by a sliding "
+                                         "window or chunk (hybrid models); nothing changed."},
 };
 static PyObject *base_error; // pagedkv.PagedKVError
 

@@ -45,7 +45,7 @@ PyMODINIT_FUNC PyInit__core(void) {
         pkvpy_add_type(m, "SeqSet", &pkvpy_SeqSet_Type) < 0 ||
         pkvpy_add_type(m, "PrefixCache", &pkvpy_Prefix_Type) < 0 ||
         pkvpy_add_type(m, "KVCache", &pkvpy_KVCache_Type) < 0 || pkvpy_seqset_init_types(m) < 0 ||
-        pkvpy_prefix_pool_init(m) < 0 ||
+        pkvpy_prefix_pool_init(m) < 0 || pkvpy_hybrid_init(m) < 0 ||
         PyModule_AddStringConstant(m, "__version__", PKV_VERSION_STRING) < 0 ||
         add_flag(m, "HAVE_CUDA", PKV_HAVE_CUDA) < 0 || add_flag(m, "HAVE_BATCH", have_batch) < 0 ||
         PyModule_AddIntConstant(m, "POOL_MAX_BLOCKS", PKV_POOL_MAX_BLOCKS) < 0) {

@@ -164,4 +164,9 @@ int pkvpy_trace_init(PyObject *module);
 // PrefixPool, BlockHasher and HASH_ALGOS, added to the module. 0 on success.
 int pkvpy_prefix_pool_init(PyObject *module);
 
+// ---- hybrid.c ----
+
+// HybridKV and HybridStep (the hybrid KV manager), added to the module. 0 on success.
+int pkvpy_hybrid_init(PyObject *module);
+
 #endif // PKVPY_H

@@ -449,6 +449,84 @@ static PyObject *PP_find_prefix(PrefixPoolObject *self, PyObject *args, PyObject
     return r;
 }
 
+// find_hybrid_prefix(groups, max_tokens) -> (hit_tokens, [[ids] per group]); each group
+// a tuple (kind, window, block_size, hashes), kind one of "full", "sliding", "chunked",
+// "mla", "state"; group i of the list is the pool's group i.
+static int kind_from(const char *name, pkv_layer_kind *kind) {
+    static const char *const names[] = {"full", "sliding", "chunked", "mla", "state"};
+    for (int k = 0; k < 5; k++)
+        if (strcmp(name, names[k]) == 0) {
+            *kind = (pkv_layer_kind)k;
+            return 0;
+        }
+    return -1;
+}
+
+static PyObject *PP_find_hybrid_prefix(PrefixPoolObject *self, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"groups", "max_tokens", NULL};
+    static const char what[] = "PrefixPool.find_hybrid_prefix";
+    PyObject *gobj;
+    unsigned int max_tokens;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OI:find_hybrid_prefix", kwlist, &gobj, &max_tokens))
+        return NULL;
+    PyObject *seq = PySequence_Fast(gobj, what);
+    if (!seq) return NULL;
+    Py_ssize_t ng = PySequence_Fast_GET_SIZE(seq);
+    if (ng < 1 || ng > PKV_MAX_KV_GROUPS || (uint32_t)ng > self->num_groups) {
+        Py_DECREF(seq);
+        return pkvpy_raise(PKV_ERR_INVALID_ARG, what, "%zd groups: the pool has %u (at most %d)", ng,
+                           self->num_groups, PKV_MAX_KV_GROUPS);
+    }
+    pkv_hybrid_lookup q[PKV_MAX_KV_GROUPS];
+    memset(q, 0, sizeof q);
+    PyObject *r = NULL;
+    Py_ssize_t g = 0;
+    for (; g < ng; g++) {
+        const char *kind;
+        unsigned int window, block_size;
+        PyObject *hashes;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, g), "sIIO;group: (kind, window, block_size, hashes)",
+                              &kind, &window, &block_size, &hashes))
+            goto done;
+        if (kind_from(kind, &q[g].rule.kind) < 0) {
+            pkvpy_raise(PKV_ERR_INVALID_ARG, what, "group %zd: kind '%s' is none of full, sliding, chunked, mla, state",
+                        g, kind);
+            goto done;
+        }
+        q[g].rule.window = window;
+        q[g].rule.block_size = block_size;
+        pkv_block_hash *hs = hashes_from(hashes, &q[g].num_hashes, what);
+        if (!hs) goto done;
+        q[g].hashes = hs;
+        q[g].ids = PyMem_Malloc((size_t)(q[g].num_hashes ? q[g].num_hashes : 1) * sizeof *q[g].ids);
+        if (!q[g].ids) {
+            PyErr_NoMemory();
+            g++;
+            goto done;
+        }
+    }
+    uint32_t hit = 0;
+    pkv_status st = pkv_prefix_pool_find_hybrid_prefix(self->pool, q, (uint32_t)ng, max_tokens, &hit);
+    if (st != PKV_OK) {
+        pkvpy_raise(st, what, "a rule has a block size or window of 0, or block sizes without a usable LCM");
+        goto done;
+    }
+    PyObject *lists = PyList_New(ng);
+    for (Py_ssize_t i = 0; lists && i < ng; i++) {
+        PyObject *ids = ids_to_list(q[i].ids, q[i].num_ids);
+        if (!ids) Py_CLEAR(lists);
+        else PyList_SET_ITEM(lists, i, ids);
+    }
+    if (lists) r = Py_BuildValue("(IN)", hit, lists);
+done:
+    for (Py_ssize_t i = 0; i < ng; i++) {
+        PyMem_Free((void *)q[i].hashes);
+        PyMem_Free(q[i].ids);
+    }
+    Py_DECREF(seq);
+    return r;
+}
+
 static int block_id_arg(PrefixPoolObject *self, PyObject *arg, pkv_block_id *id, const char *what) {
     long v = PyLong_AsLong(arg);
     if (v == -1 && PyErr_Occurred()) return -1;
@@ -761,6 +839,12 @@ static PyMethodDef PP_methods[] = {
      "get_cached_block(hash, group=0) -> id or None (the earliest cached under it)."},
     {"find_prefix", (PyCFunction)(void (*)(void))PP_find_prefix, METH_VARARGS | METH_KEYWORDS,
      "find_prefix(hashes, group=0) -> [ids] of the longest cached run; no side effect."},
+    {"find_hybrid_prefix", (PyCFunction)(void (*)(void))PP_find_hybrid_prefix, METH_VARARGS | METH_KEYWORDS,
+     "find_hybrid_prefix(groups, max_tokens) -> (hit_tokens, [[ids] per group]): the longest\n"
+     "prefix hit common to KV cache groups (hybrid models). groups: a (kind, window,\n"
+     "block_size, hashes) per pool group, kind 'full', 'sliding', 'chunked', 'mla' or\n"
+     "'state'; ids are the blocks to reuse, 0 (the null block) where a group needs none.\n"
+     "No side effect."},
     {"evict_block", (PyCFunction)PP_evict_block, METH_O,
      "evict_block(id) -> bool: drop the block's hash (True if it had one)."},
     {"reset", (PyCFunction)PP_reset, METH_NOARGS,

@@ -162,3 +162,27 @@ def test_token_lists_are_checked():
     with pytest.raises(pagedkv.InvalidArgument, match="3 tokens for 1 blocks of 2"):
         pool.cache_blocks(a, [b"x" * 16], tokens=[1, 2, 3], block_size=2)
     assert pool.block_hash(a[0]) is None and pool.take_events() == []
+
+
+def test_find_hybrid_prefix_follows_each_group_rule():
+    # Group 0 full attention, group 1 sliding window 4, block size 2, 5 request
+    # blocks; group 1 lost its first two blocks: the hit is 8 tokens, group 1 reuses
+    # blocks 2 and 3 and pads the rest with the null block 0.
+    pool = pagedkv.PrefixPool(16, num_groups=2)
+    h0 = [b"f%d" % i for i in range(5)]
+    h1 = [b"s%d" % i for i in range(5)]
+    full = pool.get_new_blocks(4)
+    pool.cache_blocks(full, h0[:4], group=0)
+    win = pool.get_new_blocks(3)
+    pool.cache_blocks(win, h1[2:], group=1, parent=h1[1])
+    hit, ids = pool.find_hybrid_prefix([("full", 0, 2, h0), ("sliding", 4, 2, h1)], max_tokens=9)
+    assert hit == 8
+    assert ids[0] == full
+    assert ids[1] == [0, 0, win[0], win[1]]
+    assert pool.find_prefix(h1, group=1) == []  # a plain chain lookup finds nothing
+    with pytest.raises(pagedkv.InvalidArgument, match="kind 'swa'"):
+        pool.find_hybrid_prefix([("swa", 4, 2, h1)], max_tokens=9)
+    with pytest.raises(pagedkv.InvalidArgument, match="3 groups: the pool has 2"):
+        pool.find_hybrid_prefix([("full", 0, 2, h0)] * 3, max_tokens=9)
+    with pytest.raises(pagedkv.InvalidArgument, match="block size or window of 0"):
+        pool.find_hybrid_prefix([("sliding", 0, 2, h1)], max_tokens=9)

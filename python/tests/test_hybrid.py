@@ -1,0 +1,88 @@
+# SPDX-License-Identifier: MIT
+"""pagedkv.HybridKV: KV cache groups of a heterogeneous model from Python. Hand-computed
+window release (sliding window 4, block 2), per-group slot mappings and tables in one
+step, state slots copied on fork, and errors that name the problem."""
+import numpy as np
+import pytest
+
+import pagedkv
+
+SLIDING = {"kind": "sliding", "layers": 1, "kv_heads": 1, "head_dim": 1, "window": 4}
+FULL = {"kind": "full", "layers": 1, "kv_heads": 1, "head_dim": 1}
+STATE = {"kind": "state", "layers": 1, "state_bytes": 100}
+
+
+def make(groups, layout="partition", budget=1 << 12):
+    return pagedkv.HybridKV(groups, budget_bytes=budget, layout=layout, block_size=2,
+                            elem_bytes=1, max_seqs=4)
+
+
+def test_sliding_window_releases_blocks_outside_the_window():
+    kv = make([SLIDING, FULL])
+    assert kv.num_groups == 2 and kv.kinds == ["sliding", "full"] and kv.block_sizes == [2, 2]
+    s = kv.create()
+    for _ in range(9):
+        kv.step([s], [1])
+    # The 9th token's query (position 8) sees 5..8: blocks 0 and 1 are released.
+    table = kv.block_table(s, 0)
+    assert len(table) == 5 and list(table[:2]) == [-1, -1] and (table[2:] >= 0).all()
+    assert (kv.block_table(s, 1) >= 0).all()
+    st = kv.group_stats(0)
+    assert st["blocks_released"] == 2 and st["blocks_held"] == 3 and st["tokens_held"] == 5
+    kv.validate()
+
+
+def test_step_gives_every_group_its_slots_tables_and_copies():
+    kv = make([SLIDING, FULL, STATE])
+    a, b = kv.create(), kv.create()
+    r = kv.step(np.array([a, b], dtype=np.int32), [3, 2])
+    assert r.slot_mapping.shape == (3, 5)
+    assert (r.slot_mapping[2] == -1).all()          # the state group keeps no slots
+    assert (r.slot_mapping[:2] >= 0).all()
+    assert list(r.context_lens) == [3, 2]
+    assert r.block_tables[0].shape == (2, 2) and r.block_tables[2] is None
+    assert r.state_slots[0] is None and sorted(r.state_slots[2]) == sorted({kv.state_slot(a, 2), kv.state_slot(b, 2)})
+    assert all(c.shape == (0, 2) for c in r.copies)
+    # A fork copies the state: one (src, dst) pair in the state group's copies.
+    c = kv.fork(a)
+    r = kv.step([c], [1])
+    assert r.copies[2].tolist() == [[kv.state_slot(a, 2), kv.state_slot(c, 2)]]
+    kv.free(c)
+    kv.validate()
+
+
+def test_all_or_nothing_and_named_errors():
+    kv = make([SLIDING, FULL], budget=64)
+    s = kv.create()
+    with pytest.raises(pagedkv.OutOfBlocks, match="nothing appended"):
+        kv.step([s], [10000])
+    assert kv.length(s) == 0
+    with pytest.raises(pagedkv.NotFound):
+        kv.step([s + 1], [1])
+    with pytest.raises(pagedkv.InvalidArgument, match="listed twice"):
+        kv.step([s, s], [1, 1])
+    with pytest.raises(pagedkv.InvalidArgument, match="group 2 of 2"):
+        kv.block_table(s, 2)
+    with pytest.raises(pagedkv.InvalidArgument, match="unknown field 'heads'"):
+        make([{"kind": "full", "layers": 1, "heads": 1}])
+    with pytest.raises(pagedkv.InvalidArgument, match="kind must be"):
+        make([{"kind": "swa", "layers": 1}])
+    with pytest.raises(pagedkv.InvalidArgument, match="layout 'jenga'"):
+        make([FULL], layout="jenga")
+    with pytest.raises(pagedkv.InvalidArgument, match="budget 3 bytes"):
+        make([FULL], budget=3)  # less than one 4-byte page
+    st = make([STATE, FULL])
+    with pytest.raises(pagedkv.InvalidArgument, match="state group"):
+        st.block_table(st.create(), 0)
+
+
+def test_truncate_into_released_tokens_raises_released():
+    kv = make([SLIDING, FULL])
+    s = kv.create()
+    kv.step([s], [9])
+    kv.step([s], [1])  # this append's query (position 9) releases tokens 0..5
+    with pytest.raises(pagedkv.Released):
+        kv.truncate(s, 2)
+    assert kv.length(s) == 10
+    kv.truncate(s, 9)
+    kv.validate()
