@@ -14,6 +14,7 @@
 #include <time.h>
 
 #include "pkv/pkv.h"
+#include "src/allocator/lcm.h" // internal: the two-level allocator's rows (issue 23)
 
 typedef struct options {
     int json;
@@ -64,6 +65,40 @@ static double bench_pool_batch(pkv_pool *pool, uint32_t batch, long iters) {
         double t = (now_ns() - t0) / (double)iters;
         if (t < best) best = t;
     }
+    return best;
+}
+
+// The two-level allocator (issue 23's hybrid-lcm layout): one small page reserved,
+// allocated and freed through a KV cache group's pool per iteration, over two groups
+// of 3 and 4 KiB pages (large pages of 12 KiB holding 4 or 3) and ONE large page,
+// the group switching every `period` iterations: each switch finds no unowned
+// large page, so the other group's empty one is reclaimed and carved again (the
+// take/return path, O(pages per large page)). period 1 is the worst case.
+static double bench_lcm(uint32_t period, long iters) {
+    const uint64_t bytes[2] = {3072, 4096};
+    pkvi_lcm *lcm;
+    pkv_status st = pkvi_lcm_create(bytes, 2, 12288, &lcm, NULL, 0);
+    if (st != PKV_OK) die("lcm", st);
+    pkv_pool *pools[2] = {pkvi_lcm_pool(lcm, 0), pkvi_lcm_pool(lcm, 1)};
+    double best = 1e300;
+    for (int r = 0; r < REPS; r++) {
+        double t0 = now_ns();
+        for (long i = 0; i < iters; i++) {
+            uint32_t g = (uint32_t)(i / period) & 1;
+            pkv_block_id id;
+            st = pkvi_lcm_reserve_group(lcm, g, 1);
+            if (st == PKV_OK) st = pkv_pool_alloc(pools[g], 1, &id);
+            if (st != PKV_OK) die("lcm", st);
+            sink += (uintptr_t)id;
+            if ((st = pkv_pool_release(pools[g], id)) != PKV_OK) die("lcm release", st);
+        }
+        double t = (now_ns() - t0) / (double)iters;
+        if (t < best) best = t;
+    }
+    pkvi_lcm_stats s;
+    pkvi_lcm_get_stats(lcm, &s);
+    if (s.reclaims < (uint64_t)(iters / period) - 1) die("lcm: large pages did not move", PKV_ERR_CORRUPT);
+    pkvi_lcm_destroy(lcm);
     return best;
 }
 
@@ -294,7 +329,10 @@ static void usage(FILE *out) {
             "2k-token sequence, against glibc malloc/free, jemalloc mallocx/dallocx and (with\n"
             "a GPU) cudaMalloc/cudaFree of block-sized buffers, side by side in one run; and\n"
             "one engine step (256 sequences decode one token, block 16, prefix cache on) as\n"
-            "batch calls vs 256 single calls (ns per step; x column: single / batch).\n"
+            "batch calls vs 256 single calls (ns per step; x column: single / batch); and\n"
+            "the two-level (hybrid-lcm) allocator's reserve+alloc+free of one small page\n"
+            "with a large page moving between two groups every 64 or every 1 iterations\n"
+            "(x column: its ns / the pool's batch-1 ns, measured just before it).\n"
             "bench_alloc --calibrate FILE.json [--backend host|cuda]: fit the per-call cost\n"
             "of backend alloc/free by size (piecewise linear, 4 KiB-256 MiB, the shape of the\n"
             "default cuda-boyer model) that pkv-replay --alloc-model FILE.json reads.\n"
@@ -401,6 +439,13 @@ int main(int argc, char **argv) {
             rows[n++] = (row){names[b][3], c, c / pool_ns};
         }
     }
+    // The pool's batch-1 row again, next to the two-level rows (same conditions).
+    double pool1 = bench_pool_batch(pool, 1, it1);
+    rows[n++] = (row){"pool alloc+free, batch 1 (again)", pool1, 1.0};
+    rows[n++] = (row){"hybrid-lcm alloc+free, move every 64", bench_lcm(64, it1), 0};
+    rows[n - 1].ratio = rows[n - 1].ns / pool1;
+    rows[n++] = (row){"hybrid-lcm alloc+free, move every 1", bench_lcm(1, it1 / 4), 0};
+    rows[n - 1].ratio = rows[n - 1].ns / pool1;
     rows[n++] = (row){"seq append 1 token (block 16)", bench_append(set, it1), 0};
     rows[n++] = (row){"seq fork+free of 2048 tokens", bench_fork(set, itb / 4), 0};
     double step[3];
