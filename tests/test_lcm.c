@@ -77,7 +77,8 @@ Test(lcm, chunked_pool_fences_what_it_does_not_own) {
     cr_assert_eq(pkv_pool_release_n(p, ids, 2), PKV_OK);
     cr_assert_eq(pkv_pool_release(p, ids[2]), PKV_OK);
     cr_assert_eq(pkvi_pool_chunk_used(p, 1), 0);
-    cr_assert_eq(p->num_empty, 1);
+    cr_assert_eq(pkvi_pool_empty_chunks(p), 1);
+    cr_assert_eq(pkvi_pool_first_empty_chunk(p), 1);
     cr_assert_eq(pkvi_pool_chunk_take(p, 1), PKV_OK);
     cr_assert_eq(pkvi_pool_chunk_take(p, 1), PKV_ERR_INVALID_ARG, "already fenced");
     cr_assert_eq(pkv_pool_free_count(p), 0);
@@ -89,6 +90,31 @@ Test(lcm, chunked_pool_fences_what_it_does_not_own) {
     cr_assert_eq(pkvi_pool_chunk_give(plain, 0), PKV_ERR_INVALID_ARG);
     cr_assert_eq(pkvi_pool_chunk_take(plain, 0), PKV_ERR_INVALID_ARG);
     pkv_pool_destroy(plain);
+    pkv_pool_destroy(p);
+}
+
+Test(lcm, empty_chunks_past_one_bitmap_word) {
+    pkv_pool *p = NULL;
+    cr_assert_eq(pkvi_pool_create_chunked(130, 2, &p), PKV_OK);
+    cr_assert_eq(pkvi_pool_first_empty_chunk(p), PKVI_CHUNK_FENCED);
+    for (uint32_t c = 130; c-- > 0;) cr_assert_eq(pkvi_pool_chunk_give(p, c), PKV_OK);
+    cr_assert_eq(pkvi_pool_empty_chunks(p), 130);
+    cr_assert_eq(pkvi_pool_first_empty_chunk(p), 0);
+    pkv_block_id ids[2];
+    cr_assert_eq(pkv_pool_alloc(p, 1, ids), PKV_OK); // chunk 0's id 0 (given last)
+    cr_assert_eq(ids[0], 0);
+    cr_assert_eq(pkvi_pool_empty_chunks(p), 129);
+    cr_assert_eq(pkvi_pool_first_empty_chunk(p), 1);
+    for (uint32_t c = 1; c <= 64; c++) cr_assert_eq(pkvi_pool_chunk_take(p, c), PKV_OK);
+    cr_assert_eq(pkvi_pool_first_empty_chunk(p), 65, "in the second bitmap word");
+    cr_assert_eq(pkvi_pool_empty_chunks(p), 65);
+    for (uint32_t c = 65; c < 129; c++) cr_assert_eq(pkvi_pool_chunk_take(p, c), PKV_OK);
+    cr_assert_eq(pkvi_pool_first_empty_chunk(p), 129, "in the third word");
+    cr_assert_eq(pkv_pool_validate(p), PKV_OK);
+    cr_assert_eq(pkv_pool_release(p, ids[0]), PKV_OK);
+    cr_assert_eq(pkvi_pool_first_empty_chunk(p), 0);
+    cr_assert_eq(pkvi_pool_empty_chunks(p), 2);
+    cr_assert_eq(pkv_pool_validate(p), PKV_OK);
     pkv_pool_destroy(p);
 }
 

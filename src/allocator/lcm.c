@@ -145,13 +145,15 @@ static uint32_t spare_of(const pkvi_lcm *lcm, uint32_t h, uint32_t need) {
     const pkv_pool *p = lcm->pools[h];
     if (p->free_top <= need) return 0;
     uint32_t by_need = (p->free_top - need) / p->chunk_pages;
-    return by_need < p->num_empty ? by_need : p->num_empty;
+    if (by_need == 0) return 0;
+    uint32_t empty = pkvi_pool_empty_chunks(p);
+    return by_need < empty ? by_need : empty;
 }
 
 // Fence an empty large page of group h and return it to the unowned stack.
 static void reclaim_one(pkvi_lcm *lcm, uint32_t h) {
     pkv_pool *p = lcm->pools[h];
-    uint32_t L = p->empty[p->num_empty - 1];
+    uint32_t L = pkvi_pool_first_empty_chunk(p);
     pkvi_pool_chunk_take(p, L); // empty and owned: cannot fail
     lcm->owner[L] = PKVI_LCM_NO_GROUP;
     lcm->free_large[lcm->num_free++] = L;
@@ -206,7 +208,7 @@ pkv_status pkvi_lcm_trim(pkvi_lcm *lcm, uint32_t *returned) {
     if (!lcm) return PKV_ERR_INVALID_ARG;
     uint64_t before = lcm->reclaims;
     for (uint32_t h = 0; h < lcm->num_groups; h++)
-        while (lcm->pools[h]->num_empty) reclaim_one(lcm, h);
+        for (uint32_t n = pkvi_pool_empty_chunks(lcm->pools[h]); n > 0; n--) reclaim_one(lcm, h);
     if (returned) *returned = (uint32_t)(lcm->reclaims - before);
     return PKV_OK;
 }
@@ -228,10 +230,10 @@ pkv_status pkvi_lcm_get_stats(const pkvi_lcm *lcm, pkvi_lcm_stats *s) {
         gs->page_bytes = lcm->page_bytes[g];
         gs->pages_per_large = p->chunk_pages;
         gs->large_owned = p->owned_chunks;
-        gs->large_empty = p->num_empty;
+        gs->large_empty = pkvi_pool_empty_chunks(p);
         gs->free_pages = p->free_top;
         gs->used_pages = p->owned_chunks * p->chunk_pages - p->free_top;
-        gs->stranded_pages = p->free_top - p->num_empty * p->chunk_pages;
+        gs->stranded_pages = p->free_top - gs->large_empty * p->chunk_pages;
         s->stranded_bytes += (uint64_t)gs->stranded_pages * gs->page_bytes;
         s->used_bytes += (uint64_t)gs->used_pages * gs->page_bytes;
     }

@@ -6,9 +6,9 @@
 //
 // Chunked mode (a KV cache group's pool under the two-level allocator, lcm.c):
 // the same stack and refcounts over a fixed id range, of which only the chunks
-// the group owns are in play; per-chunk live counters and the set of empty owned
-// chunks are kept in O(1) as pages come and go, so that lcm.c can hand an empty
-// chunk to another group without a scan. A plain pool pays one predictable test
+// the group owns are in play; per-chunk live counters and a bitmap of the empty
+// owned chunks are kept in O(1) as pages come and go, so that lcm.c can hand an
+// empty chunk to another group after a scan of num_chunks / 64 words. A plain pool pays one predictable test
 // of chunk_pages in alloc and release for it.
 #include <stdlib.h>
 
@@ -43,8 +43,7 @@ void pkv_pool_destroy(pkv_pool *pool) {
     free(pool->free_stack);
     free(pool->chunk_used);
     free(pool->free_pos);
-    free(pool->empty);
-    free(pool->empty_pos);
+    free(pool->empty_bits);
     free(pool);
 }
 
@@ -55,14 +54,22 @@ static inline uint32_t chunk_of(const pkv_pool *pool, pkv_block_id id) {
 }
 
 static inline void empty_add(pkv_pool *pool, uint32_t c) {
-    pool->empty_pos[c] = pool->num_empty;
-    pool->empty[pool->num_empty++] = c;
+    pool->empty_bits[c >> 6] |= (uint64_t)1 << (c & 63);
 }
 
 static inline void empty_remove(pkv_pool *pool, uint32_t c) {
-    uint32_t last = pool->empty[--pool->num_empty], at = pool->empty_pos[c];
-    pool->empty[at] = last;
-    pool->empty_pos[last] = at;
+    pool->empty_bits[c >> 6] &= ~((uint64_t)1 << (c & 63));
+}
+
+static inline int is_empty_chunk(const pkv_pool *pool, uint32_t c) {
+    return (int)((pool->empty_bits[c >> 6] >> (c & 63)) & 1);
+}
+
+static uint32_t popcount64(uint64_t x) { // portable SWAR count
+    x -= (x >> 1) & 0x5555555555555555ull;
+    x = (x & 0x3333333333333333ull) + ((x >> 2) & 0x3333333333333333ull);
+    x = (x + (x >> 4)) & 0x0F0F0F0F0F0F0F0Full;
+    return (uint32_t)((x * 0x0101010101010101ull) >> 56);
 }
 
 // A page of a chunked pool reached refcount 0.
@@ -105,10 +112,9 @@ pkv_status pkvi_pool_create_chunked(uint32_t num_chunks, uint32_t chunk_pages, p
     pool->free_stack = malloc((size_t)cap * sizeof *pool->free_stack);
     pool->free_pos = malloc((size_t)cap * sizeof *pool->free_pos);
     pool->chunk_used = malloc((size_t)num_chunks * sizeof *pool->chunk_used);
-    pool->empty = malloc((size_t)num_chunks * sizeof *pool->empty);
-    pool->empty_pos = malloc((size_t)num_chunks * sizeof *pool->empty_pos);
+    pool->empty_bits = calloc(((size_t)num_chunks + 63) / 64, sizeof *pool->empty_bits);
     if (!pool->refcount || !pool->free_stack || !pool->free_pos || !pool->chunk_used ||
-        !pool->empty || !pool->empty_pos) {
+        !pool->empty_bits) {
         pkv_pool_destroy(pool);
         return PKV_ERR_OUT_OF_MEMORY;
     }
@@ -164,6 +170,28 @@ pkv_status pkvi_pool_chunk_take(pkv_pool *pool, uint32_t chunk) {
 uint32_t pkvi_pool_chunk_used(const pkv_pool *pool, uint32_t chunk) {
     if (!pool || !pool->chunk_pages || chunk >= pool->num_chunks) return PKVI_CHUNK_FENCED;
     return pool->chunk_used[chunk];
+}
+
+uint32_t pkvi_pool_empty_chunks(const pkv_pool *pool) {
+    if (!pool || !pool->chunk_pages) return 0;
+    uint32_t n = 0;
+    for (uint32_t w = 0; w < (pool->num_chunks + 63) / 64; w++) n += popcount64(pool->empty_bits[w]);
+    return n;
+}
+
+uint32_t pkvi_pool_first_empty_chunk(const pkv_pool *pool) {
+    // Index of the lowest set bit by a de Bruijn multiply (portable, no builtin).
+    static const uint8_t debruijn[64] = {
+        0,  1,  48, 2,  57, 49, 28, 3,  61, 58, 50, 42, 38, 29, 17, 4,  62, 55, 59, 36, 53, 51,
+        43, 22, 45, 39, 33, 30, 24, 18, 12, 5,  63, 47, 56, 27, 60, 41, 37, 16, 54, 35, 52, 21,
+        44, 32, 23, 11, 46, 26, 40, 15, 34, 20, 31, 10, 25, 14, 19, 9,  13, 8,  7,  6};
+    if (!pool || !pool->chunk_pages) return PKVI_CHUNK_FENCED;
+    for (uint32_t w = 0; w < (pool->num_chunks + 63) / 64; w++) {
+        uint64_t bits = pool->empty_bits[w];
+        if (bits)
+            return w * 64 + debruijn[((bits & (~bits + 1)) * 0x03f79d71b4cb0a89ull) >> 58];
+    }
+    return PKVI_CHUNK_FENCED;
 }
 
 // ---- the public calls ------------------------------------------------------------
@@ -268,7 +296,7 @@ pkv_status pkv_pool_get_stats(const pkv_pool *pool, pkv_pool_stats *stats) {
 
 // Chunked mode's part of the check: a fenced id is off the stack in a fenced
 // chunk; every owned chunk's counter equals its live pages (recounted with a real
-// divide, which also checks the multiply-shift); the empty set is exactly the
+// divide, which also checks the multiply-shift); the empty bits are exactly the
 // owned chunks with none live; free ids are owned pages minus live ones.
 static pkv_status validate_chunks(const pkv_pool *pool, const unsigned char *on_stack) {
     const uint32_t k = pool->chunk_pages;
@@ -290,11 +318,12 @@ static pkv_status validate_chunks(const pkv_pool *pool, const unsigned char *on_
     for (uint32_t c = 0; c < pool->num_chunks && st == PKV_OK; c++) {
         if (pool->chunk_used[c] == PKVI_CHUNK_FENCED) continue;
         owned++;
-        int in_set = pool->empty_pos[c] < pool->num_empty && pool->empty[pool->empty_pos[c]] == c;
-        if (live[c] != pool->chunk_used[c] || in_set != (live[c] == 0)) st = PKV_ERR_CORRUPT;
+        if (live[c] != pool->chunk_used[c] || is_empty_chunk(pool, c) != (live[c] == 0))
+            st = PKV_ERR_CORRUPT;
         empty += live[c] == 0;
     }
-    if (st == PKV_OK && (owned != pool->owned_chunks || empty != pool->num_empty ||
+    // A bit set for a fenced chunk (or past num_chunks) shows as a count mismatch.
+    if (st == PKV_OK && (owned != pool->owned_chunks || empty != pkvi_pool_empty_chunks(pool) ||
                          (uint64_t)owned * k - total_live != pool->free_top))
         st = PKV_ERR_CORRUPT;
     free(live);

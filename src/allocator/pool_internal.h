@@ -31,12 +31,13 @@ struct pkv_pool {
     uint32_t chunk_shift;
     uint32_t num_chunks;
     uint32_t owned_chunks;
-    uint32_t num_empty;         // owned chunks with no live page: empty[0..num_empty-1]
     uint32_t peak_used;         // largest live page count seen (free_top moves with chunks)
     uint32_t *chunk_used;       // [num_chunks] live pages per chunk, PKVI_CHUNK_FENCED if not owned
     uint32_t *free_pos;         // [capacity] index on free_stack of a free id (stale otherwise)
-    uint32_t *empty;            // [num_chunks] set of empty owned chunks (unordered)
-    uint32_t *empty_pos;        // [num_chunks] index in empty[] of an empty owned chunk
+    // [ceil(num_chunks / 64)] bit c: chunk c is owned and has no live page. A bit
+    // flip is the only cost of a chunk emptying or filling on the hot path; counting
+    // and finding empty chunks (when another group needs one) scan the words.
+    uint64_t *empty_bits;
 };
 
 // id / k without a divide (Granlund-Montgomery): with l = ceil(log2 k) and
@@ -72,5 +73,12 @@ pkv_status pkvi_pool_chunk_take(pkv_pool *pool, uint32_t chunk);
 
 // Live pages of a chunk, PKVI_CHUNK_FENCED when not owned (or out of range).
 uint32_t pkvi_pool_chunk_used(const pkv_pool *pool, uint32_t chunk);
+
+// Owned chunks with no live page. O(num_chunks / 64).
+uint32_t pkvi_pool_empty_chunks(const pkv_pool *pool);
+
+// The lowest-numbered empty owned chunk, PKVI_CHUNK_FENCED when there is none.
+// O(num_chunks / 64).
+uint32_t pkvi_pool_first_empty_chunk(const pkv_pool *pool);
 
 #endif // PKV_POOL_INTERNAL_H
