@@ -80,21 +80,31 @@ static inline void chunked_push(pkv_pool *pool, pkv_block_id id) {
     if (--pool->chunk_used[c] == 0) empty_add(pool, c);
 }
 
-static pkv_status chunked_alloc(pkv_pool *pool, uint32_t n, pkv_block_id *ids) {
+// Pop n <= free_top ids off the stack, each with refcount 1; `chunked` (a
+// constant at each call) also counts them in their chunks. Returns the new free_top.
+static inline uint32_t pop_free(pkv_pool *pool, uint32_t n, pkv_block_id *ids, int chunked) {
     uint32_t top = pool->free_top;
-    if (n > top) {
-        pool->alloc_failures++;
-        return PKV_ERR_OUT_OF_BLOCKS;
-    }
     for (uint32_t i = 0; i < n; i++) {
         pkv_block_id id = pool->free_stack[--top];
         pool->refcount[id] = 1;
         ids[i] = id;
-        uint32_t c = chunk_of(pool, id);
-        if (pool->chunk_used[c]++ == 0) empty_remove(pool, c);
+        if (chunked) {
+            uint32_t c = chunk_of(pool, id);
+            if (pool->chunk_used[c]++ == 0) empty_remove(pool, c);
+        }
     }
     pool->free_top = top;
-    uint32_t used = pool->owned_chunks * pool->chunk_pages - top;
+    return top;
+}
+
+// pkv_pool_alloc in chunked mode (tested apart so that the plain path stays short).
+static pkv_status chunked_alloc(pkv_pool *pool, uint32_t n, pkv_block_id *ids) {
+    if (n > pool->free_top) {
+        pool->alloc_failures++;
+        return PKV_ERR_OUT_OF_BLOCKS;
+    }
+    // free_top moves with the chunks given and taken: count the live pages.
+    uint32_t used = pool->owned_chunks * pool->chunk_pages - pop_free(pool, n, ids, 1);
     if (used > pool->peak_used) pool->peak_used = used;
     return PKV_OK;
 }
@@ -199,18 +209,12 @@ uint32_t pkvi_pool_first_empty_chunk(const pkv_pool *pool) {
 pkv_status pkv_pool_alloc(pkv_pool *pool, uint32_t n, pkv_block_id *ids) {
     if (!pool || (!ids && n)) return PKV_ERR_INVALID_ARG;
     if (pool->chunk_pages) return chunked_alloc(pool, n, ids);
-    uint32_t top = pool->free_top;
-    if (n > top) {
+    if (n > pool->free_top) {
         // Checked before anything is written: all or nothing.
         pool->alloc_failures++;
         return PKV_ERR_OUT_OF_BLOCKS;
     }
-    for (uint32_t i = 0; i < n; i++) {
-        pkv_block_id id = pool->free_stack[--top];
-        pool->refcount[id] = 1;
-        ids[i] = id;
-    }
-    pool->free_top = top;
+    uint32_t top = pop_free(pool, n, ids, 0);
     // A low-water mark rather than a peak counter: one compare on the hot path.
     if (top < pool->low_water) pool->low_water = top;
     return PKV_OK;
