@@ -396,7 +396,8 @@ Test(hybrid, create_refuses_bad_parameters) {
     cr_assert_eq(pkv_hybrid_create(&q, &h), PKV_ERR_INVALID_ARG, "budget below one page");
     q = p;
     q.layout = PKV_HYBRID_LCM;
-    cr_assert_eq(pkv_hybrid_create(&q, &h), PKV_ERR_UNSUPPORTED, "lcm: not yet");
+    q.budget_bytes = 10;
+    cr_assert_eq(pkv_hybrid_create(&q, &h), PKV_ERR_INVALID_ARG, "lcm: budget below one large page");
     q = p;
     q.layout = (pkv_hybrid_layout)9;
     cr_assert_eq(pkv_hybrid_create(&q, &h), PKV_ERR_INVALID_ARG);
