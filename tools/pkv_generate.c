@@ -165,10 +165,9 @@ int main(int argc, char **argv) {
         }
         i += takes;
     }
-    if (pkv_dtype_is_quantized(gp.kv_dtype) &&
-        (gp.kv_mode != PKV_KV_PAGED || mp.device != PKV_DEVICE_CPU)) {
-        fprintf(stderr, "pkv-generate: --kv-dtype %s needs --layout paged and --backend cpu "
-                        "(the runtime keeps 8-bit K/V in CPU paged caches only)\n",
+    if (pkv_dtype_is_quantized(gp.kv_dtype) && gp.kv_mode != PKV_KV_PAGED) {
+        fprintf(stderr, "pkv-generate: --kv-dtype %s needs --layout paged "
+                        "(the runtime keeps 8-bit K/V in paged caches only)\n",
                 pkv_dtype_name(gp.kv_dtype));
         free(prompt);
         return 2;
