@@ -29,7 +29,7 @@ static void usage(FILE *f) {
             "  --layout L            paged | contiguous (default paged)\n"
             "  --block-size N        paged block size in tokens (default 16)\n"
             "  --kv-dtype T          KV cache element type: fp32, fp16, bf16, or 8-bit int8,\n"
-            "                        fp8_e4m3, fp8_e5m2 (paged, CPU; default fp32)\n"
+            "                        fp8_e4m3, fp8_e5m2 (paged only; default fp32)\n"
             "  --no-cache            recompute the whole sequence every step; also runs the\n"
             "                        cached path to show both timings and check equal tokens\n"
             "  --backend B           cpu | cuda (default cpu)\n"
