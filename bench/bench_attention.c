@@ -5,7 +5,8 @@
 // in the same run (memcpy on the CPU with the same thread count, device-to-device
 // cudaMemcpy on the GPU). Prints a table, or JSON with --json. The 8-bit KV
 // dtypes (int8 with per-token fp32 scales beside the data, fp8_e4m3 / e5m2) run the
-// *_quant_cpu calls with q and out in fp16, so they compare with the fp16 rows.
+// *_quant_cpu (--gpu: *_quant_cuda_ex) calls with q and out in fp16, so they compare
+// with the fp16 rows.
 #if defined(__linux__)
 #define _DEFAULT_SOURCE 1 // madvise(MADV_HUGEPAGE)
 #include <sys/mman.h>
@@ -58,7 +59,7 @@ static void usage(FILE *f) {
             "  --batch LIST      batch sizes, comma separated (default 1,4,16,64)\n"
             "  --context LIST    context lengths (default 128,512,1024,2048,4096,8192)\n"
             "  --dtype LIST      fp16,bf16,fp32,int8,fp8_e4m3,fp8_e5m2 (default fp16,bf16;\n"
-            "                    the 8-bit ones on the CPU only, q and out in fp16)\n"
+            "                    the 8-bit ones with q and out in fp16)\n"
             "  --heads N         query heads (default 32)\n"
             "  --kv-heads N      K/V heads (default = heads, i.e. MHA)\n"
             "  --head-dim N      (default 128)\n"
@@ -550,15 +551,25 @@ typedef struct gpu_ctx {
     pkv_attn_paged_kv pkv;
     pkv_attn_contig_kv ckv;
     pkv_attn_cuda_opts co;
+    const pkv_attn_kv_quant *qz;  // 8-bit cache (paged scale geometry), or NULL
+    const pkv_attn_kv_quant *cqz; // its contiguous scale geometry
 } gpu_ctx;
 
 // One timed call: launch and wait, so that host timers bracket the kernel(s).
 static pkv_status gpu_call(void *p, int paged) {
     gpu_ctx *c = (gpu_ctx *)p;
-    pkv_status st =
-        paged ? pkv_attn_decode_paged_cuda_ex(&c->sh, c->batch, c->q, &c->pkv, c->out, &c->co, NULL)
-              : pkv_attn_decode_contig_cuda_ex(&c->sh, c->batch, c->q, &c->ckv, c->out, &c->co,
-                                               NULL);
+    pkv_status st;
+    if (c->qz != NULL) {
+        st = paged ? pkv_attn_decode_paged_quant_cuda_ex(&c->sh, c->qz, c->batch, c->q, &c->pkv,
+                                                         c->out, &c->co, NULL)
+                   : pkv_attn_decode_contig_quant_cuda_ex(&c->sh, c->cqz, c->batch, c->q,
+                                                          &c->ckv, c->out, &c->co, NULL);
+    } else {
+        st = paged ? pkv_attn_decode_paged_cuda_ex(&c->sh, c->batch, c->q, &c->pkv, c->out,
+                                                   &c->co, NULL)
+                   : pkv_attn_decode_contig_cuda_ex(&c->sh, c->batch, c->q, &c->ckv, c->out,
+                                                    &c->co, NULL);
+    }
     if (st == PKV_OK && cudaDeviceSynchronize() != cudaSuccess) {
         st = PKV_ERR_BACKEND;
     }
@@ -609,10 +620,20 @@ static int run_gpu_point(const opts *o, const host_data *h, pkv_dtype dt, uint32
                          result *r, uint32_t *splits) {
     gpu_ctx c;
     memset(&c, 0, sizeof c);
-    c.sh = (pkv_attn_shape){o->heads, o->kv_heads, o->dim, dt,
+    // 8-bit caches: q and out in fp16, the scale geometry of the CPU rows (main).
+    const int q8 = pkv_dtype_is_quantized(dt);
+    const pkv_dtype qdt = q8 ? PKV_DTYPE_F16 : dt;
+    const uint32_t cap = h->max_blocks * o->block;
+    const pkv_attn_kv_quant qz = {dt, 0.01f, 0.01f, (uint64_t)o->kv_heads * o->block * o->dim,
+                                  o->block, 1};
+    const pkv_attn_kv_quant cqz = {dt, 0.01f, 0.01f, (uint64_t)o->kv_heads * cap * o->dim, cap,
+                                   1};
+    c.qz = q8 ? &qz : NULL;
+    c.cqz = q8 ? &cqz : NULL;
+    c.sh = (pkv_attn_shape){o->heads, o->kv_heads, o->dim, qdt,
                             (float)(1.0 / sqrt((double)o->dim)), 0};
     c.batch = batch;
-    size_t qbytes = (size_t)batch * o->heads * o->dim * pkv_dtype_size(dt);
+    size_t qbytes = (size_t)batch * o->heads * o->dim * pkv_dtype_size(qdt);
     void *pk = up(h->pk, h->bytes), *pv = up(h->pv, h->bytes);
     void *ck = up(h->ck, h->bytes), *cv = up(h->cv, h->bytes);
     void *tab = up(h->table, (size_t)h->nblocks * sizeof(int32_t));
@@ -695,13 +716,6 @@ int main(int argc, char **argv) {
     if (pr != 0) {
         usage(stderr);
         return 2;
-    }
-    for (uint32_t di = 0; o.gpu && di < o.ndtype; di++) {
-        if (pkv_dtype_is_quantized(o.dtypes[di])) {
-            fprintf(stderr, "bench_attention: --gpu: no 8-bit CUDA kernels yet (--dtype %s)\n",
-                    pkv_dtype_name(o.dtypes[di]));
-            return 2;
-        }
     }
     if (o.gpu) {
 #if PKV_HAVE_CUDA

@@ -6,7 +6,8 @@ MODELLED, NOT MEASURED. From each decode kernel's registers and static shared
 memory as ptxas reported them for sm_90 (tests/emu/kernel_resources.h, the table
 the CPU emulator answers occupancy from), the H200's SM limits, and the kernel's
 design constants (128 threads, U 16-byte K/V loads in flight per thread per step:
-8, or 4 for G = 8), print per kernel: registers, resident blocks per SM, bytes of
+8, or 4 for G = 8; 8-bit caches: one load per two rows, 16 / 8 / 4 rows per step
+for G <= 2 / 4 / 8, at most a 128-token tile), print per kernel: registers, resident blocks per SM, bytes of
 K/V loads in flight per SM, and the share of HBM bandwidth Little's law allows:
 min(copy ceiling, SMs x in-flight bytes / latency) / peak. Then, per workload
 (heads, batch, context), the split-K plan (attn_plan.c's wave-aware rule, the
@@ -40,18 +41,27 @@ def blocks_per_sm(regs, smem, block=THREADS):
     return min(n, SMEM_PER_SM // s, BLOCKS_PER_SM)
 
 
-def loads_per_thread(es, d, g):
+def loads_per_thread(es, d, g, q8=False):
+    if q8:  # lane pairs share a 16-byte load per two rows (attn_decode.cu: q8_swap)
+        nrg = THREADS // min(d // 8, 32)
+        rows = min(16 if g <= 2 else 8 if g <= 4 else 4, 128 // nrg)
+        return rows // 2
     vpr = d * es // 16            # 16-byte loads per row
     nv = vpr // min(vpr, 32)      # per lane per row
     return (4 if g >= 8 else 8) * nv
 
 
 def kernels(header):
+    """(name, es, D, G, regs, smem) of every decode kernel; 8-bit caches (C =
+    unsigned char, mangled 'h') are named 'int8/fp8 (q <dtype>)'."""
     text = open(header, encoding="utf-8").read()
-    pat = r'\{"_ZN13decode_kernelI(f|6__half|13__nv_bfloat16)Li(\d+)ELi(\d+)EEEv[^"]*", (\d+), (\d+)\}'
+    pat = (r'\{"_ZN13decode_kernelI(f|6__half|13__nv_bfloat16)(f|h|S\d*_)Li(\d+)ELi(\d+)EEEv'
+           r'[^"]*", (\d+), (\d+)\}')
     for m in re.finditer(pat, text):
         name, es = DTYPES[m.group(1)]
-        yield name, es, int(m.group(2)), int(m.group(3)), int(m.group(4)), int(m.group(5))
+        if m.group(2) == "h":
+            name = f"8-bit (q {name})"
+        yield name, es, int(m.group(3)), int(m.group(4)), int(m.group(5)), int(m.group(6))
 
 
 def partition(ctx, n):
@@ -89,29 +99,30 @@ def main():
     print("|---|---|---|---|---|---|")
     for name, es, d, g, regs, smem in sorted(kernels(a.header), key=lambda k: (k[0], k[2], k[3])):
         b = blocks_per_sm(regs, smem)
-        lpt = loads_per_thread(es, d, g)
+        lpt = loads_per_thread(es, d, g, name.startswith("8-bit"))
         inflight = b * THREADS * lpt * 16
         bw = min(a.copy_tbs, SMS * inflight / (a.latency_ns * 1e-9) / 1e12)
         share[(name, d, g)] = (b, bw / a.peak_tbs)
         print(f"| {name} D={d} G={g} | {regs} | {b} | {lpt} | {inflight / 1024:.0f} | {100 * bw / a.peak_tbs:.0f} |")
-    print()
-    print("| fp16 D=128, heads | batch | context | G kernel | splits | waves | wave eff. | modelled % of HBM |")
-    print("|---|---|---|---|---|---|---|---|")
-    for heads, kvh in ((32, 32), (32, 8), (64, 8)):
-        group = heads // kvh
-        g = 1 if group == 1 else 2 if group == 2 else 4 if group <= 4 else 8
-        b, frac = share[("fp16", 128, g)]
-        for batch in (1, 8, 64, 256):
-            for ctx in (1024, 4096, 32768):
-                ctas = batch * kvh
-                wave = SMS * b
-                n = plan(ctas, wave, ctx)
-                ln, parts = partition(ctx, n)
-                blocks = ctas * parts
-                waves = -(-blocks // wave)
-                eff = ctas * ctx / (waves * wave * ln)
-                print(f"| {heads}/{kvh} | {batch} | {ctx} | G={g} | {parts} | {blocks / wave:.2f} -> {waves} "
-                      f"| {100 * eff:.0f}% | {100 * frac * eff:.0f} |")
+    for kname in ("fp16", "8-bit (q fp16)"):
+        print()
+        print(f"| {kname} D=128, heads | batch | context | G kernel | splits | waves | wave eff. | modelled % of HBM |")
+        print("|---|---|---|---|---|---|---|---|")
+        for heads, kvh in ((32, 32), (32, 8), (64, 8)):
+            group = heads // kvh
+            g = 1 if group == 1 else 2 if group == 2 else 4 if group <= 4 else 8
+            b, frac = share[(kname, 128, g)]
+            for batch in (1, 8, 64, 256):
+                for ctx in (1024, 4096, 32768):
+                    ctas = batch * kvh
+                    wave = SMS * b
+                    n = plan(ctas, wave, ctx)
+                    ln, parts = partition(ctx, n)
+                    blocks = ctas * parts
+                    waves = -(-blocks // wave)
+                    eff = ctas * ctx / (waves * wave * ln)
+                    print(f"| {heads}/{kvh} | {batch} | {ctx} | G={g} | {parts} | {blocks / wave:.2f} -> {waves} "
+                          f"| {100 * eff:.0f}% | {100 * frac * eff:.0f} |")
 
 
 if __name__ == "__main__":

@@ -280,12 +280,18 @@ pkv_status pkv_attn_decode_contig_cuda_ex(const pkv_attn_shape *shape, uint32_t 
 // - fp8 rounds x / k_scale (v_scale) to nearest even, saturating finite overflow
 //   and inf to +-max (448 e4m3, 57344 e5m2; CUDA's __NV_SATFINITE, as vLLM);
 //   NaN stays NaN.
-// The *_quant_cuda twins (src/attention/attn_quant.cu) take device pointers and
-// write the same cache bytes as the CPU write; decode / prefill agree with the CPU
-// to fp32 rounding (checked on the CPU emulator, suite emu). They need head_dim
-// 64, 128 or 256 and 4-byte aligned int8 scales (else PKV_ERR_UNSUPPORTED), and
-// return PKV_ERR_UNSUPPORTED in a build without CUDA. prefill synchronizes
-// `stream` once (it reads q_indptr[num_seqs] back), as pkv_attn_prefill_paged_cuda.
+// The *_quant_cuda twins take device pointers and write the same cache bytes as the
+// CPU write; decode / prefill run the 16-bit calls' decode kernel (16-byte loads of
+// 8-bit rows, int8 scales read per tile, one pass over K/V per GQA group, split-K
+// with the _ex calls' pkv_attn_cuda_opts, same workspace size) and agree with the
+// CPU to fp32 rounding (checked on the CPU emulator, suite emu). They need head_dim
+// 64, 128 or 256, 16-byte aligned rows and strides (as the 16-bit calls, in bytes)
+// and 4-byte aligned int8 scales (else PKV_ERR_UNSUPPORTED), and return
+// PKV_ERR_UNSUPPORTED in a build without CUDA. pkv_attn_prefill_paged_quant_cuda
+// synchronizes `stream` once (it reads q_indptr[num_seqs] back), as
+// pkv_attn_prefill_paged_cuda; its _ex twin takes num_rows from the caller. The
+// decode calls and the prefill _ex may be captured in a CUDA graph under the same
+// terms as pkv_attn_decode_paged_cuda_ex.
 pkv_status pkv_attn_decode_paged_quant_cpu(const pkv_attn_shape *shape,
                                            const pkv_attn_kv_quant *quant, uint32_t num_seqs,
                                            const void *q, const pkv_attn_paged_kv *kv,
@@ -313,6 +319,26 @@ pkv_status pkv_attn_prefill_paged_quant_cuda(const pkv_attn_shape *shape,
                                              const int32_t *q_indptr, const void *q,
                                              const pkv_attn_paged_kv *kv, void *out,
                                              void *stream);
+pkv_status pkv_attn_decode_contig_quant_cuda(const pkv_attn_shape *shape,
+                                             const pkv_attn_kv_quant *quant, uint32_t num_seqs,
+                                             const void *q, const pkv_attn_contig_kv *kv,
+                                             void *out, void *stream);
+pkv_status pkv_attn_decode_paged_quant_cuda_ex(const pkv_attn_shape *shape,
+                                               const pkv_attn_kv_quant *quant,
+                                               uint32_t num_seqs, const void *q,
+                                               const pkv_attn_paged_kv *kv, void *out,
+                                               const pkv_attn_cuda_opts *opts, void *stream);
+pkv_status pkv_attn_decode_contig_quant_cuda_ex(const pkv_attn_shape *shape,
+                                                const pkv_attn_kv_quant *quant,
+                                                uint32_t num_seqs, const void *q,
+                                                const pkv_attn_contig_kv *kv, void *out,
+                                                const pkv_attn_cuda_opts *opts, void *stream);
+pkv_status pkv_attn_prefill_paged_quant_cuda_ex(const pkv_attn_shape *shape,
+                                                const pkv_attn_kv_quant *quant,
+                                                uint32_t num_seqs, const int32_t *q_indptr,
+                                                uint32_t num_rows, const void *q,
+                                                const pkv_attn_paged_kv *kv, void *out,
+                                                void *stream);
 pkv_status pkv_attn_cache_write_quant_cuda(const pkv_attn_shape *shape,
                                            const pkv_attn_kv_quant *quant, uint32_t num_tokens,
                                            const void *k, const void *v, const int64_t *slots,

@@ -115,10 +115,11 @@ pkv_device pkv_model_device(const pkv_model *model);
 
 // Params of a pkv_cache this model can use: its layers, kv heads and head dim,
 // fp32, HND, with the given block size. The caller may change dtype to
-// PKV_DTYPE_F16 or PKV_DTYPE_BF16 and layout to NHD, and on a CPU model to the
-// 8-bit PKV_DTYPE_INT8, PKV_DTYPE_FP8_E4M3 or PKV_DTYPE_FP8_E5M2 (a CUDA model
-// gives PKV_ERR_UNSUPPORTED for those: no 8-bit CUDA kernels yet). Create the cache on a host
-// backend for a CPU model and on a CUDA backend for a CUDA model.
+// PKV_DTYPE_F16 or PKV_DTYPE_BF16 and layout to NHD, or to the 8-bit
+// PKV_DTYPE_INT8, PKV_DTYPE_FP8_E4M3 or PKV_DTYPE_FP8_E5M2 (CPU and CUDA models
+// alike: the CUDA model runs the 8-bit caches through the same decode kernel as
+// the 16-bit ones). Create the cache on a host backend for a CPU model and on a
+// CUDA backend for a CUDA model.
 pkv_status pkv_model_cache_params(const pkv_model *model, uint32_t block_size,
                                   pkv_cache_params *params);
 

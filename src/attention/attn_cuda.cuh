@@ -48,6 +48,69 @@ __device__ __forceinline__ void pkvi_unpack<__nv_bfloat16>(const uint4 &u, float
     }
 }
 
+// 8-bit KV formats (quant.h's codecs), as the kernels name them.
+enum pkvi_q8_kind { PKVI_Q8_INT8 = 0, PKVI_Q8_E4M3 = 1, PKVI_Q8_E5M2 = 2 };
+
+static inline int pkvi_q8_kind_of(pkv_dtype dt) {
+    return dt == PKV_DTYPE_INT8 ? PKVI_Q8_INT8 : dt == PKV_DTYPE_FP8_E4M3 ? PKVI_Q8_E4M3 : PKVI_Q8_E5M2;
+}
+
+// What the fp8 values that pkvi_q8_unpack returns must be multiplied by: e4m3 is
+// decoded as an fp16 equal to the value / 256 (quant.h: pkvi_fp8_to_f16_bits).
+static inline float pkvi_q8_bias(int kind) {
+    return kind == PKVI_Q8_E4M3 ? 256.0f : 1.0f;
+}
+
+// int8 scales are read as aligned floats: each block's (row's) scales start 4-byte
+// aligned. base_stride: bytes between blocks or fixed rows (0: none).
+static inline bool pkvi_q8_scales_aligned(const pkv_attn_kv_quant *qz, const void *kc,
+                                          const void *vc, uint64_t base_stride) {
+    return qz->kv_dtype != PKV_DTYPE_INT8 ||
+           (((uintptr_t)kc + qz->scale_offset) % 4 == 0 &&
+            ((uintptr_t)vc + qz->scale_offset) % 4 == 0 && base_stride % 4 == 0);
+}
+
+// Bytes 0-1 (hi: 2-3) of w as the high bytes of two fp16s: the e5m2 bit patterns.
+__device__ __forceinline__ uint32_t pkvi_q8_spread(uint32_t w, bool hi) {
+    const uint32_t x = hi ? w >> 16 : w;
+    return ((x << 8) & 0xff00u) | ((x << 16) & 0xff000000u);
+}
+
+// Eight 8-bit values (b.x bytes 0-3, then b.y) as fp32 before any scale: int8 as
+// integers, fp8 through fp16 bit patterns two at a time (e5m2 exactly, e4m3 / 256
+// with its NaN S.1111.111 kept NaN). `kind` is uniform across the warp.
+__device__ __forceinline__ void pkvi_q8_unpack(const uint2 &b, int kind, float *f) {
+    if (kind == PKVI_Q8_INT8) {
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            const uint32_t w = e < 4 ? b.x : b.y;
+            f[e] = (float)(int8_t)(uint8_t)(w >> (8 * (e % 4)));
+        }
+        return;
+    }
+    uint4 h;
+    h.x = pkvi_q8_spread(b.x, false);
+    h.y = pkvi_q8_spread(b.x, true);
+    h.z = pkvi_q8_spread(b.y, false);
+    h.w = pkvi_q8_spread(b.y, true);
+    if (kind == PKVI_Q8_E4M3) {
+        const uint32_t in[4] = {h.x, h.y, h.z, h.w};
+        uint32_t out[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            uint32_t w = (in[i] & 0x80008000u) | ((in[i] >> 1) & 0x3f803f80u);
+            w |= (w & 0x7fffu) == 0x3f80u ? 0x7e00u : 0u;
+            w |= (w & 0x7fff0000u) == 0x3f800000u ? 0x7e000000u : 0u;
+            out[i] = w;
+        }
+        h.x = out[0];
+        h.y = out[1];
+        h.z = out[2];
+        h.w = out[3];
+    }
+    pkvi_unpack<__half>(h, f);
+}
+
 template <typename T> __device__ __forceinline__ float pkvi_to_f32(T x);
 template <> __device__ __forceinline__ float pkvi_to_f32<float>(float x) { return x; }
 template <> __device__ __forceinline__ float pkvi_to_f32<__half>(__half x) {

@@ -106,6 +106,47 @@ pkv_status pkv_attn_prefill_paged_quant_cuda(const pkv_attn_shape *shape,
     return st != PKV_OK ? st : PKV_ERR_UNSUPPORTED;
 }
 
+pkv_status pkv_attn_decode_contig_quant_cuda(const pkv_attn_shape *shape,
+                                             const pkv_attn_kv_quant *quant, uint32_t num_seqs,
+                                             const void *q, const pkv_attn_contig_kv *kv,
+                                             void *out, void *stream) {
+    (void)num_seqs, (void)stream;
+    pkv_status st = pkvi_attn_check_shape(shape, 1);
+    if (st == PKV_OK) st = pkvi_attn_check_quant(quant);
+    if (st == PKV_OK) st = pkvi_attn_check_contig_desc(kv);
+    if (st == PKV_OK && (q == NULL || out == NULL)) st = PKV_ERR_INVALID_ARG;
+    return st != PKV_OK ? st : PKV_ERR_UNSUPPORTED;
+}
+
+pkv_status pkv_attn_decode_paged_quant_cuda_ex(const pkv_attn_shape *shape,
+                                               const pkv_attn_kv_quant *quant,
+                                               uint32_t num_seqs, const void *q,
+                                               const pkv_attn_paged_kv *kv, void *out,
+                                               const pkv_attn_cuda_opts *opts, void *stream) {
+    (void)opts;
+    return pkv_attn_decode_paged_quant_cuda(shape, quant, num_seqs, q, kv, out, stream);
+}
+
+pkv_status pkv_attn_decode_contig_quant_cuda_ex(const pkv_attn_shape *shape,
+                                                const pkv_attn_kv_quant *quant,
+                                                uint32_t num_seqs, const void *q,
+                                                const pkv_attn_contig_kv *kv, void *out,
+                                                const pkv_attn_cuda_opts *opts, void *stream) {
+    (void)opts;
+    return pkv_attn_decode_contig_quant_cuda(shape, quant, num_seqs, q, kv, out, stream);
+}
+
+pkv_status pkv_attn_prefill_paged_quant_cuda_ex(const pkv_attn_shape *shape,
+                                                const pkv_attn_kv_quant *quant,
+                                                uint32_t num_seqs, const int32_t *q_indptr,
+                                                uint32_t num_rows, const void *q,
+                                                const pkv_attn_paged_kv *kv, void *out,
+                                                void *stream) {
+    (void)num_rows;
+    return pkv_attn_prefill_paged_quant_cuda(shape, quant, num_seqs, q_indptr, q, kv, out,
+                                             stream);
+}
+
 pkv_status pkv_attn_cache_write_quant_cuda(const pkv_attn_shape *shape,
                                            const pkv_attn_kv_quant *quant, uint32_t num_tokens,
                                            const void *k, const void *v, const int64_t *slots,

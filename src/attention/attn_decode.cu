@@ -54,12 +54,99 @@ struct dec_args {
     uint32_t parts;           // partitions (1 = no split-K)
     float *ws_o;              // [num_seqs][num_heads][parts][D] normalized partial outputs
     float *ws_ml;             // [num_seqs][num_heads][parts][2] running max, sum
+    // 8-bit caches (decode_kernel<T, uint8_t, ...>); else kmul = vmul = 1.
+    int q8_kind;              // PKVI_Q8_INT8 / _E4M3 / _E5M2
+    float kmul;               // folded into q: fp8 k_scale x bias, int8 1
+    float vmul;               // applied to the output: fp8 v_scale x bias, int8 1
+    uint64_t scale_offset;    // int8: bytes from a block's (row's) base to its scales
+    uint64_t scale_hs;        // int8: floats between kv heads' scales
+    uint64_t scale_ts;        // int8: floats between tokens' scales
 };
 
-// Rows (16-byte loads) each thread keeps in flight per step: 8, or 4 for G = 8
-// whose q and accumulators already take 128 registers.
-template <int G> struct rows_per_step {
-    static constexpr int u = G >= 8 ? 4 : 8;
+// Rows each thread takes per step: 8, or 4 for G = 8 whose q and accumulators
+// already take 128 registers; one 16-byte load each, or one per two rows of an
+// 8-bit cache (Q8), which takes twice the rows where the registers allow. Never
+// more rows per step than a tile has (NRG: row groups of the block).
+template <int G, bool Q8, int NRG> struct rows_per_step {
+    static constexpr int want = Q8 ? (G >= 8 ? 4 : G >= 4 ? 8 : 16) : (G >= 8 ? 4 : 8);
+    static constexpr int u = want * NRG > TILE ? TILE / NRG : want;
+};
+
+// 8-bit rows: lanes pair up (ln, ln ^ 1) over two rows A, B of a step. Each loads
+// the 16 bytes of its chunk ln / 2 of its own row (even lane: A, odd: B), then
+// they swap halves, so that every lane holds its 8 elements ln * 8 .. + 7 of
+// both rows: the element ownership of a 16-bit cache (8 per lane), with half the
+// loads for the same rows. Out: ra, rb (8 bytes each). Whole warp (shuffles).
+__device__ __forceinline__ void q8_swap(const uint4 &own, int ln, uint2 *ra, uint2 *rb) {
+    const bool odd = (ln & 1) != 0;
+    uint2 send;
+    send.x = odd ? own.x : own.z;
+    send.y = odd ? own.y : own.w;
+    uint2 got;
+    got.x = __shfl_xor_sync(0xffffffffu, send.x, 1);
+    got.y = __shfl_xor_sync(0xffffffffu, send.y, 1);
+    if (odd) {
+        *ra = got;
+        rb->x = own.z;
+        rb->y = own.w;
+    } else {
+        ra->x = own.x;
+        ra->y = own.y;
+        *rb = got;
+    }
+}
+
+// N elements of T at p (16-byte aligned) as fp32, with 16-byte loads.
+template <typename T, int N> __device__ __forceinline__ void load_f32(const T *p, float *f) {
+    constexpr int PV = pkvi_vec<T>::n;
+    static_assert(N % PV == 0, "whole 16-byte vectors");
+#pragma unroll
+    for (int i = 0; i < N / PV; i++) {
+        pkvi_unpack<T>(__ldg(reinterpret_cast<const uint4 *>(p + i * PV)), f + i * PV);
+    }
+}
+
+// A step's rows as this lane's 16-byte loads: L = U loads of one row each
+// (16/32-bit caches: C = T) or U / 2 loads of a row pair (8-bit: C = uint8_t).
+// load() issues them all before any is used; row() turns row u into fp32 (this
+// lane's EL elements, before any scale), 8-bit pairs swapped once per step.
+template <typename T, typename C, int U, int NV, int LPR> struct step_loads {
+    static constexpr bool Q8 = sizeof(C) == 1;
+    static constexpr int L = Q8 ? U / 2 : U;
+    static constexpr int VEC = Q8 ? 8 : pkvi_vec<T>::n;
+    static_assert(!Q8 || (NV == 1 && U % 2 == 0), "8-bit: one row pair per load");
+    uint4 r[L][NV];
+    uint2 h[Q8 ? U : 1];
+
+    // Row of load l: U rows (rg + u NRG), 8-bit pairs u = 2l, 2l + 1 split by lane parity.
+    static __device__ __forceinline__ int row_of(int l, int ln) {
+        return Q8 ? 2 * l + (ln & 1) : l;
+    }
+    __device__ __forceinline__ void load(int l, const C *rowp, int ln) {
+#pragma unroll
+        for (int j = 0; j < NV; j++) {
+            const C *p = Q8 ? rowp + (ln >> 1) * 16 : rowp + (j * LPR + ln) * VEC;
+            r[l][j] = __ldg(reinterpret_cast<const uint4 *>(p));
+        }
+    }
+    __device__ __forceinline__ void swap(int ln) {
+        if constexpr (Q8) {
+#pragma unroll
+            for (int l = 0; l < L; l++) {
+                q8_swap(r[l][0], ln, &h[2 * l], &h[2 * l + 1]);
+            }
+        }
+    }
+    __device__ __forceinline__ void row(int u, int kind, float *f) const {
+        if constexpr (Q8) {
+            pkvi_q8_unpack(h[u], kind, f);
+        } else {
+#pragma unroll
+            for (int j = 0; j < NV; j++) {
+                pkvi_unpack<T>(r[u][j], f + j * VEC);
+            }
+        }
+    }
 };
 
 // Butterfly transpose-reduction: the N values of every lane are summed over each
@@ -118,25 +205,31 @@ __device__ __forceinline__ uint64_t row_off(const dec_args &a, bool paged, const
     return blk * a.block_stride + in * a.token_stride;
 }
 
+// T: q and out; C: the cache's elements, T or uint8_t (an 8-bit cache, its format
+// in a.q8_kind: rows dequantized on the fly, int8 scales read per tile).
 // G: query heads per thread block rounded up to a power of two (1, 2, 4, 8), so
 // that MHA does not pay registers for an 8-head accumulator.
-template <typename T, int D, int G>
+template <typename T, typename C, int D, int G>
 __global__ void __launch_bounds__(THREADS, 1) decode_kernel(const __grid_constant__ dec_args a) {
-    constexpr int VEC = pkvi_vec<T>::n;          // elements per 16-byte load
-    constexpr int VPR = D / VEC;                 // loads per row
+    constexpr bool Q8 = sizeof(C) == 1;
+    constexpr int VEC = Q8 ? 8 : pkvi_vec<T>::n; // row elements a lane owns per load
+    constexpr int VPR = D / VEC;                 // such chunks per row
     constexpr int LPR = VPR < 32 ? VPR : 32;     // lanes per row
-    constexpr int NV = VPR / LPR;                // loads per lane per row
+    constexpr int NV = VPR / LPR;                // chunks per lane per row
     constexpr int NRG = THREADS / LPR;           // row groups (rows per load slot)
     constexpr int EL = NV * VEC;                 // row elements per lane
-    constexpr int U = rows_per_step<G>::u;       // rows per thread per step
+    constexpr int U = rows_per_step<G, Q8, NRG>::u; // rows per thread per step
     constexpr int N = G * U;                     // dot products per lane per step
     constexpr int STEP = U * NRG;                // rows per block per step
+    using loads = step_loads<T, C, U, NV, LPR>;
     static_assert(THREADS >= TILE, "one thread per block id of a tile");
     __shared__ float s_p[2][G][TILE];            // scores, then probabilities (2 tiles)
     __shared__ int32_t s_ids[2][TILE];           // block ids of this tile and the next
     __shared__ float s_m[G], s_l[G], s_alpha[G];
     __shared__ float s_red[NRG][D];
-    static_assert(sizeof(s_p) + sizeof(s_ids) + sizeof(s_red) + 3 * sizeof(s_m) <= 48 * 1024,
+    __shared__ float s_sc[Q8 ? 2 : 1][Q8 ? TILE : 1]; // int8: the tile's K, V row scales
+    static_assert(sizeof(s_p) + sizeof(s_ids) + sizeof(s_red) + 3 * sizeof(s_m) +
+                          sizeof(s_sc) <= 48 * 1024,
                   "static shared memory is capped at 48 KiB");
 
     const int tid = threadIdx.x;
@@ -187,17 +280,18 @@ __global__ void __launch_bounds__(THREADS, 1) decode_kernel(const __grid_constan
     }
     const uint32_t end = min((uint64_t)len, (uint64_t)start + a.part_len);
 
-    // q in registers, pre-scaled: this lane's elements of every head of the group.
+    // q in registers, pre-scaled (fp8: by the K tensor scale too): this lane's
+    // elements of every head of the group.
     float qf[G][EL];
     const T *q = reinterpret_cast<const T *>(a.q) + ((uint64_t)row * a.num_heads + h0) * D;
+    const float qs = a.scale * a.kmul;
 #pragma unroll
     for (int g = 0; g < G; g++) {
 #pragma unroll
         for (int j = 0; j < NV; j++) {
             float f[VEC];
             if (g < (int)a.hpc) {
-                uint4 u = __ldg(reinterpret_cast<const uint4 *>(q + g * D + (j * LPR + ln) * VEC));
-                pkvi_unpack<T>(u, f);
+                load_f32<T, VEC>(q + g * D + (j * LPR + ln) * VEC, f);
             } else {
 #pragma unroll
                 for (int e = 0; e < VEC; e++) {
@@ -206,7 +300,7 @@ __global__ void __launch_bounds__(THREADS, 1) decode_kernel(const __grid_constan
             }
 #pragma unroll
             for (int e = 0; e < VEC; e++) {
-                qf[g][j * VEC + e] = f[e] * a.scale;
+                qf[g][j * VEC + e] = f[e] * qs;
             }
         }
     }
@@ -218,7 +312,9 @@ __global__ void __launch_bounds__(THREADS, 1) decode_kernel(const __grid_constan
     const int32_t *table = nullptr;
     const char *kb;
     const char *vb;
-    const size_t es = sizeof(T);
+    const size_t es = sizeof(C);
+    // int8 scales: byte offset of kv head kvh's scales from a block's (row's) base.
+    uint64_t sc0 = a.scale_offset + (uint64_t)kvh * a.scale_hs * 4u;
     if (paged) {
         table = a.tables + (uint64_t)s * a.max_blocks;
         kb = a.k + (uint64_t)kvh * a.head_stride * es;
@@ -235,9 +331,11 @@ __global__ void __launch_bounds__(THREADS, 1) decode_kernel(const __grid_constan
         uint64_t off = ((uint64_t)row0 + (uint64_t)kvh * a.head_stride) * es;
         kb = a.k + off;
         vb = a.v + off;
+        sc0 += (uint64_t)row0 * es;
     }
-    const T *kt = reinterpret_cast<const T *>(kb);
-    const T *vt = reinterpret_cast<const T *>(vb);
+    const C *kt = reinterpret_cast<const C *>(kb);
+    const C *vt = reinterpret_cast<const C *>(vb);
+    const bool int8 = Q8 && a.q8_kind == PKVI_Q8_INT8;
     float acc[G][EL];
 #pragma unroll
     for (int g = 0; g < G; g++) {
@@ -259,28 +357,37 @@ __global__ void __launch_bounds__(THREADS, 1) decode_kernel(const __grid_constan
         if (paged && t1 < end) {
             next_id = tile_block_id(a, table, t1, min((uint32_t)TILE, end - t1), tid, &bad);
         }
+        // int8: the K and V scales of token t0 + tid, stored for the softmax after
+        // the scores (their latency hides behind them), as the cache lays them out.
+        float ksc = 1.0f, vsc = 1.0f;
+        if (int8 && (uint32_t)tid < n) {
+            const uint32_t t = t0 + tid;
+            uint64_t o = sc0 + (uint64_t)t * a.scale_ts * 4u;
+            if (paged) {
+                const uint64_t blk = (uint64_t)ids[(t >> a.block_shift) - (t0 >> a.block_shift)];
+                o = sc0 + blk * a.block_stride +
+                    (uint64_t)(t & ((1u << a.block_shift) - 1u)) * a.scale_ts * 4u;
+            }
+            ksc = __ldg(reinterpret_cast<const float *>(a.k + o));
+            vsc = __ldg(reinterpret_cast<const float *>(a.v + o));
+        }
         // Scores. Step: each thread loads U rows (rg, rg + NRG, ...) before using
         // any; rows past the tile load row n - 1 instead (no branch) and are not
         // stored. The loop bound is uniform, so the shuffles see the full warp.
         for (uint32_t i0 = 0; i0 < n; i0 += STEP) {
-            uint4 kr[U][NV];
+            loads kr;
 #pragma unroll
-            for (int u = 0; u < U; u++) {
+            for (int l = 0; l < loads::L; l++) {
+                const int u = loads::row_of(l, ln);
                 const uint32_t i = min(i0 + rg + (uint32_t)(u * NRG), n - 1);
-                const T *r = kt + row_off(a, paged, ids, t0, t0 + i);
-#pragma unroll
-                for (int j = 0; j < NV; j++) {
-                    kr[u][j] = __ldg(reinterpret_cast<const uint4 *>(r + (j * LPR + ln) * VEC));
-                }
+                kr.load(l, kt + row_off(a, paged, ids, t0, t0 + i), ln);
             }
+            kr.swap(ln);
             float dot[N];
 #pragma unroll
             for (int u = 0; u < U; u++) {
                 float kf[EL];
-#pragma unroll
-                for (int j = 0; j < NV; j++) {
-                    pkvi_unpack<T>(kr[u][j], kf + j * VEC);
-                }
+                kr.row(u, a.q8_kind, kf);
 #pragma unroll
                 for (int g = 0; g < G; g++) {
                     float d = 0.0f;
@@ -306,6 +413,10 @@ __global__ void __launch_bounds__(THREADS, 1) decode_kernel(const __grid_constan
                 }
             }
         }
+        if (int8) {
+            s_sc[0][tid] = ksc; // the previous tile's readers are past its last barrier
+            s_sc[1][tid] = vsc;
+        }
         __syncthreads();
         if (paged && t1 < end) {
             s_ids[buf ^ 1][tid] = next_id; // every reader of this buffer is past the barrier
@@ -314,7 +425,12 @@ __global__ void __launch_bounds__(THREADS, 1) decode_kernel(const __grid_constan
         for (uint32_t g = warp; g < a.hpc; g += THREADS / 32) {
             float mx = -INFINITY;
             for (uint32_t i = lane; i < n; i += 32) {
-                mx = fmaxf(mx, s_p[buf][g][i]);
+                float x = s_p[buf][g][i];
+                if (int8) {
+                    x *= s_sc[0][i]; // the row's K scale (read by this lane only)
+                    s_p[buf][g][i] = x;
+                }
+                mx = fmaxf(mx, x);
             }
             mx = pkvi_warp_max(mx);
             const float m_old = s_m[g];
@@ -323,8 +439,9 @@ __global__ void __launch_bounds__(THREADS, 1) decode_kernel(const __grid_constan
             float sum = 0.0f;
             for (uint32_t i = lane; i < n; i += 32) {
                 float p = expf(s_p[buf][g][i] - m_new);
-                s_p[buf][g][i] = p;
                 sum += p;
+                // int8: the row's V scale rides on its weight, not on the sum.
+                s_p[buf][g][i] = int8 ? p * s_sc[1][i] : p;
             }
             sum = pkvi_group_sum(sum, 32);
             if (lane == 0) {
@@ -348,24 +465,19 @@ __global__ void __launch_bounds__(THREADS, 1) decode_kernel(const __grid_constan
             }
         }
         for (uint32_t i0 = 0; i0 < n; i0 += STEP) {
-            uint4 vr[U][NV];
+            loads vr;
 #pragma unroll
-            for (int u = 0; u < U; u++) {
+            for (int l = 0; l < loads::L; l++) {
+                const int u = loads::row_of(l, ln);
                 const uint32_t i = min(i0 + rg + (uint32_t)(u * NRG), n - 1);
-                const T *r = vt + row_off(a, paged, ids, t0, t0 + i);
-#pragma unroll
-                for (int j = 0; j < NV; j++) {
-                    vr[u][j] = __ldg(reinterpret_cast<const uint4 *>(r + (j * LPR + ln) * VEC));
-                }
+                vr.load(l, vt + row_off(a, paged, ids, t0, t0 + i), ln);
             }
+            vr.swap(ln);
 #pragma unroll
             for (int u = 0; u < U; u++) {
                 const uint32_t i = i0 + rg + (uint32_t)(u * NRG);
                 float vf[EL];
-#pragma unroll
-                for (int j = 0; j < NV; j++) {
-                    pkvi_unpack<T>(vr[u][j], vf + j * VEC);
-                }
+                vr.row(u, a.q8_kind, vf);
 #pragma unroll
                 for (int g = 0; g < G; g++) {
                     if (g < (int)a.hpc) {
@@ -394,7 +506,7 @@ __global__ void __launch_bounds__(THREADS, 1) decode_kernel(const __grid_constan
                 }
             }
             __syncthreads();
-            const float inv_l = 1.0f / s_l[g];
+            const float inv_l = a.vmul / s_l[g]; // fp8: the V tensor scale too
             const uint64_t hrow = (uint64_t)row * a.num_heads + h0 + g;
             for (int d = tid; d < D; d += THREADS) {
                 float x = 0.0f;
@@ -511,10 +623,10 @@ pkv_status plan(const pkv_attn_shape *sh, uint32_t num_seqs, const split_req &re
     return PKV_OK;
 }
 
-template <typename T, int D, int G>
+template <typename T, typename C, int D, int G>
 pkv_status launch_g(const pkv_attn_shape *sh, dec_args a, uint32_t rows, const split_req &req,
                     cudaStream_t stream) {
-    pkv_status st = plan(sh, a.num_seqs, req, decode_kernel<T, D, G>, &a);
+    pkv_status st = plan(sh, a.num_seqs, req, decode_kernel<T, C, D, G>, &a);
     if (st != PKV_OK) {
         return st;
     }
@@ -525,7 +637,7 @@ pkv_status launch_g(const pkv_attn_shape *sh, dec_args a, uint32_t rows, const s
     // Grid: x = query rows (sequences in decode), y = kv heads x head groups,
     // z = context partitions; THREADS threads each.
     dim3 grid(rows, sh->num_kv_heads * a.gpk, a.parts);
-    decode_kernel<T, D, G><<<grid, THREADS, 0, stream>>>(a);
+    decode_kernel<T, C, D, G><<<grid, THREADS, 0, stream>>>(a);
     if (a.parts > 1) {
         // Grid: one block per (row, query head), threads over head_dim.
         merge_kernel<T, D><<<(unsigned)(rows * a.num_heads), THREADS, 0, stream>>>(a);
@@ -533,37 +645,62 @@ pkv_status launch_g(const pkv_attn_shape *sh, dec_args a, uint32_t rows, const s
     return pkvi_launch_status(before);
 }
 
-template <typename T, int D>
+template <typename T, typename C, int D>
 pkv_status launch_t(const pkv_attn_shape *sh, const dec_args &a, uint32_t rows,
                     const split_req &req, cudaStream_t stream) {
     if (a.hpc == 1) {
-        return launch_g<T, D, 1>(sh, a, rows, req, stream);
+        return launch_g<T, C, D, 1>(sh, a, rows, req, stream);
     } else if (a.hpc == 2) {
-        return launch_g<T, D, 2>(sh, a, rows, req, stream);
+        return launch_g<T, C, D, 2>(sh, a, rows, req, stream);
     } else if (a.hpc <= 4) {
-        return launch_g<T, D, 4>(sh, a, rows, req, stream);
+        return launch_g<T, C, D, 4>(sh, a, rows, req, stream);
     }
-    return launch_g<T, D, GMAX>(sh, a, rows, req, stream);
+    return launch_g<T, C, D, GMAX>(sh, a, rows, req, stream);
 }
 
-template <typename T>
+template <typename T, typename C>
 pkv_status launch_d(const pkv_attn_shape *sh, const dec_args &a, uint32_t rows,
                     const split_req &req, cudaStream_t st) {
     switch (sh->head_dim) {
     case 64:
-        return launch_t<T, 64>(sh, a, rows, req, st);
+        return launch_t<T, C, 64>(sh, a, rows, req, st);
     case 128:
-        return launch_t<T, 128>(sh, a, rows, req, st);
+        return launch_t<T, C, 128>(sh, a, rows, req, st);
     default:
-        return launch_t<T, 256>(sh, a, rows, req, st);
+        return launch_t<T, C, 256>(sh, a, rows, req, st);
     }
+}
+
+// The cache's element type: T itself, or bytes of an 8-bit cache (qz != NULL).
+template <typename T>
+pkv_status launch_c(const pkv_attn_shape *sh, const dec_args &a, uint32_t rows,
+                    const split_req &req, const pkv_attn_kv_quant *qz, cudaStream_t st) {
+    if (qz != nullptr) {
+        return launch_d<T, uint8_t>(sh, a, rows, req, st);
+    }
+    return launch_d<T, T>(sh, a, rows, req, st);
 }
 
 // Shape fields, the grid limits, then the dtype dispatch (which plans split-K
 // with the chosen kernel's occupancy and launches).
+// qz: an 8-bit cache's format and scales (NULL: the cache is in sh->dtype).
 static pkv_status launch(const pkv_attn_shape *sh, dec_args a, uint32_t num_seqs,
-                         uint32_t rows, const split_req &req, cudaStream_t st) {
+                         uint32_t rows, const split_req &req, cudaStream_t st,
+                         const pkv_attn_kv_quant *qz = nullptr) {
     pkvi_attn_cuda_groups(sh, &a.hpc, &a.gpk);
+    a.kmul = 1.0f;
+    a.vmul = 1.0f;
+    if (qz != nullptr) {
+        a.q8_kind = pkvi_q8_kind_of(qz->kv_dtype);
+        if (a.q8_kind == PKVI_Q8_INT8) {
+            a.scale_offset = qz->scale_offset;
+            a.scale_hs = qz->scale_head_stride;
+            a.scale_ts = qz->scale_token_stride;
+        } else {
+            a.kmul = qz->k_scale * pkvi_q8_bias(a.q8_kind);
+            a.vmul = qz->v_scale * pkvi_q8_bias(a.q8_kind);
+        }
+    }
     a.num_seqs = num_seqs;
     a.num_heads = sh->num_heads;
     a.group = sh->num_heads / sh->num_kv_heads;
@@ -581,16 +718,17 @@ static pkv_status launch(const pkv_attn_shape *sh, dec_args a, uint32_t num_seqs
     }
     switch (sh->dtype) {
     case PKV_DTYPE_F32:
-        return launch_d<float>(sh, a, rows, r, st);
+        return launch_c<float>(sh, a, rows, r, qz, st);
     case PKV_DTYPE_F16:
-        return launch_d<__half>(sh, a, rows, r, st);
+        return launch_c<__half>(sh, a, rows, r, qz, st);
     default:
-        return launch_d<__nv_bfloat16>(sh, a, rows, r, st);
+        return launch_c<__nv_bfloat16>(sh, a, rows, r, qz, st);
     }
 }
 
+// es: bytes per cache element (the shape's dtype, or 1 for an 8-bit cache).
 static pkv_status check_paged(const pkv_attn_shape *sh, const void *q,
-                              const pkv_attn_paged_kv *kv, const void *out) {
+                              const pkv_attn_paged_kv *kv, const void *out, size_t es) {
     pkv_status st = pkvi_attn_check_shape(sh, 1);
     if (st == PKV_OK) {
         st = pkvi_attn_check_paged_desc(kv);
@@ -608,7 +746,6 @@ static pkv_status check_paged(const pkv_attn_shape *sh, const void *q,
     if ((uint64_t)kv->max_blocks_per_seq * b > (uint64_t)INT32_MAX) {
         return PKV_ERR_INVALID_ARG;
     }
-    size_t es = pkv_dtype_size(sh->dtype);
     if (!pkvi_aligned16(q) || !pkvi_aligned16(out) || !pkvi_aligned16(kv->k_cache) ||
         !pkvi_aligned16(kv->v_cache) || !pkvi_stride16(kv->block_stride, es) ||
         !pkvi_stride16(kv->head_stride, es) || !pkvi_stride16(kv->token_stride, es)) {
@@ -645,7 +782,7 @@ extern "C" pkv_status pkv_attn_decode_paged_cuda_ex(const pkv_attn_shape *shape,
                                                     const pkv_attn_paged_kv *kv, void *out,
                                                     const pkv_attn_cuda_opts *opts,
                                                     void *stream) {
-    pkv_status st = check_paged(shape, q, kv, out);
+    pkv_status st = check_paged(shape, q, kv, out, pkv_dtype_size(shape->dtype));
     if (st != PKV_OK || num_seqs == 0) {
         return st;
     }
@@ -678,7 +815,8 @@ static pkv_status launch_prefill(const pkv_attn_shape *shape, dec_args a, uint32
 
 // The host checks of a contiguous call and its launch arguments.
 static pkv_status contig_args(const pkv_attn_shape *shape, const void *q,
-                              const pkv_attn_contig_kv *kv, void *out, dec_args *a) {
+                              const pkv_attn_contig_kv *kv, void *out, dec_args *a,
+                              size_t es) {
     pkv_status st = pkvi_attn_check_shape(shape, 1);
     if (st == PKV_OK) {
         st = pkvi_attn_check_contig_desc(kv);
@@ -689,7 +827,6 @@ static pkv_status contig_args(const pkv_attn_shape *shape, const void *q,
     if (q == nullptr || out == nullptr || kv->max_seq_len > (uint32_t)INT32_MAX) {
         return PKV_ERR_INVALID_ARG;
     }
-    size_t es = pkv_dtype_size(shape->dtype);
     if (!pkvi_aligned16(q) || !pkvi_aligned16(out) || !pkvi_aligned16(kv->k_cache) ||
         !pkvi_aligned16(kv->v_cache) ||
         (kv->seq_offsets == nullptr && !pkvi_stride16(kv->seq_stride, es)) ||
@@ -716,7 +853,7 @@ extern "C" pkv_status pkv_attn_decode_contig_cuda_ex(const pkv_attn_shape *shape
                                                      const pkv_attn_cuda_opts *opts,
                                                      void *stream) {
     dec_args a;
-    pkv_status st = contig_args(shape, q, kv, out, &a);
+    pkv_status st = contig_args(shape, q, kv, out, &a, pkv_dtype_size(shape->dtype));
     if (st != PKV_OK || num_seqs == 0) {
         return st;
     }
@@ -730,7 +867,7 @@ extern "C" pkv_status pkv_attn_prefill_contig_cuda_ex(const pkv_attn_shape *shap
                                                       const pkv_attn_contig_kv *kv, void *out,
                                                       void *stream) {
     dec_args a;
-    pkv_status st = contig_args(shape, q, kv, out, &a);
+    pkv_status st = contig_args(shape, q, kv, out, &a, pkv_dtype_size(shape->dtype));
     if (st != PKV_OK) {
         return st;
     }
@@ -750,12 +887,24 @@ extern "C" pkv_status pkv_attn_prefill_paged_cuda_ex(const pkv_attn_shape *shape
                                                      uint32_t num_rows, const void *q,
                                                      const pkv_attn_paged_kv *kv, void *out,
                                                      void *stream) {
-    pkv_status st = check_paged(shape, q, kv, out);
+    pkv_status st = check_paged(shape, q, kv, out, pkv_dtype_size(shape->dtype));
     if (st != PKV_OK) {
         return st;
     }
     return launch_prefill(shape, paged_args(q, kv, out), num_seqs, q_indptr, num_rows,
                           kv->max_blocks_per_seq * kv->block_size, stream);
+}
+
+// The packed row count q_indptr[num_seqs], read back from the device (one
+// synchronization of `stream`).
+static pkv_status read_rows(const int32_t *q_indptr, uint32_t num_seqs, cudaStream_t cs,
+                            int32_t *rows) {
+    if (cudaMemcpyAsync(rows, q_indptr + num_seqs, sizeof *rows, cudaMemcpyDeviceToHost, cs) !=
+            cudaSuccess ||
+        cudaStreamSynchronize(cs) != cudaSuccess) {
+        return PKV_ERR_BACKEND;
+    }
+    return *rows < 0 ? PKV_ERR_INVALID_ARG : PKV_OK;
 }
 
 // The grid needs the packed row count, q_indptr[num_seqs], which lives on the
@@ -764,7 +913,7 @@ extern "C" pkv_status pkv_attn_prefill_paged_cuda(const pkv_attn_shape *shape,
                                                   uint32_t num_seqs, const int32_t *q_indptr,
                                                   const void *q, const pkv_attn_paged_kv *kv,
                                                   void *out, void *stream) {
-    pkv_status st = check_paged(shape, q, kv, out);
+    pkv_status st = check_paged(shape, q, kv, out, pkv_dtype_size(shape->dtype));
     if (st != PKV_OK) {
         return st;
     }
@@ -774,16 +923,130 @@ extern "C" pkv_status pkv_attn_prefill_paged_cuda(const pkv_attn_shape *shape,
     if (num_seqs == 0) {
         return PKV_OK;
     }
-    cudaStream_t cs = static_cast<cudaStream_t>(stream);
     int32_t rows = 0;
-    if (cudaMemcpyAsync(&rows, q_indptr + num_seqs, sizeof rows, cudaMemcpyDeviceToHost, cs) !=
-            cudaSuccess ||
-        cudaStreamSynchronize(cs) != cudaSuccess) {
-        return PKV_ERR_BACKEND;
-    }
-    if (rows < 0) {
-        return PKV_ERR_INVALID_ARG;
+    st = read_rows(q_indptr, num_seqs, static_cast<cudaStream_t>(stream), &rows);
+    if (st != PKV_OK) {
+        return st;
     }
     return pkv_attn_prefill_paged_cuda_ex(shape, num_seqs, q_indptr, (uint32_t)rows, q, kv, out,
                                           stream);
+}
+
+// ---- 8-bit caches: the same kernels with C = uint8_t ----------------------------
+// Checks as the 16-bit calls (strides in bytes), the format, and 4-byte aligned
+// int8 scales (base_stride: bytes between blocks or fixed rows, 0 = none).
+static pkv_status check_q8(const pkv_attn_shape *shape, const pkv_attn_kv_quant *quant,
+                           const void *kc, const void *vc, uint64_t base_stride) {
+    pkv_status st = pkvi_attn_check_shape(shape, 1);
+    if (st == PKV_OK) {
+        st = pkvi_attn_check_quant(quant);
+    }
+    if (st == PKV_OK && !pkvi_q8_scales_aligned(quant, kc, vc, base_stride)) {
+        st = PKV_ERR_UNSUPPORTED;
+    }
+    return st;
+}
+
+extern "C" pkv_status pkv_attn_decode_paged_quant_cuda_ex(
+    const pkv_attn_shape *shape, const pkv_attn_kv_quant *quant, uint32_t num_seqs,
+    const void *q, const pkv_attn_paged_kv *kv, void *out, const pkv_attn_cuda_opts *opts,
+    void *stream) {
+    pkv_status st = check_paged(shape, q, kv, out, 1);
+    if (st == PKV_OK) {
+        st = check_q8(shape, quant, kv->k_cache, kv->v_cache, kv->block_stride);
+    }
+    if (st != PKV_OK || num_seqs == 0) {
+        return st;
+    }
+    split_req req = {opts, kv->max_blocks_per_seq * kv->block_size};
+    return launch(shape, paged_args(q, kv, out), num_seqs, num_seqs, req,
+                  static_cast<cudaStream_t>(stream), quant);
+}
+
+extern "C" pkv_status pkv_attn_decode_paged_quant_cuda(const pkv_attn_shape *shape,
+                                                       const pkv_attn_kv_quant *quant,
+                                                       uint32_t num_seqs, const void *q,
+                                                       const pkv_attn_paged_kv *kv, void *out,
+                                                       void *stream) {
+    return pkv_attn_decode_paged_quant_cuda_ex(shape, quant, num_seqs, q, kv, out, nullptr,
+                                               stream);
+}
+
+extern "C" pkv_status pkv_attn_decode_contig_quant_cuda_ex(
+    const pkv_attn_shape *shape, const pkv_attn_kv_quant *quant, uint32_t num_seqs,
+    const void *q, const pkv_attn_contig_kv *kv, void *out, const pkv_attn_cuda_opts *opts,
+    void *stream) {
+    dec_args a;
+    pkv_status st = contig_args(shape, q, kv, out, &a, 1);
+    if (st == PKV_OK) {
+        // Carved rows start 16-byte aligned (the kernel checks each offset).
+        st = check_q8(shape, quant, kv->k_cache, kv->v_cache,
+                      kv->seq_offsets != nullptr ? 0 : kv->seq_stride);
+    }
+    if (st != PKV_OK || num_seqs == 0) {
+        return st;
+    }
+    split_req req = {opts, kv->max_seq_len};
+    return launch(shape, a, num_seqs, num_seqs, req, static_cast<cudaStream_t>(stream), quant);
+}
+
+extern "C" pkv_status pkv_attn_decode_contig_quant_cuda(const pkv_attn_shape *shape,
+                                                        const pkv_attn_kv_quant *quant,
+                                                        uint32_t num_seqs, const void *q,
+                                                        const pkv_attn_contig_kv *kv, void *out,
+                                                        void *stream) {
+    return pkv_attn_decode_contig_quant_cuda_ex(shape, quant, num_seqs, q, kv, out, nullptr,
+                                                stream);
+}
+
+extern "C" pkv_status pkv_attn_prefill_paged_quant_cuda_ex(
+    const pkv_attn_shape *shape, const pkv_attn_kv_quant *quant, uint32_t num_seqs,
+    const int32_t *q_indptr, uint32_t num_rows, const void *q, const pkv_attn_paged_kv *kv,
+    void *out, void *stream) {
+    pkv_status st = check_paged(shape, q, kv, out, 1);
+    if (st == PKV_OK) {
+        st = check_q8(shape, quant, kv->k_cache, kv->v_cache, kv->block_stride);
+    }
+    if (st != PKV_OK) {
+        return st;
+    }
+    if (q_indptr == nullptr) {
+        return PKV_ERR_INVALID_ARG;
+    }
+    if (num_seqs == 0 || num_rows == 0) {
+        return PKV_OK;
+    }
+    dec_args a = paged_args(q, kv, out);
+    a.q_indptr = q_indptr;
+    split_req req = {nullptr, kv->max_blocks_per_seq * kv->block_size};
+    return launch(shape, a, num_seqs, num_rows, req, static_cast<cudaStream_t>(stream), quant);
+}
+
+// Reads the packed row count back, as pkv_attn_prefill_paged_cuda.
+extern "C" pkv_status pkv_attn_prefill_paged_quant_cuda(const pkv_attn_shape *shape,
+                                                        const pkv_attn_kv_quant *quant,
+                                                        uint32_t num_seqs,
+                                                        const int32_t *q_indptr, const void *q,
+                                                        const pkv_attn_paged_kv *kv, void *out,
+                                                        void *stream) {
+    pkv_status st = check_paged(shape, q, kv, out, 1);
+    if (st == PKV_OK) {
+        st = check_q8(shape, quant, kv->k_cache, kv->v_cache, kv->block_stride);
+    }
+    if (st != PKV_OK) {
+        return st;
+    }
+    if (q_indptr == nullptr) {
+        return PKV_ERR_INVALID_ARG;
+    }
+    if (num_seqs == 0) {
+        return PKV_OK;
+    }
+    int32_t rows = 0;
+    st = read_rows(q_indptr, num_seqs, static_cast<cudaStream_t>(stream), &rows);
+    if (st != PKV_OK) {
+        return st;
+    }
+    return pkv_attn_prefill_paged_quant_cuda_ex(shape, quant, num_seqs, q_indptr, (uint32_t)rows,
+                                                q, kv, out, stream);
 }

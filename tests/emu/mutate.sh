@@ -8,8 +8,9 @@
 # a wrong rescale in the split-K merge, a wrong token offset in the cache write;
 # GQA head groups padded wrongly (offset, padded heads written), the caller's
 # max_context ignored, carved rows' seq_offsets ignored or a negative one used,
-# 8-bit V scales taken from K (int8 per-row, fp8 per-tensor), 2-byte units for an
-# 8-bit block copy.
+# 8-bit V scales taken from K (int8 per-row, fp8 per-tensor), int8 K scales
+# dropped, int8 scales of kv head 0 for every head or of the wrong row base, e4m3
+# read without its 2^8 bias, 2-byte units for an 8-bit block copy.
 #
 # usage: tests/emu/mutate.sh BUILD_DIR   (from the repository root; BUILD_DIR is a
 #        configured and built tree: its libpagedkv.a and pkv_config.h are used)
@@ -27,9 +28,11 @@ CXX=${CXX:-c++}
 CC=${CC:-cc}
 flags="-O1 -g -I$root/tests/emu/include -I$root/tests/emu -I$root/include -I$root -I$build"
 
-# mutate NAME FILE OLD NEW: the kernels with OLD replaced by NEW once in FILE.
+# mutate NAME FILE OLD NEW [CHECK]: the kernels with OLD replaced by NEW once in
+# FILE, run by CHECK: quant (the 8-bit check) or, by default, pkv-check (or the
+# 8-bit check for attn_quant.cu).
 mutant() {
-    name=$1 file=$2 old=$3 new=$4
+    name=$1 file=$2 old=$3 new=$4 check=${5:-}
     d="$work/$name"
     mkdir -p "$d"
     cp "$root"/src/attention/*.cu "$root"/src/attention/*.cuh "$root"/src/attention/*.h "$d"/
@@ -43,9 +46,10 @@ if text.count(old) < 1:
 open(path, "w").write(text.replace(old, new, 1))
 EOF
     fi
-    # attn_quant.cu's mutants run the 8-bit check, every other one pkv-check.
-    if [ "$file" = attn_quant.cu ]; then
-        kernels=attn_quant check_src=tests/emu/quant_check.c
+    # 8-bit mutants run the 8-bit check (the write and the 8-bit decode path),
+    # every other one pkv-check.
+    if [ "$file" = attn_quant.cu ] || [ "$check" = quant ]; then
+        kernels="attn_quant attn_decode" check_src=tests/emu/quant_check.c
     else
         kernels="attn_decode attn_cache" check_src=tools/pkv_check.c
     fi
@@ -147,15 +151,36 @@ mutant seq_offsets_negative attn_decode.cu \
     'if (((uint64_t)row0 * es) % 16 != 0) {'
 report seq_offsets_negative fail $?
 
-mutant int8_v_scale attn_quant.cu \
-    'const float vs = int8 ? *reinterpret_cast<const float *>(vc + sc) : 1.0f;' \
-    'const float vs = int8 ? *reinterpret_cast<const float *>(kc + sc) : 1.0f;'
+# 8-bit scale handling of the decode kernel's 8-bit path (issue 24).
+mutant int8_v_scale attn_decode.cu \
+    'vsc = __ldg(reinterpret_cast<const float *>(a.v + o));' \
+    'vsc = __ldg(reinterpret_cast<const float *>(a.k + o));' quant
 report int8_v_scale fail $?
 
-mutant fp8_v_scale attn_quant.cu \
-    'const float vmul = int8 ? 1.0f : v_scale;' \
-    'const float vmul = int8 ? 1.0f : k_scale;'
+mutant fp8_v_scale attn_decode.cu \
+    'a.vmul = qz->v_scale * pkvi_q8_bias(a.q8_kind);' \
+    'a.vmul = qz->k_scale * pkvi_q8_bias(a.q8_kind);' quant
 report fp8_v_scale fail $?
+
+mutant int8_k_scale_dropped attn_decode.cu \
+    'x *= s_sc[0][i]; // the row' \
+    'x *= 1.0f; // the row' quant
+report int8_k_scale_dropped fail $?
+
+mutant int8_scale_head_stride attn_decode.cu \
+    'uint64_t sc0 = a.scale_offset + (uint64_t)kvh * a.scale_hs * 4u;' \
+    'uint64_t sc0 = a.scale_offset;' quant
+report int8_scale_head_stride fail $?
+
+mutant int8_scale_contig_row attn_decode.cu \
+    'sc0 += (uint64_t)row0 * es;' \
+    'sc0 += 0;' quant
+report int8_scale_contig_row fail $?
+
+mutant e4m3_bias attn_cuda.cuh \
+    'return kind == PKVI_Q8_E4M3 ? 256.0f : 1.0f;' \
+    'return 1.0f;' quant
+report e4m3_bias fail $?
 
 # Issue 20, defect 11: an 8-bit cache copied in 2-byte units counted in bytes.
 mutant copy_8bit_unit attn_cache.cu \

@@ -4,7 +4,11 @@
 // int8 scales), decode and prefill the same outputs within fp32 rounding
 // (|gpu - cpu| <= 2e-5 + 2e-5 |cpu|, plus the output dtype's half ulp), over int8 /
 // e4m3 / e5m2, q in fp32 / fp16 / bf16, head_dim 64 / 128 / 256, GQA, shuffled block
-// tables with NaN-poisoned unused blocks, HND and NHD, and a bad block id (NaN rows).
+// tables with NaN-poisoned unused blocks, HND and NHD, and a bad block id (NaN rows);
+// decode through the decode kernel's 8-bit fast path: GQA 1 / 4 / 8, split-K edges
+// (contexts at and around the 256-token partitions, more partitions than a short
+// sequence has), paged and contiguous (fixed rows and carved seq_offsets rows, built
+// from the same bytes with their int8 scales beside each row).
 // Built twice: against the CPU emulator of the .cu files (suite emu, runs
 // everywhere) and, in a CUDA build, against the real runtime (suite cuda, exit 77 =
 // skipped without a device). Exit 0 pass, 1 mismatch or CUDA failure.
@@ -67,14 +71,76 @@ static double load(pkv_dtype dt, const void *p, size_t i) {
         }                                                                                      \
     } while (0)
 
-// One case: S sequences, write every token on both sides, compare the arenas,
-// then decode (and prefill of the last `pre` tokens) on both sides.
-static void run_case(pkv_dtype kvdt, pkv_dtype qdt, uint32_t H, uint32_t KVH, uint32_t D,
-                     uint32_t B, int nhd, int bad_block) {
+// |gpu - cpu| within fp32 rounding plus the output dtype's half ulp (u), for n values.
+static int outputs_agree(pkv_dtype qdt, const void *gpu, const void *cpu, size_t n, double u,
+                         const char *what) {
+    for (size_t i = 0; i < n; i++) {
+        double a = load(qdt, gpu, i), b = load(qdt, cpu, i);
+        if (!(fabs(a - b) <= 2e-5 + (2e-5 + u) * fabs(b)) && !(isnan(a) && isnan(b))) {
+            failures++;
+            printf("FAIL %s: out[%zu] gpu %.9g cpu %.9g\n", what, i, a, b);
+            return 0;
+        }
+    }
+    return 1;
+}
+
+// The split-K workspace for `splits` partitions (0: the heuristic's at most 64).
+static void *workspace(const pkv_attn_shape *sh, uint32_t S, uint32_t splits, size_t *bytes) {
+    void *ws = NULL;
+    if (pkv_attn_cuda_workspace_bytes(sh, S, splits ? splits : 64, bytes) != PKV_OK ||
+        cudaMalloc(&ws, *bytes) != cudaSuccess)
+        return NULL;
+    return ws;
+}
+
+// The paged arena's sequences as a contiguous cache: row s holds [KVH][cap][D]
+// bytes, then (int8) the fp32 scales [KVH][cap] at scale_offset; rows at a fixed
+// stride or (carved) in reverse order at seq_offsets. *half: bytes of the K side
+// (V follows).
+static uint8_t *contig_from_paged(const uint8_t *arena, uint64_t kv_half, const int32_t *table,
+                                  uint32_t maxb, const int32_t *lens, uint32_t S, uint32_t KVH,
+                                  uint32_t D, uint32_t B, uint64_t hs, uint64_t ts,
+                                  uint64_t scale_off, int int8, uint32_t cap, int carved,
+                                  uint64_t *row_bytes, int64_t *offsets, uint64_t *half) {
+    const uint64_t data = (uint64_t)KVH * cap * D;
+    const uint64_t sc_off = (data + 15) / 16 * 16;
+    *row_bytes = (sc_off + (int8 ? (uint64_t)KVH * cap * 4 : 0) + 15) / 16 * 16;
+    *half = *row_bytes * S;
+    uint8_t *c = malloc((size_t)(2 * *half));
+    if (!c) exit(1);
+    memset(c, 0x7f, (size_t)(2 * *half)); // unused slots: NaN fp8, huge int8 scales
+    for (uint32_t s = 0; s < S; s++) {
+        offsets[s] = (int64_t)((carved ? S - 1 - s : s) * *row_bytes);
+        for (int side = 0; side < 2; side++) {
+            uint8_t *row = c + side * *half + offsets[s];
+            const uint8_t *src = arena + side * kv_half;
+            for (uint32_t t = 0; t < (uint32_t)lens[s]; t++) {
+                const uint64_t blk = (uint64_t)table[s * maxb + t / B], in = t % B;
+                for (uint32_t h = 0; h < KVH; h++) {
+                    memcpy(row + ((uint64_t)h * cap + t) * D,
+                           src + blk * (2 * kv_half) + h * hs + in * ts, D);
+                    if (int8)
+                        memcpy(row + sc_off + ((uint64_t)h * cap + t) * 4,
+                               src + blk * (2 * kv_half) + scale_off + (h * B + in) * 4, 4);
+                }
+            }
+        }
+    }
+    return c;
+}
+
+// One case: S sequences of lens[], write every token on both sides, compare the
+// arenas, then decode (and prefill of every token) on both sides; with splits != 1
+// also split-K decode (splits partitions, 0 = the plan's) of the paged cache and
+// of the same sequences as a contiguous cache (carved: rows at seq_offsets).
+static void run_case_lens(pkv_dtype kvdt, pkv_dtype qdt, uint32_t H, uint32_t KVH, uint32_t D,
+                          uint32_t B, int nhd, int bad_block, uint32_t S, const int32_t *lens,
+                          uint32_t splits, int carved) {
     cases++;
-    const uint32_t S = 3;
-    const int32_t lens[3] = {1, 37, 70};
-    uint32_t maxb = (70 + B - 1) / B, nb = S * maxb + 2;
+    uint32_t longest = 1;
+    for (uint32_t s = 0; s < S; s++) longest = (uint32_t)lens[s] > longest ? (uint32_t)lens[s] : longest;
+    uint32_t maxb = (longest + B - 1) / B, nb = S * maxb + 2;
     pkv_cache_params p = pkv_cache_params_default();
     p.kv_heads = KVH;
     p.head_dim = D;
@@ -143,18 +209,20 @@ static void run_case(pkv_dtype kvdt, pkv_dtype qdt, uint32_t H, uint32_t KVH, ui
     CHECK(first == arena, "%s q=%s D=%u: cache bytes differ at %zu (gpu %#x cpu %#x)",
           pkv_dtype_name(kvdt), pkv_dtype_name(qdt), D, first, back[first], host[first]);
     // Decode: the last token of each sequence is the query; then prefill of all.
-    int32_t lens_b[3] = {lens[0], lens[1], lens[2]};
     int32_t *dtable = dev_copy(table, (size_t)S * maxb * sizeof *table);
-    int32_t *dlens = dev_copy(lens_b, sizeof lens_b);
-    pkv_attn_paged_kv hkv = {host, host + half, bs, hs, ts, B, nb, table, maxb, lens_b};
+    int32_t *dlens = dev_copy(lens, S * sizeof *lens);
+    pkv_attn_paged_kv hkv = {host, host + half, bs, hs, ts, B, nb, table, maxb, lens};
     pkv_attn_paged_kv dkv = {darena, darena + half, bs, hs, ts, B, nb, dtable, maxb, dlens};
     void *dout = NULL;
     CHECK(cudaMalloc(&dout, (size_t)total * H * D * qes) == cudaSuccess, "cudaMalloc out");
     const double u = qdt == PKV_DTYPE_F32 ? 0 : qdt == PKV_DTYPE_F16 ? ldexp(1, -10) : ldexp(1, -7);
+    int32_t *indptr = malloc((S + 1) * sizeof *indptr);
+    if (!indptr) exit(1);
+    indptr[0] = 0;
+    for (uint32_t s = 0; s < S; s++) indptr[s + 1] = indptr[s] + lens[s];
     for (int pre = 0; pre < 2; pre++) {
         uint32_t rows = pre ? total : S;
-        int32_t indptr[4] = {0, lens[0], lens[0] + lens[1], (int32_t)total};
-        int32_t *dind = dev_copy(indptr, sizeof indptr);
+        int32_t *dind = dev_copy(indptr, (S + 1) * sizeof *indptr);
         st = pre ? pkv_attn_prefill_paged_quant_cpu(&sh, &qz, S, indptr, q, &hkv, o_cpu)
                  : pkv_attn_decode_paged_quant_cpu(&sh, &qz, S, q, &hkv, o_cpu);
         CHECK(st == PKV_OK, "cpu attend: %s", pkv_status_str(st));
@@ -170,6 +238,52 @@ static void run_case(pkv_dtype kvdt, pkv_dtype qdt, uint32_t H, uint32_t KVH, ui
                   KVH, B, nhd ? "NHD" : "HND", pre ? "prefill" : "decode", i, a, b);
         }
         cudaFree(dind);
+    }
+    free(indptr);
+    if (splits != 1) {
+        char what[160];
+        snprintf(what, sizeof what, "%s q=%s D=%u H=%u/%u B=%u splits %u %s", pkv_dtype_name(kvdt),
+                 pkv_dtype_name(qdt), D, H, KVH, B, splits, carved ? "carved" : "fixed rows");
+        size_t wsb = 0;
+        void *ws = workspace(&sh, S, splits, &wsb);
+        CHECK(ws != NULL, "workspace");
+        pkv_attn_cuda_opts opts = {ws, wsb, splits, 0, 0};
+        // Paged, split-K.
+        st = pkv_attn_decode_paged_quant_cpu(&sh, &qz, S, q, &hkv, o_cpu);
+        CHECK(st == PKV_OK, "cpu decode: %s", pkv_status_str(st));
+        st = pkv_attn_decode_paged_quant_cuda_ex(&sh, &qz, S, dq, &dkv, dout, &opts, NULL);
+        CHECK(st == PKV_OK, "cuda split decode: %s", pkv_status_str(st));
+        CHECK(cudaMemcpy(o_gpu, dout, (size_t)S * H * D * qes, cudaMemcpyDeviceToHost) ==
+                  cudaSuccess, "download out");
+        if (!outputs_agree(qdt, o_gpu, o_cpu, (size_t)S * H * D, u, what)) return;
+        // Contiguous, the same bytes, split-K.
+        uint64_t row_bytes = 0, chalf = 0;
+        int64_t *offs = malloc(S * sizeof *offs);
+        if (!offs) exit(1);
+        const uint32_t cap = longest + 3;
+        uint8_t *hc = contig_from_paged(host, half, table, maxb, lens, S, KVH, D, B, hs, ts,
+                                        scale_off, kvdt == PKV_DTYPE_INT8, cap, carved,
+                                        &row_bytes, offs, &chalf);
+        uint8_t *dc = dev_copy(hc, (size_t)(2 * chalf));
+        int64_t *doffs = dev_copy(offs, S * sizeof *offs);
+        CHECK(dc && doffs, "device contiguous cache");
+        const uint64_t csc = ((uint64_t)KVH * cap * D + 15) / 16 * 16;
+        pkv_attn_kv_quant cqz = qz;
+        cqz.scale_offset = kvdt == PKV_DTYPE_INT8 ? csc : 0;
+        cqz.scale_head_stride = kvdt == PKV_DTYPE_INT8 ? cap : 0;
+        pkv_attn_contig_kv hck = {hc, hc + chalf, row_bytes, (uint64_t)cap * D, D, cap, lens,
+                                  carved ? offs : NULL};
+        pkv_attn_contig_kv dck = {dc, dc + chalf, row_bytes, (uint64_t)cap * D, D, cap, dlens,
+                                  carved ? doffs : NULL};
+        st = pkv_attn_decode_contig_quant_cpu(&sh, &cqz, S, q, &hck, o_cpu);
+        CHECK(st == PKV_OK, "cpu contig decode: %s", pkv_status_str(st));
+        st = pkv_attn_decode_contig_quant_cuda_ex(&sh, &cqz, S, dq, &dck, dout, &opts, NULL);
+        CHECK(st == PKV_OK, "cuda contig decode: %s", pkv_status_str(st));
+        CHECK(cudaMemcpy(o_gpu, dout, (size_t)S * H * D * qes, cudaMemcpyDeviceToHost) ==
+                  cudaSuccess, "download out");
+        if (!outputs_agree(qdt, o_gpu, o_cpu, (size_t)S * H * D, u, what)) return;
+        cudaFree(dc), cudaFree(doffs), cudaFree(ws);
+        free(hc), free(offs);
     }
     if (bad_block) {
         // A block id past the cache in sequence 1's table: its rows are NaN, the
@@ -190,6 +304,12 @@ static void run_case(pkv_dtype kvdt, pkv_dtype qdt, uint32_t H, uint32_t KVH, ui
         free(o_gpu);
 }
 
+static void run_case(pkv_dtype kvdt, pkv_dtype qdt, uint32_t H, uint32_t KVH, uint32_t D,
+                     uint32_t B, int nhd, int bad_block) {
+    static const int32_t lens[3] = {1, 37, 70};
+    run_case_lens(kvdt, qdt, H, KVH, D, B, nhd, bad_block, 3, lens, 1, 0);
+}
+
 int main(int argc, char **argv) {
     int quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
     int n = 0;
@@ -208,6 +328,20 @@ int main(int argc, char **argv) {
         }
         run_case(kv[a], PKV_DTYPE_F16, 4, 4, 128, 8, 1, 0); // NHD, MHA, block 8
         run_case(kv[a], PKV_DTYPE_F32, 8, 1, 64, 32, 0, 1); // MQA, block 32
+        // The fast path's plans: GQA 1 / 4 / 8 (2 kv heads), split-K at and around
+        // the 256-token partitions (3 partitions of 256 over 600 tokens: sequence
+        // 0 has 1, sequence 1 ends one short of the first boundary, 2 on it, 3 one
+        // past), the wave-aware plan (0), paged and contiguous, fixed and carved.
+        static const int32_t edge[5] = {1, 255, 256, 257, 600};
+        static const uint32_t groups[3] = {1, 4, 8};
+        for (int g = 0; g < 3; g++) {
+            run_case_lens(kv[a], qd[(a + g) % 3], 2 * groups[g], 2, 128, 16, g == 1, 0, 5, edge,
+                          3, g != 0);
+        }
+        if (!quick) {
+            run_case_lens(kv[a], PKV_DTYPE_BF16, 8, 2, 256, 32, 0, 0, 5, edge, 0, 1);
+            run_case_lens(kv[a], PKV_DTYPE_F16, 16, 2, 64, 8, 0, 0, 5, edge, 64, 0);
+        }
     }
     printf("quant-check: %u cases, %u failed: %s\n", cases, failures, failures ? "FAIL" : "PASS");
     return failures ? 1 : 0;

@@ -465,9 +465,6 @@ pkv_status pkv_model_prefill_paged(pkv_model *m, pkv_cache *cache, pkv_seqset *s
         cp.block_size != pkv_seqset_block_size(set) ||
         pkv_cache_pool(cache) != pkv_seqset_pool(set))
         return PKV_ERR_INVALID_ARG;
-    // 8-bit caches: the CPU attention only (no 8-bit CUDA kernels yet).
-    if (pkv_dtype_is_quantized(cp.dtype) && m->params.device != PKV_DEVICE_CPU)
-        return PKV_ERR_UNSUPPORTED;
     if (pkv_dtype_is_quantized(cp.dtype) && !m->kv_scales) {
         m->kv_scales = calloc((size_t)2 * m->cfg.num_layers, sizeof(float));
         if (!m->kv_scales) return PKV_ERR_OUT_OF_MEMORY;

@@ -11,6 +11,7 @@
 #include <cuda_fp16.h>
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "model_internal.h"
 
@@ -21,6 +22,9 @@ typedef struct cuda_state {
     // first call that needs more, reused by every layer (one stream, in order).
     void *ws;
     size_t ws_bytes;
+    // fp8 calibration: max|x| of one pass's K or V, as float bits (allocated on
+    // the first fp8 pass that needs it).
+    unsigned *amax;
 } cuda_state;
 
 // At most this much device memory for split-K partials; past it the kernel's
@@ -92,6 +96,7 @@ static void cuda_fini(pkv_model *m) {
     if (!s) return;
     cudaStreamSynchronize(s->stream);
     cudaFree(s->ws);
+    cudaFree(s->amax);
     cublasDestroy(s->blas);
     cudaStreamDestroy(s->stream);
     free(s);
@@ -254,6 +259,18 @@ static __global__ void contig_write_kernel(uint32_t kvh, uint32_t hd, uint64_t h
     }
 }
 
+// *amax = max(*amax, max|x|) over n values, as float bits: non-negative floats
+// order as their bit patterns. NaNs are skipped (fmaxf), as the CPU model's
+// calibration skips them; an inf wins.
+static __global__ void amax_kernel(size_t n, const float *x, unsigned *amax) {
+    float a = 0.0f;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        a = fmaxf(a, fabsf(x[i]));
+    a = block_reduce(a, 1);
+    if (threadIdx.x == 0) atomicMax(amax, __float_as_uint(a));
+}
+
 // ---- ops --------------------------------------------------------------------
 
 static pkv_status cuda_embed(pkv_model *m, uint32_t T, float *x) {
@@ -405,9 +422,78 @@ static pkv_status attend(pkv_model *m, uint32_t layer, const pkvi_call *call,
                                            &ck, att, stream);
 }
 
+// An fp8 tensor scale from one pass's n device values (the CPU model's rule):
+// max|x| / the fp8 max, or 1 for an all-zero or non-finite input. Reads the
+// maximum back: one synchronization, on the first pass of a layer only.
+static pkv_status calibrate(pkv_model *m, const float *x, size_t n, pkv_dtype dt, float *scale) {
+    cuda_state *cs = st_of(m);
+    if (!cs->amax && cudaMalloc((void **)&cs->amax, sizeof *cs->amax) != cudaSuccess) {
+        cudaGetLastError();
+        return PKV_ERR_OUT_OF_MEMORY;
+    }
+    pkv_status st = check(cudaMemsetAsync(cs->amax, 0, sizeof *cs->amax, cs->stream));
+    if (st != PKV_OK) return st;
+    // Grid: 1-D grid-stride over n values, one atomic per block.
+    amax_kernel<<<grid_for(n), THREADS, 0, cs->stream>>>(n, x, cs->amax);
+    st = launched();
+    unsigned bits = 0;
+    if (st == PKV_OK)
+        st = check(cudaMemcpyAsync(&bits, cs->amax, sizeof bits, cudaMemcpyDeviceToHost,
+                                   cs->stream));
+    if (st == PKV_OK) st = check(cudaStreamSynchronize(cs->stream));
+    if (st != PKV_OK) return st;
+    float amax;
+    memcpy(&amax, &bits, sizeof amax);
+    const float fmax = dt == PKV_DTYPE_FP8_E4M3 ? 448.0f : 57344.0f;
+    *scale = amax > 0.0f && isfinite(amax) ? amax / fmax : 1.0f;
+    return PKV_OK;
+}
+
+// 8-bit paged store, as the CPU model's: q, k, v and the output stay fp32, the
+// cache write quantizes and the decode kernel dequantizes on the fly.
+static pkv_status attend_quant(pkv_model *m, uint32_t layer, const pkvi_call *call,
+                               const pkvi_kv_target *kv) {
+    const pkv_model_config *c = &m->cfg;
+    pkvi_scratch *s = &m->s;
+    cudaStream_t stream = st_of(m)->stream;
+    pkv_attn_shape sh = {c->num_heads, c->num_kv_heads, c->head_dim, PKV_DTYPE_F32,
+                         1.0f / sqrtf((float)c->head_dim), 0};
+    pkv_attn_kv_quant qz = kv->quant;
+    if (kv->dtype != PKV_DTYPE_INT8) {
+        float *sc = m->kv_scales + 2 * (size_t)layer;
+        const size_t n = (size_t)call->num_tokens * m->kv_dim;
+        pkv_status st = PKV_OK;
+        if (sc[0] == 0.0f) st = calibrate(m, s->k, n, kv->dtype, &sc[0]);
+        if (st == PKV_OK && sc[1] == 0.0f) st = calibrate(m, s->v, n, kv->dtype, &sc[1]);
+        if (st != PKV_OK) return st;
+        qz.k_scale = sc[0];
+        qz.v_scale = sc[1];
+    }
+    char *kc = (char *)kv->base + kv->layer_stride * layer; // 1-byte elements
+    char *vc = kc + kv->kv_stride;
+    pkv_status st = pkv_attn_cache_write_quant_cuda(&sh, &qz, call->num_tokens, s->k, s->v,
+                                                    s->slots, kc, vc, kv->block_stride,
+                                                    kv->head_stride, kv->token_stride,
+                                                    kv->block_size, kv->num_blocks, stream);
+    if (st != PKV_OK) return st;
+    pkv_attn_paged_kv pk = {kc, vc, kv->block_stride, kv->head_stride, kv->token_stride,
+                            kv->block_size, kv->num_blocks, s->table, kv->max_blocks, s->lens};
+    if (call->all_single) {
+        pkv_attn_cuda_opts o = split_opts(st_of(m), &sh, call->num_seqs, kv->max_len);
+        return pkv_attn_decode_paged_quant_cuda_ex(&sh, &qz, call->num_seqs, s->q, &pk, s->att,
+                                                   &o, stream);
+    }
+    return pkv_attn_prefill_paged_quant_cuda_ex(&sh, &qz, call->num_seqs, s->indptr,
+                                                call->num_tokens, s->q, &pk, s->att, stream);
+}
+
 static pkv_status cuda_attention(pkv_model *m, uint32_t layer, const pkvi_call *call,
                                  const pkvi_kv_target *kv) {
     pkvi_scratch *s = &m->s;
+    if (pkv_dtype_is_quantized(kv->dtype)) {
+        if (kv->kind != PKVI_KV_PAGED) return PKV_ERR_UNSUPPORTED; // paged 8-bit stores only
+        return attend_quant(m, layer, call, kv);
+    }
     if (kv->dtype == PKV_DTYPE_F32) return attend(m, layer, call, kv, s->q, s->k, s->v, s->att);
     const size_t T = call->num_tokens;
     pkv_status st = narrow_n(m, T * m->q_dim, kv->dtype, s->q, s->q16);
