@@ -2,7 +2,8 @@
 // Tests of the decoder model: weight layout, random init, the forward pass
 // against a naive reference written in tests/model_ref.h (GPT-2 style and
 // Llama style with GQA), the step API on both stores, the llama2.c loader and
-// every error path. Tolerance: logits within 1e-4 absolute of the reference
+// every error path; heterogeneous layers (windows, sinks, MLA, state layers and
+// their state store). Tolerance: logits within 1e-4 absolute of the reference
 // (they are O(1); fp32 summation order alone moves them by ~1e-6).
 #include <criterion/criterion.h>
 #include <stdio.h>
@@ -1228,6 +1229,13 @@ Test(model_state, missing_or_stale_store_is_refused_with_a_message) {
     pkv_model_state_store *two = NULL;
     cr_assert_eq(pkv_model_state_store_create(m, 2, &two), PKV_OK);
     cr_assert_eq(pkv_model_set_state_store(m, two), PKV_OK);
+    // Row 1 would start fresh but row 0 continues without a state: the refused step
+    // claims no entry for row 1 either.
+    const uint32_t both[2] = {1, 0}, both_counts[2] = {5, 1};
+    cr_expect_eq(pkv_model_prefill_contig(m, kv, 2, both, both_counts,
+                                          (const int32_t[]){1, 2, 3, 4, 5, 6}, NULL, NULL),
+                 PKV_ERR_INVALID_ARG);
+    cr_expect_eq(pkv_model_state_store_release(two, 1), PKV_ERR_NOT_FOUND);
     cr_expect_eq(pkv_model_prefill_contig(m, kv, 1, &row, &count, tok, NULL, NULL), PKV_OK);
     cr_expect_eq(pkv_model_state_store_fork(two, 0, 1), PKV_OK);
     cr_expect_eq(pkv_model_state_store_fork(two, 0, 1), PKV_ERR_BUSY);

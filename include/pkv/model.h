@@ -281,13 +281,14 @@ uint32_t pkv_model_state_store_tokens(const pkv_model_state_store *store, int64_
 // store: borrowed until replaced (NULL detaches), created for this model
 // (PKV_ERR_INVALID_ARG otherwise). A step on a model with a state layer and no store
 // gives PKV_ERR_INVALID_ARG. A step whose new tokens start at position 0 takes a free
-// entry for a sequence without one (PKV_ERR_LIMIT when none is free); one that starts
+// entry for a sequence without one (PKV_ERR_LIMIT when none is free, or for more
+// sequences than the store's max_seqs); one that starts
 // at position p needs the sequence's state to hold exactly p tokens
 // (PKV_ERR_INVALID_ARG otherwise: a stale id not released, or a step replayed), and
 // after the step it holds the sequence's new length. A state cannot rewind: after
 // pkv_seq_truncate or pkv_seq_fork_at to a shorter length, release the id and prefill
-// the sequence again. These checks run before any layer; after a later failure
-// (memory) the step's states are unspecified. Thread-safety: a store is used by one
+// the sequence again. These checks run before any layer (a refused step changes no
+// entry); after a later failure (memory) the step's states are unspecified. Thread-safety: a store is used by one
 // thread at a time, with its model.
 // pkv_model_last_error names the problem.
 pkv_status pkv_model_set_state_store(pkv_model *model, pkv_model_state_store *store);

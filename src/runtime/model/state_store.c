@@ -166,11 +166,16 @@ pkv_status pkvi_states_bind(pkv_model *m, uint32_t S, const pkv_seq_id *seqs,
         pkvi_set_error(m, "a step of %u sequences, the state store holds %u", S, s->max_seqs);
         return PKV_ERR_LIMIT;
     }
+    // Check every sequence first and claim entries only then, so that a refused step
+    // leaves the store as it was.
+    uint32_t fresh = 0, free_entries = 0;
+    for (uint32_t e = 0; e < s->max_seqs; e++) free_entries += s->ids[e] == NO_ID;
     for (uint32_t i = 0; i < S; i++) {
         const int64_t id = seqs ? (int64_t)seqs[i] : (int64_t)rows[i];
         const uint32_t start = (uint32_t)m->meta.lens[i] - counts[i];
-        uint32_t e = find(s, id);
-        if (e == UINT32_MAX && start == 0) e = claim(s, id);
+        const uint32_t e = find(s, id);
+        s->call_entry[i] = e;
+        if (e == UINT32_MAX && start == 0 && ++fresh <= free_entries) continue;
         if (e == UINT32_MAX) {
             pkvi_set_error(m, start == 0 ? "state store full: no entry for sequence %lld"
                                          : "sequence %lld continues at position %u but holds "
@@ -184,8 +189,10 @@ pkv_status pkvi_states_bind(pkv_model *m, uint32_t S, const pkv_seq_id *seqs,
                            (long long)id, s->tokens[e], start);
             return PKV_ERR_INVALID_ARG;
         }
-        s->call_entry[i] = e;
     }
+    for (uint32_t i = 0; i < S; i++)
+        if (s->call_entry[i] == UINT32_MAX)
+            s->call_entry[i] = claim(s, seqs ? (int64_t)seqs[i] : (int64_t)rows[i]);
     call->states = s;
     call->state_entry = s->call_entry;
     return PKV_OK;
