@@ -24,6 +24,7 @@ typedef struct ref_layer {
     // MLA layers: [heads dr][d] rotated query part, [r + dr][d] latent and rotated key,
     // [heads hd][r] key and value up-projections (NULL for other layers)
     const float *w_qr, *w_dkv, *w_uk, *w_uv;
+    int state; // a state layer (linear attention with decay, pkv/model.h)
 } ref_layer;
 
 typedef struct ref_model {
@@ -112,6 +113,28 @@ static inline void ref_mla_attend(const pkv_model_config *c, const ref_layer *L,
     free(sc), free(kn);
 }
 
+// A state layer's output for the query at t in its parallel form (the runtime runs the
+// recurrence S_t = a S_{t-1} + k_t v_t^T instead): per query head, o_t = sum over j <= t
+// of a^(t - j) (q_t . k_j) v_j / sqrt(hd), a = 1 - 2^-(2 + kv head). Kl, Vl: [t + 1][kvd].
+static inline void ref_state_attend(const pkv_model_config *c, const float *Kl, const float *Vl,
+                                    uint32_t t, const float *q, float *att) {
+    const uint32_t H = c->num_heads, KH = c->num_kv_heads, hd = c->head_dim, kvd = KH * hd;
+    for (uint32_t hh = 0; hh < H; hh++) {
+        const uint32_t kh = hh / (H / KH);
+        const double a = 1.0 - pow(2.0, -(double)(2 + kh));
+        for (uint32_t i = 0; i < hd; i++) {
+            double acc = 0.0;
+            for (uint32_t j = 0; j <= t; j++) {
+                double s = 0.0;
+                for (uint32_t e = 0; e < hd; e++)
+                    s += (double)q[hh * hd + e] * Kl[(size_t)j * kvd + kh * hd + e];
+                acc += pow(a, (double)(t - j)) * s * Vl[(size_t)j * kvd + kh * hd + i];
+            }
+            att[hh * hd + i] = (float)(acc / sqrt((double)hd));
+        }
+    }
+}
+
 // Logits after every position of tokens[0..n-1]: logits_all [n][vocab].
 static inline void ref_forward(const ref_model *r, const int32_t *tokens, uint32_t n, float *logits_all) {
     const pkv_model_config *c = &r->c;
@@ -146,6 +169,10 @@ static inline void ref_forward(const ref_model *r, const int32_t *tokens, uint32
             }
             ref_matvec(kvd, d, L->wk, L->bk, h, Kl + (size_t)t * kvd);
             ref_matvec(kvd, d, L->wv, L->bv, h, Vl + (size_t)t * kvd);
+            if (L->state) { // no rotation: the decay orders the tokens
+                ref_state_attend(c, Kl, Vl, t, q, att);
+                goto attended;
+            }
             if (c->pos == PKV_POS_ROPE) {
                 for (uint32_t hh = 0; hh < H; hh++) ref_rope(q + hh * hd, hd, t, c->rope_theta);
                 for (uint32_t hh = 0; hh < KH; hh++)

@@ -2,7 +2,8 @@
 // Tests of the decoder model: weight layout, random init, the forward pass
 // against a naive reference written in tests/model_ref.h (GPT-2 style and
 // Llama style with GQA), the step API on both stores, the llama2.c loader and
-// every error path. Tolerance: logits within 1e-4 absolute of the reference
+// every error path; heterogeneous layers (windows, sinks, MLA, state layers and
+// their state store). Tolerance: logits within 1e-4 absolute of the reference
 // (they are O(1); fp32 summation order alone moves them by ~1e-6).
 #include <criterion/criterion.h>
 #include <stdio.h>
@@ -65,6 +66,7 @@ static ref_model ref_of(const pkv_model *m) {
             L->w_uk = L->w_dkv + (r + dr) * d;
             L->w_uv = L->w_uk + H * hd * r;
         }
+        L->state = c->num_kv_groups && c->kv_groups[c->layer_group[l]].kind == PKV_LAYER_STATE;
         L->wq = w->wqkv + l * qkv * d;
         L->wk = L->wq + qd * d;
         L->wv = L->wk + kvd * d;
@@ -950,6 +952,9 @@ static void check_cache_equals_recompute(const pkv_model_config *c) {
     pkv_seq_id s;
     cr_assert_eq(pkv_seq_create(set, &s), PKV_OK);
     cr_assert_eq(pkv_seq_append(set, s, prompt, NULL), PKV_OK);
+    pkv_model_state_store *states = NULL; // read only by models with a state layer
+    cr_assert_eq(pkv_model_state_store_create(m, 1, &states), PKV_OK);
+    cr_assert_eq(pkv_model_set_state_store(m, states), PKV_OK);
     float *cached = malloc((size_t)V * sizeof(float)), *recomputed = malloc((size_t)V * sizeof(float));
     cr_assert_eq(pkv_model_prefill_paged(m, cache, set, 1, &s, &prompt, tok, cached, NULL), PKV_OK);
     for (uint32_t len = prompt;; len++) {
@@ -962,6 +967,7 @@ static void check_cache_equals_recompute(const pkv_model_config *c) {
     }
     free(cached);
     free(recomputed);
+    pkv_model_state_store_destroy(states);
     pkv_cache_destroy(cache);
     pkv_seqset_destroy(set);
     pkv_pool_destroy(pool);
@@ -1013,7 +1019,9 @@ Test(model_hetero, unsupported_layers_and_stores_are_refused) {
     pkv_model_params p = pkv_model_params_default();
     pkv_model *m = NULL;
     pkv_model_config hyb = preset("tiny-hybrid"), mix = small_mla_mix_config();
-    cr_expect_eq(pkv_model_create(&hyb, &p, &m), PKV_ERR_UNSUPPORTED); // its state layer
+    // A state layer whose state_bytes is not kv_heads x head_dim^2 fp32 (the runtime's).
+    hyb.kv_groups[4].state_bytes /= 2;
+    cr_expect_eq(pkv_model_create(&hyb, &p, &m), PKV_ERR_UNSUPPORTED);
     // MLA whose per-layer scratch does not fit the K/V scratch (heads x rope > kv dim).
     mix.kv_groups[2].rope_dim = 8;
     cr_expect_eq(pkv_model_create(&mix, &p, &m), PKV_ERR_UNSUPPORTED);
@@ -1031,5 +1039,211 @@ Test(model_hetero, unsupported_layers_and_stores_are_refused) {
                  PKV_ERR_UNSUPPORTED);
     cr_expect_eq(pkv_model_save_llama2c(m, "/nonexistent/never-written"), PKV_ERR_UNSUPPORTED);
     pkv_contig_kv_destroy(kv);
+    pkv_model_destroy(m);
+}
+
+// ---- state layers (issue 23): linear attention with a per-sequence state ----
+
+// small_mla_mix_config with its last layer (sliding 3) made a state layer: GQA (8 query
+// heads share 2 states), every kind the CPU decoder runs in one small model.
+static pkv_model_config small_state_mix_config(void) {
+    pkv_model_config c = small_mla_mix_config();
+    strcpy(c.name, "small-state-mix");
+    const pkv_kv_group st = {PKV_LAYER_STATE, 1, 0, 0, 0, 0, 0, 0, 2ull * 16 * 16 * sizeof(float)};
+    c.kv_groups[3] = st;
+    cr_assert_eq(pkv_model_config_validate(&c), PKV_OK);
+    return c;
+}
+
+Test(model_state, nocache_matches_the_naive_reference) {
+    pkv_model_config hyb = preset("tiny-hybrid");
+    check_against_reference(&hyb, 41);
+    pkv_model_config mix = small_state_mix_config();
+    check_against_reference(&mix, 30);
+}
+
+Test(model_state, paged_cached_decode_equals_recompute) {
+    pkv_model_config hyb = preset("tiny-hybrid");
+    check_cache_equals_recompute(&hyb);
+    pkv_model_config mix = small_state_mix_config();
+    check_cache_equals_recompute(&mix);
+    pkv_model_config only = small_state_mix_config(); // every layer a state layer
+    only.num_kv_groups = 1;
+    only.kv_groups[0] = mix.kv_groups[3];
+    only.kv_groups[0].num_layers = 4;
+    memset(only.layer_group, 0, sizeof only.layer_group);
+    strcpy(only.name, "only-state");
+    check_cache_equals_recompute(&only);
+}
+
+// Contiguous store: two rows prefilled in one call (5 and 9 tokens, so the recurrence
+// runs over packed tokens of two sequences), then decoded together, every step against
+// the recomputed logits of each row's own tokens.
+Test(model_state, contiguous_cached_decode_equals_recompute) {
+    pkv_model_config c = preset("tiny-hybrid");
+    pkv_model *m = make(&c, 5);
+    const uint32_t V = c.vocab_size, n = 30, rows[2] = {1, 0}, counts[2] = {5, 9};
+    int32_t t0[30], t1[30], packed[14];
+    fill_tokens(t0, n, V, 2);
+    fill_tokens(t1, n, V, 3);
+    pkv_contig_kv *kv = NULL;
+    pkv_model_state_store *states = NULL;
+    cr_assert_eq(pkv_contig_kv_create(m, 2, n, PKV_DTYPE_F32, &kv), PKV_OK);
+    cr_assert_eq(pkv_model_state_store_create(m, 2, &states), PKV_OK);
+    cr_assert_eq(pkv_model_set_state_store(m, states), PKV_OK);
+    cr_assert_eq(pkv_contig_kv_append(kv, rows[0], counts[0]), PKV_OK);
+    cr_assert_eq(pkv_contig_kv_append(kv, rows[1], counts[1]), PKV_OK);
+    memcpy(packed, t0, 5 * sizeof(int32_t));
+    memcpy(packed + 5, t1, 9 * sizeof(int32_t));
+    float *lg = malloc(2 * (size_t)V * sizeof(float)), *want = malloc((size_t)V * sizeof(float));
+    cr_assert_eq(pkv_model_prefill_contig(m, kv, 2, rows, counts, packed, lg, NULL), PKV_OK);
+    cr_expect_eq(pkv_model_state_store_tokens(states, 1), 5);
+    cr_expect_eq(pkv_model_state_store_tokens(states, 0), 9);
+    for (uint32_t l0 = 5, l1 = 9; l1 <= n; l0++, l1++) {
+        cr_assert_eq(pkv_model_forward_nocache(m, 1, &l0, t0, want, NULL), PKV_OK);
+        cr_expect_leq(max_abs_diff(lg, want, V), TOL, "row 1 len %u", l0);
+        cr_assert_eq(pkv_model_forward_nocache(m, 1, &l1, t1, want, NULL), PKV_OK);
+        cr_expect_leq(max_abs_diff(lg + V, want, V), TOL, "row 0 len %u", l1);
+        if (l1 == n) break;
+        cr_assert_eq(pkv_contig_kv_append(kv, rows[0], 1), PKV_OK);
+        cr_assert_eq(pkv_contig_kv_append(kv, rows[1], 1), PKV_OK);
+        const int32_t next[2] = {t0[l0], t1[l1]};
+        cr_assert_eq(pkv_model_decode_contig(m, kv, 2, rows, next, lg, NULL), PKV_OK);
+    }
+    free(lg);
+    free(want);
+    pkv_model_state_store_destroy(states);
+    pkv_contig_kv_destroy(kv);
+    pkv_model_destroy(m);
+}
+
+// Fork: a parent decodes, forks (blocks shared by the seqset, state copied by the
+// store), then parent and child decode different tokens; each step equals the
+// recompute of that sequence's own tokens.
+Test(model_state, fork_copies_the_state_and_the_two_diverge) {
+    pkv_model_config c = preset("tiny-hybrid");
+    pkv_model *m = make(&c, 8);
+    const uint32_t V = c.vocab_size, B = 4, prompt = 7, shared = 12, n = 24;
+    int32_t tp[24], tc[24];
+    fill_tokens(tp, n, V, 4);
+    fill_tokens(tc, n, V, 11);
+    memcpy(tc, tp, shared * sizeof(int32_t)); // the child shares the first 12 tokens
+    pkv_backend *be = NULL;
+    pkv_pool *pool = NULL;
+    pkv_seqset *set = NULL;
+    pkv_cache *cache = NULL;
+    pkv_cache_params cp;
+    cr_assert_eq(pkv_model_cache_params(m, B, &cp), PKV_OK);
+    cr_assert_eq(pkv_backend_create_host(&be), PKV_OK);
+    cr_assert_eq(pkv_pool_create(32, &pool), PKV_OK);
+    cr_assert_eq(pkv_seqset_create(pool, B, &set), PKV_OK);
+    cr_assert_eq(pkv_cache_create(&cp, pool, be, &cache), PKV_OK);
+    pkv_model_state_store *states = NULL;
+    cr_assert_eq(pkv_model_state_store_create(m, 2, &states), PKV_OK);
+    cr_assert_eq(pkv_model_set_state_store(m, states), PKV_OK);
+    pkv_seq_id ids[2];
+    cr_assert_eq(pkv_seq_create(set, &ids[0]), PKV_OK);
+    cr_assert_eq(pkv_seq_append(set, ids[0], prompt, NULL), PKV_OK);
+    float *lg = malloc(2 * (size_t)V * sizeof(float)), *want = malloc((size_t)V * sizeof(float));
+    cr_assert_eq(pkv_model_prefill_paged(m, cache, set, 1, ids, &prompt, tp, lg, NULL), PKV_OK);
+    for (uint32_t len = prompt; len < shared; len++) {
+        cr_assert_eq(pkv_seq_append(set, ids[0], 1, NULL), PKV_OK);
+        cr_assert_eq(pkv_model_decode_paged(m, cache, set, 1, ids, &tp[len], lg, NULL), PKV_OK);
+    }
+    cr_assert_eq(pkv_seq_fork(set, ids[0], &ids[1]), PKV_OK);
+    cr_assert_eq(pkv_model_state_store_fork(states, ids[0], ids[1]), PKV_OK);
+    cr_expect_eq(pkv_model_state_store_tokens(states, ids[1]), shared);
+    const int32_t *toks[2] = {tp, tc};
+    for (uint32_t len = shared; len < n; len++) {
+        const int32_t next[2] = {tp[len], tc[len]};
+        cr_assert_eq(pkv_seq_append(set, ids[0], 1, NULL), PKV_OK);
+        cr_assert_eq(pkv_seq_append(set, ids[1], 1, NULL), PKV_OK);
+        cr_assert_eq(pkv_model_decode_paged(m, cache, set, 2, ids, next, lg, NULL), PKV_OK);
+        const uint32_t l = len + 1;
+        for (uint32_t i = 0; i < 2; i++) {
+            cr_assert_eq(pkv_model_forward_nocache(m, 1, &l, toks[i], want, NULL), PKV_OK);
+            const float e = max_abs_diff(lg + (size_t)i * V, want, V);
+            cr_expect_leq(e, TOL, "%s len %u: cached vs recomputed %g", i ? "child" : "parent", l, e);
+        }
+    }
+    // The child's own tokens matter: its logits differ from the parent's.
+    cr_expect_gt(max_abs_diff(lg, lg + V, V), 100 * TOL);
+    free(lg);
+    free(want);
+    pkv_model_state_store_destroy(states);
+    pkv_cache_destroy(cache);
+    pkv_seqset_destroy(set);
+    pkv_pool_destroy(pool);
+    pkv_backend_destroy(be);
+    pkv_model_destroy(m);
+}
+
+Test(model_state, missing_or_stale_store_is_refused_with_a_message) {
+    pkv_model_config c = preset("tiny-hybrid");
+    pkv_model *m = make(&c, 1), *other = make(&c, 2);
+    pkv_contig_kv *kv = NULL;
+    cr_assert_eq(pkv_contig_kv_create(m, 2, 8, PKV_DTYPE_F32, &kv), PKV_OK);
+    const uint32_t row = 0, count = 4, one = 1;
+    const int32_t tok[4] = {1, 2, 3, 4};
+    cr_assert_eq(pkv_contig_kv_append(kv, row, 4), PKV_OK);
+    // No store: refused, naming the call to make; the no-cache path needs none.
+    cr_expect_eq(pkv_model_prefill_contig(m, kv, 1, &row, &count, tok, NULL, NULL),
+                 PKV_ERR_INVALID_ARG);
+    cr_expect_neq(strstr(pkv_model_last_error(m), "pkv_model_set_state_store"), NULL, "%s",
+                  pkv_model_last_error(m));
+    cr_expect_eq(pkv_model_forward_nocache(m, 1, &count, tok, NULL, NULL), PKV_OK);
+    // A store of another model.
+    pkv_model_state_store *states = NULL, *foreign = NULL;
+    cr_assert_eq(pkv_model_state_store_create(other, 1, &foreign), PKV_OK);
+    cr_expect_eq(pkv_model_set_state_store(m, foreign), PKV_ERR_INVALID_ARG);
+    cr_expect_eq(pkv_model_state_store_create(m, 0, &states), PKV_ERR_INVALID_ARG);
+    cr_assert_eq(pkv_model_state_store_create(m, 1, &states), PKV_OK);
+    cr_assert_eq(pkv_model_set_state_store(m, states), PKV_OK);
+    cr_assert_eq(pkv_model_prefill_contig(m, kv, 1, &row, &count, tok, NULL, NULL), PKV_OK);
+    // Replaying the step (the row reset and refilled, its state not released): refused.
+    cr_assert_eq(pkv_contig_kv_reset(kv, row), PKV_OK);
+    cr_assert_eq(pkv_contig_kv_append(kv, row, 4), PKV_OK);
+    cr_expect_eq(pkv_model_prefill_contig(m, kv, 1, &row, &count, tok, NULL, NULL),
+                 PKV_ERR_INVALID_ARG);
+    cr_expect_neq(strstr(pkv_model_last_error(m), "holds 4 tokens"), NULL, "%s",
+                  pkv_model_last_error(m));
+    // A second row continuing without a state; then the store is full.
+    const uint32_t row1 = 1;
+    cr_assert_eq(pkv_contig_kv_append(kv, row1, 4), PKV_OK);
+    cr_assert_eq(pkv_contig_kv_append(kv, row1, 1), PKV_OK);
+    cr_expect_eq(pkv_model_prefill_contig(m, kv, 1, &row1, &one, tok, NULL, NULL),
+                 PKV_ERR_INVALID_ARG);
+    cr_expect_eq(pkv_model_prefill_contig(m, kv, 1, &row1, (const uint32_t[]){5},
+                                          (const int32_t[]){1, 2, 3, 4, 5}, NULL, NULL),
+                 PKV_ERR_LIMIT);
+    // Fork and release errors; nothing changes on error.
+    cr_expect_eq(pkv_model_state_store_fork(states, 7, 8), PKV_ERR_NOT_FOUND);
+    cr_expect_eq(pkv_model_state_store_fork(states, 0, 0), PKV_ERR_INVALID_ARG);
+    cr_expect_eq(pkv_model_state_store_fork(states, 0, 1), PKV_ERR_LIMIT);
+    cr_expect_eq(pkv_model_state_store_fork(states, -1, 1), PKV_ERR_INVALID_ARG);
+    cr_expect_eq(pkv_model_state_store_tokens(states, 0), 4);
+    cr_expect_eq(pkv_model_state_store_release(states, 1), PKV_ERR_NOT_FOUND);
+    cr_expect_eq(pkv_model_state_store_release(states, 0), PKV_OK);
+    // Released: the replay is a fresh sequence now.
+    cr_expect_eq(pkv_model_prefill_contig(m, kv, 1, &row, &count, tok, NULL, NULL), PKV_OK);
+    pkv_model_state_store *two = NULL;
+    cr_assert_eq(pkv_model_state_store_create(m, 2, &two), PKV_OK);
+    cr_assert_eq(pkv_model_set_state_store(m, two), PKV_OK);
+    // Row 1 would start fresh but row 0 continues without a state: the refused step
+    // claims no entry for row 1 either.
+    const uint32_t both[2] = {1, 0}, both_counts[2] = {5, 1};
+    cr_expect_eq(pkv_model_prefill_contig(m, kv, 2, both, both_counts,
+                                          (const int32_t[]){1, 2, 3, 4, 5, 6}, NULL, NULL),
+                 PKV_ERR_INVALID_ARG);
+    cr_expect_eq(pkv_model_state_store_release(two, 1), PKV_ERR_NOT_FOUND);
+    cr_expect_eq(pkv_model_prefill_contig(m, kv, 1, &row, &count, tok, NULL, NULL), PKV_OK);
+    cr_expect_eq(pkv_model_state_store_fork(two, 0, 1), PKV_OK);
+    cr_expect_eq(pkv_model_state_store_fork(two, 0, 1), PKV_ERR_BUSY);
+    cr_expect_eq(pkv_model_set_state_store(m, NULL), PKV_OK);
+    pkv_model_state_store_destroy(two);
+    pkv_model_state_store_destroy(states);
+    pkv_model_state_store_destroy(foreign);
+    pkv_contig_kv_destroy(kv);
+    pkv_model_destroy(other);
     pkv_model_destroy(m);
 }

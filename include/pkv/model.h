@@ -80,8 +80,10 @@ uint64_t pkv_model_weight_bytes(const pkv_model_config *config);
 // groups (0.3.0) runs on the CPU with fp32 K/V stores only: sliding-window, chunked
 // and full layers (with or without attention sinks) and MLA layers (one MLA shape;
 // latent + rope_dim <= kv_heads x head_dim and heads x rope_dim <= kv_heads x
-// head_dim); PKV_ERR_UNSUPPORTED for CUDA, for state layers (not executed yet) and
-// for other MLA shapes; the steps return PKV_ERR_UNSUPPORTED for other store dtypes.
+// head_dim) and state layers (a decayed linear-attention state per sequence, kept in a
+// pkv_model_state_store: see "state layers" below; state_bytes must be kv_heads x
+// head_dim x head_dim x 4); PKV_ERR_UNSUPPORTED for CUDA and for other MLA or state
+// shapes; the steps return PKV_ERR_UNSUPPORTED for other store dtypes.
 pkv_status pkv_model_create(const pkv_model_config *config, const pkv_model_params *params,
                             pkv_model **out);
 
@@ -239,6 +241,62 @@ pkv_status pkv_model_decode_contig(pkv_model *model, pkv_contig_kv *kv, uint32_t
 pkv_status pkv_model_forward_nocache(pkv_model *model, uint32_t num_seqs, const uint32_t *lens,
                                      const int32_t *tokens, float *logits,
                                      int32_t *next_tokens);
+
+// ---- state layers (PKV_LAYER_STATE) -----------------------------------------
+
+// A state layer is linear attention with a decayed outer-product state, one per KV
+// head (RetNet's recurrent form, Sun et al. 2023, without its group norm): with the
+// layer's q, k, v projections (no rotation) and decay a_h = 1 - 2^-(2 + h) for KV
+// head h (0.75, 0.875, ...: a fixed multi-scale decay, not a weight),
+//   S_t = a_h S_{t-1} + k_t v_t^T   (head_dim x head_dim, fp32, S_{-1} = 0)
+//   o_t = q_t^T S_t / sqrt(head_dim) (query heads share their KV head's state),
+// run token by token, prefill included. Nothing per token goes to the KV store: the
+// state of each sequence lives in a state store the CALLER owns, keyed by the caller's
+// sequence id (the pkv_seq_id of the paged calls or the row of the contiguous ones),
+// which must follow the caller's sequences: fork it when the sequence forks, release
+// it when the sequence ends. pkv_model_forward_nocache needs none (it recomputes every
+// state from zero in a store of its own).
+typedef struct pkv_model_state_store pkv_model_state_store;
+
+// Create a store for up to max_seqs sequences of `model` (borrowed: it must outlive the
+// store): max_seqs x (state layers x kv_heads x head_dim^2 x 4) bytes, host memory.
+// *out is owned by the caller. PKV_ERR_INVALID_ARG for max_seqs 0, PKV_ERR_OUT_OF_MEMORY.
+pkv_status pkv_model_state_store_create(const pkv_model *model, uint32_t max_seqs,
+                                        pkv_model_state_store **out);
+void pkv_model_state_store_destroy(pkv_model_state_store *store); // NULL does nothing
+
+// Give the sequence `child` a copy of `parent`'s states (every state layer) and token
+// count, as the paged fork shares the parent's blocks. PKV_ERR_NOT_FOUND: parent holds
+// no state; PKV_ERR_BUSY: child holds one (release it first); PKV_ERR_LIMIT: the store
+// is full; PKV_ERR_INVALID_ARG: a negative id or parent == child. Nothing changes on
+// error.
+pkv_status pkv_model_state_store_fork(pkv_model_state_store *store, int64_t parent,
+                                      int64_t child);
+// Forget sequence id's state (its entry is free again). PKV_ERR_NOT_FOUND if it holds
+// none.
+pkv_status pkv_model_state_store_release(pkv_model_state_store *store, int64_t id);
+// Tokens the state of `id` has absorbed (0 when it holds none).
+uint32_t pkv_model_state_store_tokens(const pkv_model_state_store *store, int64_t id);
+
+// Hand the model the store its cached steps (paged and contiguous) read and update;
+// store: borrowed until replaced (NULL detaches), created for this model
+// (PKV_ERR_INVALID_ARG otherwise). A step on a model with a state layer and no store
+// gives PKV_ERR_INVALID_ARG. A step whose new tokens start at position 0 takes a free
+// entry for a sequence without one (PKV_ERR_LIMIT when none is free, or for more
+// sequences than the store's max_seqs); one that starts
+// at position p needs the sequence's state to hold exactly p tokens
+// (PKV_ERR_INVALID_ARG otherwise: a stale id not released, or a step replayed), and
+// after the step it holds the sequence's new length. A state cannot rewind: after
+// pkv_seq_truncate or pkv_seq_fork_at to a shorter length, release the id and prefill
+// the sequence again. These checks run before any layer (a refused step changes no
+// entry); after a later failure (memory) the step's states are unspecified. Thread-safety: a store is used by one
+// thread at a time, with its model.
+// pkv_model_last_error names the problem.
+pkv_status pkv_model_set_state_store(pkv_model *model, pkv_model_state_store *store);
+
+// A one-line description of the model's last state-store error ("" if none); owned by
+// the model, valid until its next call.
+const char *pkv_model_last_error(const pkv_model *model);
 
 // ---- profile ---------------------------------------------------------------
 

@@ -10,7 +10,7 @@
 // K heads' rows of its token, the rest of the row unused (per-group caches: pkv_hybrid).
 // One loop serves the paged and the contiguous store, decode and prefill, so the cached
 // path and pkv_model_forward_nocache (prefill over a contiguous scratch store) compute
-// the same math. fp32 stores only.
+// the same math. fp32 stores only. State layers: state_store.c.
 #include <stdlib.h>
 #include <math.h>
 #include <string.h>
@@ -57,7 +57,10 @@ int pkvi_hetero_supported(const pkv_model_config *c) {
     const uint64_t kvd = (uint64_t)c->num_kv_heads * c->head_dim;
     for (uint32_t i = 0; i < c->num_kv_groups; i++) {
         const pkv_kv_group *g = &c->kv_groups[i];
-        if (g->kind == PKV_LAYER_STATE) return 0;
+        // A state layer's state: kv_heads matrices of head_dim^2 fp32 (state_store.c).
+        if (g->kind == PKV_LAYER_STATE &&
+            g->state_bytes != (uint64_t)c->num_kv_heads * c->head_dim * c->head_dim * sizeof(float))
+            return 0;
         if (g->kind == PKV_LAYER_MLA && (g->latent_dim != r || g->rope_dim != dr)) return 0;
     }
     if (has_mla && (c->pos != PKV_POS_ROPE || dr % 2 != 0 || (uint64_t)r + dr > kvd ||
@@ -189,6 +192,7 @@ pkv_status pkvi_hetero_attention_cpu(pkv_model *m, uint32_t layer, const pkvi_ca
     pkvi_scratch *s = &m->s;
     if (kv->dtype != PKV_DTYPE_F32) return PKV_ERR_UNSUPPORTED;
     const pkv_kv_group g = layer_group(c, layer);
+    if (g.kind == PKV_LAYER_STATE) return pkvi_state_layer_cpu(m, layer, call);
     const uint32_t H = c->num_heads, kvh = c->num_kv_heads, hd = c->head_dim, rep = H / kvh;
     float *kc, *vc;
     if (kv->kind == PKVI_KV_PAGED) {

@@ -51,7 +51,7 @@ pkv_status pkvi_model_alloc(const pkv_model_config *c, const pkv_model_params *p
     *out = NULL;
     if (pkv_model_config_validate(c) != PKV_OK) return PKV_ERR_INVALID_ARG;
     // Layers with groups run on the CPU (hetero_cpu.c): full, sliding, chunked, sinks,
-    // MLA. State layers are not executed yet: refused rather than run as attention.
+    // MLA, state layers (state_store.c).
     if (c->num_kv_groups && p->device != PKV_DEVICE_CPU) return PKV_ERR_UNSUPPORTED;
     if (!pkvi_hetero_supported(c)) return PKV_ERR_UNSUPPORTED;
     const pkvi_ops *ops = NULL;
@@ -153,6 +153,7 @@ static void scratch_free(pkv_model *m) {
 void pkv_model_destroy(pkv_model *m) {
     if (!m) return;
     pkv_contig_kv_destroy(m->nocache_kv);
+    pkv_model_state_store_destroy(m->nocache_states);
     scratch_free(m);
     free(m->ones);
     free(m->kv_scales);
@@ -358,6 +359,8 @@ static pkv_status run_layers(pkv_model *m, const pkvi_call *call, const pkvi_kv_
         // each lands contiguous ([T][heads][hd]) as the attention calls expect.
         // An MLA layer projects its latent inside the attention op (hetero_cpu.c).
         const int mla = pkvi_layer_is_mla(c, l);
+        // A state layer's q and k are not rotated: the decay orders its tokens.
+        const int state = pkvi_layer_is_state(c, l);
         TRY(ops->linear(m, T, d, qd, s->h, wqkv, bqkv, s->q, 0));
         if (!mla) {
             TRY(ops->linear(m, T, d, kvd, s->h, wqkv + (size_t)qd * d, bqkv ? bqkv + qd : NULL,
@@ -366,7 +369,7 @@ static pkv_status run_layers(pkv_model *m, const pkvi_call *call, const pkvi_kv_
                             bqkv ? bqkv + qd + kvd : NULL, s->v, 0));
         }
         tock(&t, &pr->gemm_qkv);
-        if (c->pos == PKV_POS_ROPE && !mla) {
+        if (c->pos == PKV_POS_ROPE && !mla && !state) {
             TRY(ops->rope(m, T, s->q, s->k));
             tock(&t, &pr->other);
         }
@@ -520,11 +523,13 @@ pkv_status pkv_model_prefill_paged(pkv_model *m, pkv_cache *cache, pkv_seqset *s
     kv.quant.scale_offset = g.scale_offset;
     kv.quant.scale_head_stride = g.scale_head_stride;
     kv.quant.scale_token_stride = g.scale_token_stride;
-    pkvi_call call = {S, nt, nt == S};
+    pkvi_call call = {S, nt, nt == S, NULL, NULL};
+    TRY(pkvi_states_bind(m, S, seqs, NULL, counts, &call));
     double t1 = pkvi_now_seconds();
     m->prof.bookkeeping += t1 - t0;
     float *host_logits = logits ? logits : h->logits;
     pkv_status st = run_layers(m, &call, &kv, host_logits);
+    if (st == PKV_OK) pkvi_states_commit(m, &call);
     m->prof.total += pkvi_now_seconds() - t0;
     m->prof.forward_calls++;
     m->prof.tokens += nt;
@@ -612,10 +617,12 @@ pkv_status pkv_model_prefill_contig(pkv_model *m, pkv_contig_kv *kv, uint32_t S,
     t.c_head_stride = kv->head_stride;
     t.c_token_stride = kv->token_stride;
     t.max_len = max_len;
-    pkvi_call call = {S, nt, nt == S};
+    pkvi_call call = {S, nt, nt == S, NULL, NULL};
+    TRY(pkvi_states_bind(m, S, NULL, rows, counts, &call));
     m->prof.bookkeeping += pkvi_now_seconds() - t0;
     float *host_logits = logits ? logits : h->logits;
     pkv_status st = run_layers(m, &call, &t, host_logits);
+    if (st == PKV_OK) pkvi_states_commit(m, &call);
     m->prof.total += pkvi_now_seconds() - t0;
     m->prof.forward_calls++;
     m->prof.tokens += nt;
@@ -660,7 +667,12 @@ pkv_status pkv_model_forward_nocache(pkv_model *m, uint32_t S, const uint32_t *l
         rows[i] = i;
         kv->len[i] = lens[i];
     }
-    pkv_status st = pkv_model_prefill_contig(m, kv, S, rows, lens, tokens, logits, next_tokens);
+    // State layers recompute from zero in the model's own store, keyed by the rows.
+    pkv_model_state_store *caller_states = NULL;
+    pkv_status st = pkvi_states_nocache_begin(m, S, &caller_states);
+    if (st == PKV_OK)
+        st = pkv_model_prefill_contig(m, kv, S, rows, lens, tokens, logits, next_tokens);
+    pkvi_states_nocache_end(m, S, caller_states);
     for (uint32_t i = 0; i < S; i++) kv->len[i] = 0;
     free(rows);
     return st;

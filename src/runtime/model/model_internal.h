@@ -125,6 +125,9 @@ typedef struct pkvi_kv_target {
 typedef struct pkvi_call {
     uint32_t num_seqs, num_tokens;
     int all_single;   // every sequence has exactly one new token (decode path)
+    // models with a state layer: the store and each sequence's entry in it ([S])
+    struct pkv_model_state_store *states;
+    const uint32_t *state_entry;
 } pkvi_call;
 
 struct pkv_model;
@@ -168,7 +171,8 @@ extern const pkvi_ops pkvi_model_cpu_ops;
 int pkvi_layer_is_plain(const pkv_model_config *c, uint32_t layer);
 // 1 when layer l is an MLA layer (no K/V projections, no rotation of q by the engine).
 int pkvi_layer_is_mla(const pkv_model_config *c, uint32_t layer);
-// 1 when the CPU decoder can run c's groups: no state group; MLA groups all of one
+// 1 when the CPU decoder can run c's groups: state groups of kv_heads x head_dim^2
+// fp32 (state_bytes); MLA groups all of one
 // shape whose latent + rope fits one token's K row (kv_heads x head_dim) and whose
 // per-layer scratch fits the K/V scratch (heads x rope_dim <= kv_heads x head_dim).
 int pkvi_hetero_supported(const pkv_model_config *c);
@@ -178,6 +182,26 @@ void pkvi_rope_head(float *v, uint32_t hd, int32_t pos, double theta);
 // stores, paged or contiguous; PKV_ERR_UNSUPPORTED for other dtypes).
 pkv_status pkvi_hetero_attention_cpu(struct pkv_model *m, uint32_t layer, const pkvi_call *call,
                                      const pkvi_kv_target *kv);
+
+// ---- state_store.c: state layers (PKV_LAYER_STATE) and their per-sequence store ----
+// 1 when layer l is a state layer.
+int pkvi_layer_is_state(const pkv_model_config *c, uint32_t layer);
+// Number of state layers of c.
+uint32_t pkvi_state_layers(const pkv_model_config *c);
+// Bind the call's sequences to entries of the model's store (keys: seqs, else rows;
+// new tokens start at lens - counts): every check of pkv_model_set_state_store's
+// contract, before any layer runs. A model without state layers: PKV_OK, nothing bound.
+pkv_status pkvi_states_bind(pkv_model *m, uint32_t S, const pkv_seq_id *seqs,
+                            const uint32_t *rows, const uint32_t *counts, pkvi_call *call);
+// After a successful pass: each bound entry holds its sequence's new length.
+void pkvi_states_commit(pkv_model *m, const pkvi_call *call);
+// The state layer's recurrence over the call's tokens (q, k, v in scratch -> att).
+pkv_status pkvi_state_layer_cpu(pkv_model *m, uint32_t layer, const pkvi_call *call);
+// Swap in the model's own zeroed store for pkv_model_forward_nocache (rows 0..S-1);
+// *saved receives the caller's store, which pkvi_states_nocache_end puts back.
+pkv_status pkvi_states_nocache_begin(pkv_model *m, uint32_t S, pkv_model_state_store **saved);
+void pkvi_states_nocache_end(pkv_model *m, uint32_t S, pkv_model_state_store *saved);
+void pkvi_set_error(pkv_model *m, const char *fmt, ...);
 #if PKV_HAVE_CUDA
 extern const pkvi_ops pkvi_model_cuda_ops;
 #endif
@@ -199,6 +223,10 @@ struct pkv_model {
     // fp8 KV caches: per-layer K and V scales [L][2] (0 = not set yet: the first
     // forward pass into an fp8 cache sets them, as vLLM's calculate_kv_scales)
     float *kv_scales;
+    // state layers: the caller's store (borrowed) and the no-cache path's own
+    pkv_model_state_store *states;
+    pkv_model_state_store *nocache_states;
+    char last_error[256]; // pkv_model_last_error
 };
 
 struct pkv_contig_kv {
