@@ -64,7 +64,7 @@ pkv_status pkvi_policy_validate(pkvi_policy *p); // PKV_OK if the slot is NULL
 pkv_status pkvi_policy_check_reservation(pkvi_policy *p, const pkv_policy_stats *s,
                                         uint64_t reservation);
 
-// The built-in tables (policy_paged.c, policy_contig.c, policy_token.c).
+// The built-in tables (policies/policy_paged.c, policy_contig.c, policy_token.c).
 extern const pkv_policy_vtable pkvi_policy_paged_vtable;
 extern const pkv_policy_vtable pkvi_policy_contig_max_vtable;
 extern const pkv_policy_vtable pkvi_policy_contig_pow2_vtable;

@@ -2,7 +2,7 @@
 // pkv-replay: replay a request trace through one or every KV-cache policy and
 // print the comparison (table on stdout, --json / --csv for machines, --timeline
 // CSV per step for plots). Lists of block sizes, load scales and budgets run as
-// a sweep (tools/replay_*.c hold the sweep, SLO search, stamp, progress and
+// a sweep (tools/replay/replay_*.c hold the sweep, SLO search, stamp, progress and
 // merge; this file parses options and wires them). Exit codes: 0 ok, 1 runtime
 // failure, 2 bad usage or input, 130 interrupted by SIGINT or 143 by SIGTERM (the
 // report written is partial).
