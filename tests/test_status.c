@@ -10,7 +10,7 @@ Test(status, every_code_has_a_distinct_name) {
         PKV_OK, PKV_ERR_INVALID_ARG, PKV_ERR_OUT_OF_BLOCKS, PKV_ERR_OUT_OF_MEMORY,
         PKV_ERR_NOT_FOUND, PKV_ERR_UNSUPPORTED, PKV_ERR_NO_DEVICE, PKV_ERR_BACKEND,
         PKV_ERR_CORRUPT, PKV_ERR_BUFFER_TOO_SMALL, PKV_ERR_IO, PKV_ERR_FORMAT, PKV_ERR_BUSY,
-        PKV_ERR_LIMIT,
+        PKV_ERR_LIMIT, PKV_ERR_RELEASED,
     };
     const size_t n = sizeof codes / sizeof codes[0];
     for (size_t i = 0; i < n; i++) {

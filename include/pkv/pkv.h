@@ -13,6 +13,7 @@
 #include "pkv/prefix.h"
 #include "pkv/block_hash.h"
 #include "pkv/prefix_pool.h"
+#include "pkv/hybrid.h"
 #include "pkv/attention.h"
 #include "pkv/model_config.h"
 #include "pkv/model.h"

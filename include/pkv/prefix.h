@@ -96,7 +96,9 @@ pkv_status pkv_seq_create_cached(pkv_seqset *set, pkv_prefix_cache *cache, const
 // tokens[0..n-1] are the sequence's first n token ids (n <= its length); blocks
 // already cached are refreshed in the LRU order. When the cache is full the least
 // recently used evictable entry makes room; if none is evictable the rest is not
-// cached (not an error). *inserted (optional) receives the number of new entries.
+// cached (not an error). A block the window rule released (PKV_BLOCK_NONE, seq.h)
+// ends the chain unless it was cached before. *inserted (optional) receives the
+// number of new entries.
 // PKV_ERR_LIMIT if a block's refcount cannot take the cache's reference (the
 // entries added before it stay).
 pkv_status pkv_prefix_cache_insert(pkv_prefix_cache *cache, const pkv_seqset *set, pkv_seq_id id,

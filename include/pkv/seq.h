@@ -42,6 +42,10 @@ typedef struct pkv_seqset pkv_seqset;
 // oldest first; an id could only alias after its slot was reused 2048 times).
 typedef int32_t pkv_seq_id;
 
+// A block table entry whose block was released because no future query can see its
+// tokens (pkv_seq_release_before): a hole. Holes are always a prefix of the table.
+#define PKV_BLOCK_NONE ((pkv_block_id)-1)
+
 // A queued block copy for copy-on-write: copy every layer of block src into dst.
 typedef struct pkv_block_copy {
     pkv_block_id src;
@@ -132,6 +136,8 @@ uint32_t pkv_seqset_watermark(const pkv_seqset *set); // 0 for NULL
 // shared too, and copy-on-write applies when either side appends into it (the
 // copy carries the parent's later tokens of that block along; the child's
 // appends overwrite them). Takes no blocks. pkv_seq_fork is fork_at(parent length).
+// Released blocks (holes) are shared as holes; PKV_ERR_RELEASED if the child's
+// last block would be a hole that is not full (see pkv_seq_release_before).
 pkv_status pkv_seq_fork_at(pkv_seqset *set, pkv_seq_id parent, uint32_t len, pkv_seq_id *child);
 
 // Drop every token at position >= len (len <= length, else PKV_ERR_INVALID_ARG):
@@ -139,7 +145,32 @@ pkv_status pkv_seq_fork_at(pkv_seqset *set, pkv_seq_id parent, uint32_t len, pkv
 // fork or the prefix cache). A kept, partly filled last block that is shared is
 // copied on the next append into it, so shared or cached K/V is never
 // overwritten. Speculative-decoding rollback, llama.cpp's seq_rm of a suffix.
+// PKV_ERR_RELEASED (nothing changed) when the kept last block would be a released
+// block that is not full: those tokens are gone (see pkv_seq_release_before).
 pkv_status pkv_seq_truncate(pkv_seqset *set, pkv_seq_id id, uint32_t len);
+
+// ---- window release (0.3.0): sliding-window and chunked-local layers ----
+
+// Release every block of `id` whose tokens all lie before first_live_token
+// (entry j with (j + 1) * block_size <= first_live_token): the table entry becomes
+// PKV_BLOCK_NONE (a hole) and the block returns to the pool unless it is still
+// shared (a fork, the prefix cache, a queued copy's pin). The length and the slots
+// of later tokens do not change. Entries already released stay holes, so the call
+// is idempotent and the holes stay a prefix of the table; the partly filled last
+// block is never released. first_live_token <= length, else PKV_ERR_INVALID_ARG.
+// *released (optional) receives the number of blocks released by this call.
+// With holes: fork and fork_at copy them as holes; fork_at / truncate to a length
+// len whose last kept block would be a hole that is not full (len % block_size !=
+// 0 and ceil(len / block_size) <= holes) give PKV_ERR_RELEASED; moves keep them as holes and move only live
+// blocks; pkv_seqset_export_padded writes -1 for them; pkv_seqset_export_csr
+// refuses a sequence with holes (PKV_ERR_UNSUPPORTED): use
+// pkv_seqset_export_csr_live; the prefix cache's insert stops at a hole it had not
+// cached before.
+pkv_status pkv_seq_release_before(pkv_seqset *set, pkv_seq_id id, uint32_t first_live_token,
+                                  uint32_t *released);
+
+// Number of leading holes (released blocks) of `id`'s table.
+pkv_status pkv_seq_released_blocks(const pkv_seqset *set, pkv_seq_id id, uint32_t *holes);
 
 // Length in tokens of a sequence (0 for an empty one).
 pkv_status pkv_seq_length(const pkv_seqset *set, pkv_seq_id id, uint32_t *len);
@@ -240,9 +271,20 @@ pkv_status pkv_seqset_export_csr(const pkv_seqset *set, const pkv_seq_id *seqs,
                                  uint32_t num_seqs, int32_t *indptr, int32_t *indices,
                                  uint32_t indices_cap, int32_t *last_page_len);
 
+// The CSR form of live blocks only: as pkv_seqset_export_csr, but indices hold
+// each sequence's live blocks, logical blocks first_block[i] .. ceil(len / block_size)
+// - 1 of seqs[i] (first_block: caller-owned, num_seqs entries, the number of
+// released blocks before them). indptr[i + 1] - indptr[i] + first_block[i] is the
+// full table length; last_page_len as pkv_seqset_export_csr. An attention kernel
+// maps a token position t to indices[indptr[i] + t / block_size - first_block[i]].
+pkv_status pkv_seqset_export_csr_live(const pkv_seqset *set, const pkv_seq_id *seqs,
+                                      uint32_t num_seqs, int32_t *indptr, int32_t *indices,
+                                      uint32_t indices_cap, int32_t *last_page_len,
+                                      int32_t *first_block);
+
 // Full check of this set against its pool, O(capacity + blocks held): the pool is
 // valid (pkv_pool_validate); every sequence's table has ceil(len / block_size)
-// entries; every block referenced by a sequence or pinned by a queued copy has a
+// entries, holes only as a prefix of full blocks; every block referenced by a sequence or pinned by a queued copy has a
 // refcount at least the number of those references. With `exclusive` != 0 (this set is the
 // pool's only user) refcounts must equal those references exactly, so a lost or
 // leaked block is caught. Returns PKV_OK, PKV_ERR_CORRUPT, or PKV_ERR_OUT_OF_MEMORY

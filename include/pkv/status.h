@@ -28,6 +28,8 @@ typedef enum pkv_status {
                                    // prefix cache, or detached while it holds cached blocks
     PKV_ERR_LIMIT = -13,           // a count would pass its limit: a block refcount at
                                    // INT32_MAX, more than 2^20 live sequences in one set
+    PKV_ERR_RELEASED = -14,        // the tokens asked for were released by a window rule
+                                   // (sliding / chunked layers): truncate or fork into them
 } pkv_status;
 
 // A static, human-readable name for a status, e.g. "out of blocks".

@@ -390,6 +390,7 @@ pkv_status pkv_prefix_cache_insert(pkv_prefix_cache *c, const pkv_seqset *set, p
             parent_entry = e;
             continue;
         }
+        if (table[i] == PKV_BLOCK_NONE) break; // released by a window rule, not cached
         if (c->entry_of[table[i]] >= 0) break; // this block caches another prefix
         if (pkv_pool_refcount(c->pool, table[i]) == INT32_MAX) {
             st = PKV_ERR_LIMIT; // its refcount cannot take the cache's reference

@@ -2,7 +2,9 @@
 // Sequences and block tables over one pool, with fork and copy-on-write, batch
 // calls for one engine step, truncate, fork at a position and group moves.
 // Invariant: a live sequence of len tokens has exactly ceil(len / block_size)
-// blocks in its table, and holds one pool reference on each table entry.
+// entries in its table; the first `holes` of them are PKV_BLOCK_NONE (blocks
+// released by a window rule, always full ones), and it holds one pool reference
+// on each of the others.
 // Every mutating call checks everything that can fail (ids, table growth, pool
 // space) before it changes anything, so a failed call leaves the set and pool as
 // they were (spare capacity of internal arrays aside).
@@ -24,6 +26,7 @@
 typedef struct seq {
     uint32_t len;          // tokens
     uint32_t num_blocks;   // == ceil(len / block_size)
+    uint32_t holes;        // leading entries released (PKV_BLOCK_NONE); <= len / block_size
     uint32_t cap;          // entries allocated in blocks
     uint32_t gen;          // generation of this slot (bumped when freed)
     uint32_t mark;         // == set->epoch while a batch call has seen this sequence
@@ -131,7 +134,7 @@ void pkv_seqset_destroy(pkv_seqset *set) {
     if (!set) return;
     for (uint32_t i = 0; i < set->num_slots; i++) {
         seq *s = &set->seqs[i];
-        if (s->live) release_blocks(set, s->blocks, s->num_blocks);
+        if (s->live) release_blocks(set, s->blocks + s->holes, s->num_blocks - s->holes);
         free(s->blocks);
     }
     pkv_seqset_copies_done(set); // drop the pins of copies nobody ran
@@ -194,6 +197,7 @@ static seq *take_slot(pkv_seqset *set) {
     seq *s = &set->seqs[idx];
     s->len = 0;
     s->num_blocks = 0;
+    s->holes = 0;
     s->live = 1;
     s->live_id = (pkv_seq_id)((s->gen << ID_INDEX_BITS) | idx);
     set->live++;
@@ -210,6 +214,7 @@ static void return_slot(pkv_seqset *set, seq *s) {
     s->live_id = -1 - (int32_t)idx;
     s->len = 0;
     s->num_blocks = 0;
+    s->holes = 0;
     s->gen = (s->gen + 1) & ID_GEN_MASK;
     set->free_ids[(set->free_head + set->num_free_ids) % set->cap_ids] = idx;
     set->num_free_ids++;
@@ -225,7 +230,7 @@ pkv_status pkv_seq_create(pkv_seqset *set, pkv_seq_id *id) {
 }
 
 static pkv_status free_seq(pkv_seqset *set, seq *s) {
-    pkv_status st = release_blocks(set, s->blocks, s->num_blocks);
+    pkv_status st = release_blocks(set, s->blocks + s->holes, s->num_blocks - s->holes);
     if (st != PKV_OK) return PKV_ERR_CORRUPT; // the set's references were not in the pool
     return_slot(set, s);
     return PKV_OK;
@@ -504,13 +509,46 @@ pkv_status pkv_seq_append(pkv_seqset *set, pkv_seq_id id, uint32_t n, int64_t *s
     return PKV_OK;
 }
 
+// 1 if keeping the first len tokens of s would end in a released block that is not
+// full: its tokens past the cut are gone, so nothing could append into it.
+static int cuts_into_hole(const pkv_seqset *set, const seq *s, uint32_t len) {
+    return len % set->block_size != 0 && blocks_for(len, set->block_size) <= s->holes;
+}
+
+pkv_status pkv_seq_release_before(pkv_seqset *set, pkv_seq_id id, uint32_t first_live_token,
+                                  uint32_t *released) {
+    if (!set) return PKV_ERR_INVALID_ARG;
+    seq *s = get_seq(set, id);
+    if (!s) return PKV_ERR_NOT_FOUND;
+    if (first_live_token > s->len) return PKV_ERR_INVALID_ARG;
+    // Only whole blocks before the first live token; since first_live_token <= len
+    // they are full, so the partly filled last block never becomes a hole.
+    const uint32_t dead = first_live_token / set->block_size;
+    const uint32_t n = dead > s->holes ? dead - s->holes : 0;
+    if (n && release_blocks(set, s->blocks + s->holes, n) != PKV_OK) return PKV_ERR_CORRUPT;
+    for (uint32_t j = s->holes; j < s->holes + n; j++) s->blocks[j] = PKV_BLOCK_NONE;
+    s->holes += n;
+    if (released) *released = n;
+    return PKV_OK;
+}
+
+pkv_status pkv_seq_released_blocks(const pkv_seqset *set, pkv_seq_id id, uint32_t *holes) {
+    if (!set || !holes) return PKV_ERR_INVALID_ARG;
+    const seq *s = get_seq(set, id);
+    if (!s) return PKV_ERR_NOT_FOUND;
+    *holes = s->holes;
+    return PKV_OK;
+}
+
 pkv_status pkv_seq_fork_at(pkv_seqset *set, pkv_seq_id parent, uint32_t len, pkv_seq_id *child) {
     if (!set || !child) return PKV_ERR_INVALID_ARG;
     const seq *p = get_seq(set, parent);
     if (!p) return PKV_ERR_NOT_FOUND;
     if (len > p->len) return PKV_ERR_INVALID_ARG;
     const uint32_t nb = blocks_for(len, set->block_size);
-    for (uint32_t i = 0; i < nb; i++)
+    if (cuts_into_hole(set, p, len)) return PKV_ERR_RELEASED;
+    const uint32_t holes = p->holes < nb ? p->holes : nb;
+    for (uint32_t i = holes; i < nb; i++)
         if (pkv_pool_refcount(set->pool, p->blocks[i]) == INT32_MAX) return PKV_ERR_LIMIT;
     pkv_status st = reserve_slots(set, 1);
     if (st != PKV_OK) return st;
@@ -520,12 +558,14 @@ pkv_status pkv_seq_fork_at(pkv_seqset *set, pkv_seq_id parent, uint32_t len, pkv
         return_slot(set, c);
         return PKV_ERR_OUT_OF_MEMORY;
     }
-    for (uint32_t i = 0; i < nb; i++) {
+    for (uint32_t i = 0; i < holes; i++) c->blocks[i] = PKV_BLOCK_NONE;
+    for (uint32_t i = holes; i < nb; i++) {
         c->blocks[i] = p->blocks[i];
         pkv_pool_retain(set->pool, p->blocks[i]); // live: the parent holds it; checked above
     }
     c->len = len;
     c->num_blocks = nb;
+    c->holes = holes;
     *child = id_of(set, c);
     return PKV_OK;
 }
@@ -541,14 +581,17 @@ pkv_status pkv_seq_truncate(pkv_seqset *set, pkv_seq_id id, uint32_t len) {
     seq *s = get_seq(set, id);
     if (!s) return PKV_ERR_NOT_FOUND;
     if (len > s->len) return PKV_ERR_INVALID_ARG;
+    if (cuts_into_hole(set, s, len)) return PKV_ERR_RELEASED;
     const uint32_t keep = blocks_for(len, set->block_size);
+    const uint32_t from = keep > s->holes ? keep : s->holes; // entries past it are live
     // A kept, partly filled last block that is shared stays shared: the next append
     // into it copies it first (its refcount says so), as after a fork.
     // (An empty sequence has no table: NULL + 0 is undefined, so skip the call.)
-    if (s->num_blocks > keep &&
-        release_blocks(set, s->blocks + keep, s->num_blocks - keep) != PKV_OK)
+    if (s->num_blocks > from &&
+        release_blocks(set, s->blocks + from, s->num_blocks - from) != PKV_OK)
         return PKV_ERR_CORRUPT;
     s->num_blocks = keep;
+    if (s->holes > keep) s->holes = keep;
     s->len = len;
     return PKV_OK;
 }
@@ -579,7 +622,7 @@ int pkvi_seqset_holds_any(const pkv_seqset *set, int (*held)(const void *ctx, pk
     for (uint32_t i = 0; i < set->num_slots; i++) {
         const seq *s = &set->seqs[i];
         if (!s->live) continue;
-        for (uint32_t j = 0; j < s->num_blocks; j++)
+        for (uint32_t j = s->holes; j < s->num_blocks; j++)
             if (held(ctx, s->blocks[j])) return 1;
     }
     for (uint32_t i = 0; i < set->num_copies; i++)
@@ -629,7 +672,10 @@ pkv_status pkv_seq_move_group(pkv_seqset *from, const pkv_seq_id *ids, uint32_t 
     pkv_status st = check_batch_ids(from, ids, n);
     if (st != PKV_OK) return st;
     uint64_t total = 0;
-    for (uint32_t i = 0; i < n; i++) total += get_seq(from, ids[i])->num_blocks;
+    for (uint32_t i = 0; i < n; i++) {
+        const seq *s = get_seq(from, ids[i]);
+        total += s->num_blocks - s->holes; // holes move as holes
+    }
     if (total > UINT32_MAX / 2) return PKV_ERR_OUT_OF_MEMORY;
     // uniq: every table entry, then sorted and deduplicated; dst: its new block;
     // used: whether that new block has its first reference yet.
@@ -643,9 +689,10 @@ pkv_status pkv_seq_move_group(pkv_seqset *from, const pkv_seq_id *ids, uint32_t 
     uint32_t t = 0, d = 0;
     for (uint32_t i = 0; i < n; i++) {
         const seq *s = get_seq(from, ids[i]);
+        const uint32_t live = s->num_blocks - s->holes;
         // An empty sequence has no table (blocks NULL): memcpy(_, NULL, 0) is UB.
-        if (s->num_blocks) memcpy(uniq + t, s->blocks, s->num_blocks * sizeof *uniq);
-        t += s->num_blocks;
+        if (live) memcpy(uniq + t, s->blocks + s->holes, live * sizeof *uniq);
+        t += live;
     }
     qsort(uniq, t, sizeof *uniq, cmp_block);
     for (uint32_t i = 0; i < t; i++)
@@ -680,7 +727,8 @@ pkv_status pkv_seq_move_group(pkv_seqset *from, const pkv_seq_id *ids, uint32_t 
     if (d) pkv_pool_alloc(to->pool, d, dst);
     for (uint32_t i = 0; i < n; i++) {
         seq *s = get_seq(from, ids[i]), *c = get_seq(to, new_ids[i]);
-        for (uint32_t j = 0; j < s->num_blocks; j++) {
+        for (uint32_t j = 0; j < s->holes; j++) c->blocks[j] = PKV_BLOCK_NONE;
+        for (uint32_t j = s->holes; j < s->num_blocks; j++) {
             uint32_t k = find_block(uniq, d, s->blocks[j]);
             c->blocks[j] = dst[k];
             if (used[k]) pkv_pool_retain(to->pool, dst[k]); // one more sharer
@@ -688,6 +736,7 @@ pkv_status pkv_seq_move_group(pkv_seqset *from, const pkv_seq_id *ids, uint32_t 
         }
         c->len = s->len;
         c->num_blocks = s->num_blocks;
+        c->holes = s->holes;
     }
     for (uint32_t k = 0; k < d; k++) {
         pairs[k].src = uniq[k];
@@ -779,26 +828,50 @@ pkv_status pkv_seqset_export_padded(const pkv_seqset *set, const pkv_seq_id *seq
     return PKV_OK;
 }
 
-pkv_status pkv_seqset_export_csr(const pkv_seqset *set, const pkv_seq_id *seqs,
-                                 uint32_t num_seqs, int32_t *indptr, int32_t *indices,
-                                 uint32_t indices_cap, int32_t *last_page_len) {
+// The CSR export of seqs[0..num_seqs-1]; live blocks only. first_block NULL:
+// the plain form, refused for a sequence with holes (its positions would shift).
+static pkv_status export_csr(const pkv_seqset *set, const pkv_seq_id *seqs, uint32_t num_seqs,
+                             int32_t *indptr, int32_t *indices, uint32_t indices_cap,
+                             int32_t *last_page_len, int32_t *first_block) {
     pkv_status st = check_ids(set, seqs, num_seqs);
     if (st != PKV_OK) return st;
     if (!indptr || (num_seqs && !last_page_len)) return PKV_ERR_INVALID_ARG;
     uint64_t total = 0;
-    for (uint32_t i = 0; i < num_seqs; i++) total += get_seq(set, seqs[i])->num_blocks;
+    for (uint32_t i = 0; i < num_seqs; i++) {
+        const seq *s = get_seq(set, seqs[i]);
+        if (s->holes && !first_block) return PKV_ERR_UNSUPPORTED;
+        total += s->num_blocks - s->holes;
+    }
     if (total > indices_cap || total > (uint64_t)INT32_MAX) return PKV_ERR_BUFFER_TOO_SMALL;
     if (total && !indices) return PKV_ERR_INVALID_ARG;
     int32_t at = 0;
     indptr[0] = 0;
     for (uint32_t i = 0; i < num_seqs; i++) {
         const seq *s = get_seq(set, seqs[i]);
-        if (s->num_blocks) memcpy(indices + at, s->blocks, s->num_blocks * sizeof *indices);
-        at += (int32_t)s->num_blocks;
+        const uint32_t live = s->num_blocks - s->holes;
+        if (live) memcpy(indices + at, s->blocks + s->holes, live * sizeof *indices);
+        at += (int32_t)live;
         indptr[i + 1] = at;
         last_page_len[i] = s->len == 0 ? 0 : (int32_t)((s->len - 1) % set->block_size + 1);
+        if (first_block) first_block[i] = (int32_t)s->holes;
     }
     return PKV_OK;
+}
+
+pkv_status pkv_seqset_export_csr(const pkv_seqset *set, const pkv_seq_id *seqs,
+                                 uint32_t num_seqs, int32_t *indptr, int32_t *indices,
+                                 uint32_t indices_cap, int32_t *last_page_len) {
+    return export_csr(set, seqs, num_seqs, indptr, indices, indices_cap, last_page_len, NULL);
+}
+
+pkv_status pkv_seqset_export_csr_live(const pkv_seqset *set, const pkv_seq_id *seqs,
+                                      uint32_t num_seqs, int32_t *indptr, int32_t *indices,
+                                      uint32_t indices_cap, int32_t *last_page_len,
+                                      int32_t *first_block) {
+    if (num_seqs && !first_block) return PKV_ERR_INVALID_ARG;
+    int32_t none = 0; // a non-NULL first_block for an empty batch
+    return export_csr(set, seqs, num_seqs, indptr, indices, indices_cap, last_page_len,
+                      first_block ? first_block : &none);
 }
 
 pkv_status pkv_seqset_validate(const pkv_seqset *set, int exclusive) {
@@ -814,11 +887,14 @@ pkv_status pkv_seqset_validate(const pkv_seqset *set, int exclusive) {
         if (!s->live) continue;
         live++;
         if (s->num_blocks != blocks_for(s->len, set->block_size) || s->num_blocks > s->cap ||
-            s->gen > ID_GEN_MASK || s->live_id != (pkv_seq_id)((s->gen << ID_INDEX_BITS) | i)) {
+            s->holes > s->len / set->block_size || s->gen > ID_GEN_MASK ||
+            s->live_id != (pkv_seq_id)((s->gen << ID_INDEX_BITS) | i)) {
             st = PKV_ERR_CORRUPT;
             break;
         }
-        for (uint32_t j = 0; j < s->num_blocks; j++) {
+        for (uint32_t j = 0; j < s->holes; j++)
+            if (s->blocks[j] != PKV_BLOCK_NONE) st = PKV_ERR_CORRUPT;
+        for (uint32_t j = s->holes; j < s->num_blocks && st == PKV_OK; j++) {
             pkv_block_id b = s->blocks[j];
             if ((uint32_t)b >= capacity) {
                 st = PKV_ERR_CORRUPT;

@@ -19,6 +19,7 @@ const char *pkv_status_str(pkv_status status) {
     case PKV_ERR_FORMAT: return "bad format";
     case PKV_ERR_BUSY: return "object in use (bound to another object)";
     case PKV_ERR_LIMIT: return "limit reached (refcount or id space)";
+    case PKV_ERR_RELEASED: return "tokens already released by the window rule";
     }
     return "unknown status";
 }

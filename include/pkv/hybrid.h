@@ -1,0 +1,287 @@
+// SPDX-License-Identifier: MIT
+// Hybrid KV manager: the KV cache groups of a heterogeneous model (model_config.h)
+// over block pools, one block table per group and sequence, the group's rule
+// applied to it. vLLM v1's hybrid KV cache manager and SGLang's state pool, in C.
+//
+// Groups. A model's layers form KV cache groups (pkv_kv_group): FULL and MLA
+// groups keep every token; SLIDING (window W) and CHUNKED (chunk C) groups keep
+// only what a future query can still see; STATE groups keep a fixed state per
+// sequence and nothing per token. Every token group g has a block size B_g in
+// tokens and a page (one block, all the group's layers) of B_g x bytes_per_token_g
+// bytes; bytes_per_token_g is pkv_kv_group_bytes_per_token(group, elem_bytes).
+//
+// Window rule (the one place the kinds differ). The next query of a sequence is
+// the first token the next append writes, p = the length before that append. A
+// query at p sees p - W + 1 .. p (SLIDING) or floor(p / C) * C .. p (CHUNKED), so
+// every token before first_live(p) = max(0, p - W + 1), resp. floor(p / C) * C, is
+// dead, and block j (tokens j*B .. j*B + B - 1) is dead once j*B + B <= first_live.
+// Appending to a sequence of length p first releases the dead blocks of its
+// windowed groups (pkv_seq_release_before): their table entries become holes,
+// PKV_BLOCK_NONE (seq.h), and the blocks return to the pool unless still shared.
+// Holes are always a prefix of the table; the partly filled last block is never a
+// hole. A sliding group of window W thus holds at most ceil((W - 1 + n) / B) + 1
+// blocks per sequence while appending n tokens per step, whatever its length.
+// FULL and MLA groups never release; the PAGED layout releases nothing at all.
+//
+// Layouts (pkv_hybrid_layout): how the memory budget becomes pools. In every
+// layout the state groups first take max_seqs state slots each (a pool of slots of
+// the group's state bytes, all its layers); the rest of the budget becomes pages.
+// - PKV_HYBRID_PAGED: every attention layer is treated as full attention (today's
+//   behaviour, kept so old results reproduce): one pool whose page holds one block
+//   of every token group, B tokens x sum of the token groups' bytes per token; one
+//   block table shared by every token group; no window release.
+// - PKV_HYBRID_PARTITION: one static pool per token group; group g gets the share
+//   bytes_per_token_g / sum of bytes_per_token of the page budget and block size
+//   B_g (block_sizes[g], or block_size).
+// - PKV_HYBRID_SHARED_PAGE: vLLM's hybrid manager: one pool of equal pages of
+//   P = block_size x max_g bytes_per_token_g bytes shared by every token group;
+//   group g's block size is B_g = floor(P / bytes_per_token_g) tokens (the group
+//   with the most bytes per token gets block_size; the rest of a page that
+//   B_g x bytes_per_token_g leaves unused is counted as padding in the stats).
+// - PKV_HYBRID_LCM: Jenga's two-level allocator (large pages of the LCM of the
+//   groups' page sizes, carved into per-group small pages, returned to the shared
+//   pool when empty). Group g's block size is B_g (block_sizes[g], or block_size).
+//   PKV_ERR_UNSUPPORTED from pkv_hybrid_create until it is implemented.
+//
+// Sequences. One id (pkv_seq_id, same generation rules as seq.h) names a
+// sequence in every group. Appends return one slot mapping per group; state
+// groups write -1 for each token (they keep no per-token slot). Copies are queued
+// per group: block copies (copy-on-write, seq.h) for token groups, state copies
+// {src slot, dst slot} (fork) for state groups; the caller runs them and takes them
+// as with pkv_seqset_take_copies.
+//
+// Ownership: the manager owns its pools, sets and state pool; every pointer it
+// returns points into it (borrowed, valid until the next call that changes it).
+// Arrays passed in are borrowed for the call.
+// Thread-safety: not synchronized. One thread at a time per manager; different
+// managers are independent.
+#ifndef PKV_HYBRID_H
+#define PKV_HYBRID_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pkv/model_config.h"
+#include "pkv/pool.h"
+#include "pkv/seq.h"
+#include "pkv/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct pkv_hybrid pkv_hybrid;
+
+typedef enum pkv_hybrid_layout {
+    PKV_HYBRID_PAGED = 0,       // every layer full attention, one table (pre-0.3.0)
+    PKV_HYBRID_PARTITION = 1,   // one static pool per group, by bytes-per-token share
+    PKV_HYBRID_SHARED_PAGE = 2, // one pool of equal pages, block size per group
+    PKV_HYBRID_LCM = 3,         // Jenga: LCM large pages carved per group
+} pkv_hybrid_layout;
+
+// "paged", "partition", "shared-page", "lcm"; "unknown" for another value.
+const char *pkv_hybrid_layout_name(pkv_hybrid_layout layout);
+
+// Parse one of the names above. PKV_ERR_INVALID_ARG for NULL or another name.
+pkv_status pkv_hybrid_layout_parse(const char *name, pkv_hybrid_layout *layout);
+
+// What pkv_hybrid_create builds. Plain data; fill it with pkv_hybrid_params_default
+// and then set the fields.
+typedef struct pkv_hybrid_params {
+    const pkv_kv_group *groups; // [num_groups], borrowed for the create call (copied)
+    uint32_t num_groups;        // 1..PKV_MAX_KV_GROUPS; at least one token group
+                                // (kind != PKV_LAYER_STATE)
+    size_t elem_bytes;          // stored bytes per element (2: fp16/bf16, 1: fp8)
+    pkv_hybrid_layout layout;
+    uint64_t budget_bytes;      // memory for every group's pages and states together
+    uint32_t block_size;        // tokens per block (1..65536); default 16. PAGED:
+                                // the one table's; SHARED_PAGE: the block size of the
+                                // group with the most bytes per token
+    uint32_t block_sizes[PKV_MAX_KV_GROUPS]; // PARTITION, LCM: group g's block size,
+                                // 0 = block_size; must be 0 for PAGED and SHARED_PAGE
+    uint32_t max_seqs;          // state slots per state group (live sequences with a
+                                // state); default 256; ignored without state groups
+} pkv_hybrid_params;
+
+// Defaults: no groups, elem_bytes 2, PAGED, budget 0, block_size 16, block_sizes
+// all 0, max_seqs 256.
+void pkv_hybrid_params_default(pkv_hybrid_params *params);
+
+// Build a manager. *out is owned by the caller (pkv_hybrid_destroy).
+// PKV_ERR_INVALID_ARG names the problem through the fields above: no or too many
+// groups, no token group, a group with 0 layers or 0 bytes per token / state, a
+// SLIDING or CHUNKED group with window 0, elem_bytes 0, a block size out of range
+// (SHARED_PAGE: also a derived B_g > 65536), block_sizes set for PAGED or
+// SHARED_PAGE, max_seqs 0 with a state group, or a budget too small for the state
+// slots plus one page in every pool (or so large that a pool would pass
+// PKV_POOL_MAX_BLOCKS). PKV_ERR_UNSUPPORTED for PKV_HYBRID_LCM until it exists.
+pkv_status pkv_hybrid_create(const pkv_hybrid_params *params, pkv_hybrid **out);
+
+// Release everything. NULL does nothing.
+void pkv_hybrid_destroy(pkv_hybrid *h);
+
+pkv_hybrid_layout pkv_hybrid_get_layout(const pkv_hybrid *h); // PAGED for NULL
+uint32_t pkv_hybrid_num_groups(const pkv_hybrid *h);          // 0 for NULL
+uint32_t pkv_hybrid_live_count(const pkv_hybrid *h);          // live sequences
+
+// Group g as given at create (*group, caller-owned) and its block size in tokens
+// (*block_size; 0 for a state group). Either output may be NULL.
+// PKV_ERR_INVALID_ARG for g >= num_groups.
+pkv_status pkv_hybrid_group_info(const pkv_hybrid *h, uint32_t g, pkv_kv_group *group,
+                                 uint32_t *block_size);
+
+// ---- sequences ----
+
+// Create an empty sequence in every group; each state group gives it a state slot.
+// PKV_ERR_OUT_OF_BLOCKS (nothing changed) when a state group has no free slot;
+// PKV_ERR_LIMIT at 2^20 live sequences.
+pkv_status pkv_hybrid_seq_create(pkv_hybrid *h, pkv_seq_id *id);
+
+// Free a sequence: its blocks in every group and its state slots. A state slot
+// still pinned by a queued state copy returns once the copies are taken.
+pkv_status pkv_hybrid_seq_free(pkv_hybrid *h, pkv_seq_id id);
+
+// Fork: *child shares every live block of `parent` in every token group (holes
+// stay holes) and gets a fresh state slot in every state group, with a queued
+// state copy {parent's slot, child's slot} (take it with pkv_hybrid_take_copies).
+// All or nothing: PKV_ERR_OUT_OF_BLOCKS when a state group has no free slot,
+// PKV_ERR_LIMIT as pkv_seq_fork.
+pkv_status pkv_hybrid_seq_fork(pkv_hybrid *h, pkv_seq_id parent, pkv_seq_id *child);
+
+// Length in tokens (the same in every group).
+pkv_status pkv_hybrid_seq_length(const pkv_hybrid *h, pkv_seq_id id, uint32_t *len);
+
+// Append n tokens to `id` in every group: release the blocks the window rule kills
+// for the queries of this append (first query p = the length before it; n = 0
+// has no query and changes nothing), then grow
+// the tables (copy-on-write as seq.h). All or nothing over every group:
+// PKV_ERR_OUT_OF_BLOCKS (some pool short, counting the blocks the release returns
+// to it) leaves every group and pool unchanged, the release included;
+// PKV_ERR_OUT_OF_MEMORY (host metadata) undoes the appends but may leave the
+// release done (those blocks were dead for this append's queries anyway).
+// slots: optional, caller-owned, num_groups x n entries: slots[g * n + t] is the
+// slot (seq.h) of new token t in group g, -1 in a state group. In PAGED every
+// token group gets the same slots (one page holds all of them).
+pkv_status pkv_hybrid_append(pkv_hybrid *h, pkv_seq_id id, uint32_t n, int64_t *slots);
+
+// Append counts[i] tokens to seqs[i] for every i, as pkv_hybrid_append on each in
+// order, all or nothing over the batch and every group. A seq id may appear once
+// (else PKV_ERR_INVALID_ARG; an id not live: PKV_ERR_NOT_FOUND). slots: optional,
+// caller-owned, num_groups x total entries, total = sum(counts): row g is group
+// g's slot mapping of the whole batch in order (seqs[0]'s tokens first), -1 in a
+// state group's row.
+pkv_status pkv_hybrid_append_batch(pkv_hybrid *h, const pkv_seq_id *seqs,
+                                   const uint32_t *counts, uint32_t num_seqs, int64_t *slots);
+
+// For a batch as pkv_hybrid_append_batch would take it: blocks[g] (caller-owned,
+// num_groups entries) receives how many blocks group g's pool would lose, i.e. the
+// new blocks and copies minus the released blocks that this batch's sequences hold
+// alone (a dead block a forked sibling still shares is not counted as returned, so
+// the figure is an upper bound when siblings share dead blocks). Groups sharing a
+// pool (PAGED: every token group; SHARED_PAGE) each report their own part: the
+// pool loses their sum (PAGED: the one table's figure, under every token group).
+// 0 for state groups. Same id checks as the batch append.
+pkv_status pkv_hybrid_blocks_needed_batch(const pkv_hybrid *h, const pkv_seq_id *seqs,
+                                          const uint32_t *counts, uint32_t num_seqs,
+                                          uint32_t *blocks);
+
+// pkv_hybrid_blocks_needed_batch for one sequence.
+pkv_status pkv_hybrid_blocks_needed(const pkv_hybrid *h, pkv_seq_id id, uint32_t n,
+                                    uint32_t *blocks);
+
+// Drop every token at position >= len in every group (len <= length, else
+// PKV_ERR_INVALID_ARG). PKV_ERR_RELEASED (nothing changed) when some windowed
+// group already released a token that the next query, at position len, would see
+// (first_live(len) < the tokens that group released); PKV_ERR_UNSUPPORTED (nothing
+// changed, and checked first) when len < length and the model has a state group:
+// a recurrent state cannot be rolled back.
+pkv_status pkv_hybrid_seq_truncate(pkv_hybrid *h, pkv_seq_id id, uint32_t len);
+
+// ---- per-group views ----
+
+// Group g's block table of `id`: *table (borrowed, valid until the next call that
+// changes this sequence) has *num_blocks = ceil(len / B_g) entries, the first
+// *first_live of them PKV_BLOCK_NONE (released). PKV_ERR_INVALID_ARG for a state
+// group. first_live may be NULL.
+pkv_status pkv_hybrid_block_table(const pkv_hybrid *h, pkv_seq_id id, uint32_t g,
+                                  const pkv_block_id **table, uint32_t *num_blocks,
+                                  uint32_t *first_live);
+
+// The state slot (0..max_seqs-1) of `id` in state group g. PKV_ERR_INVALID_ARG if
+// g is not a state group.
+pkv_status pkv_hybrid_state_slot(const pkv_hybrid *h, pkv_seq_id id, uint32_t g,
+                                 int32_t *slot);
+
+// Export sizes of group g for seqs[0..num_seqs-1], as pkv_seqset_export_size
+// (holes count as entries in *max_blocks and *total_blocks).
+pkv_status pkv_hybrid_export_size(const pkv_hybrid *h, uint32_t g, const pkv_seq_id *seqs,
+                                  uint32_t num_seqs, uint32_t *max_blocks,
+                                  uint64_t *total_blocks);
+
+// Group g's padded table, as pkv_seqset_export_padded: table[i * max_blocks + j]
+// is block j of seqs[i], -1 (PKV_BLOCK_NONE) for a released block, pad_value past
+// the end; lens (optional) the lengths. PKV_ERR_INVALID_ARG for a state group.
+pkv_status pkv_hybrid_export_padded(const pkv_hybrid *h, uint32_t g, const pkv_seq_id *seqs,
+                                    uint32_t num_seqs, uint32_t max_blocks, int32_t pad_value,
+                                    int32_t *table, int32_t *lens);
+
+// Group g's CSR form with live blocks only, as pkv_seqset_export_csr_live:
+// indices[indptr[i] .. indptr[i+1]-1] are logical blocks first_block[i] ..
+// ceil(len / B_g) - 1 of seqs[i]; last_page_len as pkv_seqset_export_csr.
+// PKV_ERR_INVALID_ARG for a state group.
+pkv_status pkv_hybrid_export_csr(const pkv_hybrid *h, uint32_t g, const pkv_seq_id *seqs,
+                                 uint32_t num_seqs, int32_t *indptr, int32_t *indices,
+                                 uint32_t indices_cap, int32_t *last_page_len,
+                                 int32_t *first_block);
+
+// Number of queued copies of group g (token group: copy-on-write block copies;
+// state group: fork state copies). In PAGED every token group shows the one
+// table's queue.
+uint32_t pkv_hybrid_pending_copies(const pkv_hybrid *h, uint32_t g);
+
+// Take group g's queued copies into copies[0..*n-1] (caller-owned, cap entries)
+// and empty the queue, as pkv_seqset_take_copies (PKV_ERR_BUFFER_TOO_SMALL: *n is
+// the number needed, nothing taken). State copies are {src slot, dst slot}: copy
+// the state of every layer of the group, in queue order (a fork of a fork whose
+// copy has not run yet copies from a slot an earlier copy fills). Run them before
+// the next append; the contract of pkv_seqset_copies applies to both kinds (the
+// pins keep src and dst from being handed out again until the copies are taken).
+pkv_status pkv_hybrid_take_copies(pkv_hybrid *h, uint32_t g, pkv_block_copy *copies,
+                                  uint32_t cap, uint32_t *n);
+
+// A snapshot of one group's memory (plain data, caller-owned).
+typedef struct pkv_hybrid_group_stats {
+    pkv_layer_kind kind;
+    uint32_t block_size;       // tokens per block (0: state group)
+    uint64_t page_bytes;       // bytes one block (or state slot) occupies in memory:
+                               // SHARED_PAGE: the shared page; PAGED: the group's
+                               // part of the shared page (B x its bytes per token)
+    uint64_t capacity_bytes;   // bytes of the pool the group draws from (shared
+                               // pools: the whole pool, counted under every group)
+    uint64_t used_bytes;       // blocks_held x page_bytes (state: slots in use)
+    uint64_t free_bytes;       // free bytes of that pool (shared: the whole pool's)
+    uint64_t padding_bytes;    // of used_bytes, what no token can use: blocks_held x
+                               // (page_bytes - block_size x bytes per token), i.e.
+                               // SHARED_PAGE's rounding (0 in the other layouts)
+    uint64_t blocks_held;      // distinct blocks (state: slots) held by the live
+                               // sequences and queued copies of the group
+    uint64_t blocks_released;  // blocks released by the window rule since create
+    uint64_t tokens_held;      // sum over live sequences of tokens in live blocks
+} pkv_hybrid_group_stats;
+
+// Fill *stats for group g. O(capacity + blocks held) (it counts distinct blocks).
+pkv_status pkv_hybrid_group_stats_get(const pkv_hybrid *h, uint32_t g,
+                                      pkv_hybrid_group_stats *stats);
+
+// Full check: every pool and set (pkv_seqset_validate), every pool's refcounts
+// equal to the references of the sets and copies that use it (no block lost or
+// leaked), every live sequence of the same length in every group with holes only
+// where the window rule allows, every state slot held once (plus pins).
+// PKV_OK, PKV_ERR_CORRUPT or PKV_ERR_OUT_OF_MEMORY.
+pkv_status pkv_hybrid_validate(const pkv_hybrid *h);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif // PKV_HYBRID_H

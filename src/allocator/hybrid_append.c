@@ -1,0 +1,176 @@
+// SPDX-License-Identifier: MIT
+// Appending to the hybrid KV manager: the window rule, then one plan over every
+// group before any group changes. Plan: per set the blocks its batch append takes
+// (pkv_seqset_blocks_needed_batch) less the dead blocks the window release hands
+// back to the pool (those the batch's sequences hold alone), summed per pool and
+// checked against the pool (the layout may make room: LCM). Apply: release the
+// dead blocks, then append in every set. The check makes every set's append fit,
+// so only a host allocation can fail after it; the appends are then undone.
+#include "hybrid_internal.h"
+
+uint32_t pkvi_hybrid_first_live(const pkvi_hgroup *g, uint32_t p) {
+    if (!g->windowed) return 0;
+    const uint32_t w = g->desc.window;
+    if (g->desc.kind == PKV_LAYER_SLIDING) return p >= w ? p - w + 1 : 0;
+    return p / w * w; // CHUNKED: the query's own chunk
+}
+
+// h->gids[0..k-1] = group g's ids of seqs (live: checked by the caller).
+static void group_ids(pkv_hybrid *h, uint32_t g, const pkv_seq_id *seqs, uint32_t k) {
+    for (uint32_t i = 0; i < k; i++) h->gids[i] = pkvi_hybrid_rec(h, seqs[i])->gid[g];
+}
+
+// Dead blocks of group g that the batch's sequences hold alone: they return to the
+// pool when released. Reads h->gids and h->old_len.
+static uint32_t release_credit(const pkv_hybrid *h, uint32_t g, const uint32_t *counts,
+                               uint32_t k) {
+    const pkvi_hgroup *hg = &h->groups[g];
+    if (!hg->windowed) return 0;
+    uint32_t credit = 0;
+    for (uint32_t i = 0; i < k; i++) {
+        if (counts[i] == 0) continue; // no query, no release
+        const pkv_block_id *t;
+        uint32_t n, holes;
+        pkv_seq_block_table(hg->set, h->gids[i], &t, &n);
+        pkv_seq_released_blocks(hg->set, h->gids[i], &holes);
+        const uint32_t dead = pkvi_hybrid_first_live(hg, h->old_len[i]) / hg->block_size;
+        for (uint32_t j = holes; j < dead; j++) credit += pkv_pool_refcount(hg->pool, t[j]) == 1;
+    }
+    return credit;
+}
+
+// Plan the batch: ids live (NOT_FOUND) and distinct (INVALID_ARG), h->old_len
+// filled, need[g] = net blocks group g's pool loses (may be negative), 0 for
+// state groups and aliases. Changes nothing visible.
+static pkv_status plan(pkv_hybrid *h, const pkv_seq_id *seqs, const uint32_t *counts,
+                       uint32_t k, int64_t *need) {
+    if (k && (!seqs || !counts)) return PKV_ERR_INVALID_ARG;
+    pkv_status st = pkvi_hybrid_reserve_scratch(h, k);
+    if (st != PKV_OK) return st;
+    for (uint32_t i = 0; i < k; i++) {
+        const pkvi_hrecord *r = pkvi_hybrid_rec(h, seqs[i]);
+        if (!r) return PKV_ERR_NOT_FOUND;
+        h->old_len[i] = r->len;
+    }
+    for (uint32_t g = 0; g < h->num_groups; g++) {
+        need[g] = 0;
+        const pkvi_hgroup *hg = &h->groups[g];
+        if (!hg->owns_set) continue;
+        group_ids(h, g, seqs, k);
+        uint32_t gross;
+        // Also refuses duplicates (one manager id is one id in every set).
+        if ((st = pkv_seqset_blocks_needed_batch(hg->set, h->gids, counts, k, &gross)) != PKV_OK)
+            return st;
+        need[g] = (int64_t)gross - release_credit(h, g, counts, k);
+    }
+    return PKV_OK;
+}
+
+// 1 if every pool has the net blocks its groups need.
+static int pools_fit(const pkv_hybrid *h, const int64_t *need) {
+    for (uint32_t p = 0; p < h->num_pools; p++) {
+        int64_t sum = 0;
+        for (uint32_t g = 0; g < h->num_groups; g++)
+            if (h->groups[g].owns_set && h->groups[g].pool == h->pools[p]) sum += need[g];
+        if (sum > (int64_t)pkv_pool_free_count(h->pools[p])) return 0;
+    }
+    return 1;
+}
+
+// Release the blocks that the window rule kills for the batch's first queries (a
+// sequence appended 0 tokens has no query: it keeps its blocks).
+static void release_dead(pkv_hybrid *h, const pkv_seq_id *seqs, const uint32_t *counts,
+                         uint32_t k) {
+    for (uint32_t g = 0; g < h->num_groups; g++) {
+        pkvi_hgroup *hg = &h->groups[g];
+        if (!hg->windowed) continue;
+        for (uint32_t i = 0; i < k; i++) {
+            if (counts[i] == 0) continue;
+            uint32_t released = 0;
+            pkv_seq_release_before(hg->set, pkvi_hybrid_rec(h, seqs[i])->gid[g],
+                                   pkvi_hybrid_first_live(hg, h->old_len[i]), &released);
+            hg->released += released;
+        }
+    }
+}
+
+// Write the slot rows that no set wrote: aliases copy their set's row, state
+// groups -1.
+static void fill_other_rows(const pkv_hybrid *h, int64_t *slots, uint64_t total) {
+    for (uint32_t g = 0; g < h->num_groups; g++) {
+        const pkvi_hgroup *hg = &h->groups[g];
+        if (hg->owns_set) continue;
+        int64_t *row = slots + g * total;
+        if (hg->desc.kind == PKV_LAYER_STATE) {
+            for (uint64_t t = 0; t < total; t++) row[t] = -1;
+            continue;
+        }
+        const int64_t *from = slots + pkvi_hybrid_owner(h, g) * total;
+        for (uint64_t t = 0; t < total; t++) row[t] = from[t];
+    }
+}
+
+pkv_status pkv_hybrid_append_batch(pkv_hybrid *h, const pkv_seq_id *seqs,
+                                   const uint32_t *counts, uint32_t num_seqs, int64_t *slots) {
+    if (!h) return PKV_ERR_INVALID_ARG;
+    int64_t need[PKV_MAX_KV_GROUPS];
+    pkv_status st = plan(h, seqs, counts, num_seqs, need);
+    if (st != PKV_OK) return st;
+    if (!pools_fit(h, need)) {
+        uint32_t want[PKV_MAX_KV_GROUPS];
+        for (uint32_t g = 0; g < h->num_groups; g++) want[g] = need[g] > 0 ? (uint32_t)need[g] : 0;
+        if (!h->ops->make_room || h->ops->make_room(h, want) != PKV_OK || !pools_fit(h, need))
+            return PKV_ERR_OUT_OF_BLOCKS;
+    }
+    uint64_t total = 0;
+    for (uint32_t i = 0; i < num_seqs; i++) total += counts[i];
+    release_dead(h, seqs, counts, num_seqs);
+    uint32_t g = 0;
+    for (; g < h->num_groups && st == PKV_OK; g++) {
+        const pkvi_hgroup *hg = &h->groups[g];
+        if (!hg->owns_set) continue;
+        group_ids(h, g, seqs, num_seqs);
+        st = pkv_seqset_append_batch(hg->set, h->gids, counts, num_seqs,
+                                     slots ? slots + g * total : NULL);
+    }
+    if (st != PKV_OK) { // a host allocation failed: undo the sets appended so far
+        for (uint32_t u = 0; u + 1 < g; u++) {
+            if (!h->groups[u].owns_set) continue;
+            for (uint32_t i = 0; i < num_seqs; i++)
+                pkv_seq_truncate(h->groups[u].set, pkvi_hybrid_rec(h, seqs[i])->gid[u],
+                                 h->old_len[i]);
+        }
+        pkvi_hybrid_released(h);
+        return st;
+    }
+    for (uint32_t i = 0; i < num_seqs; i++) pkvi_hybrid_rec(h, seqs[i])->len += counts[i];
+    if (slots) fill_other_rows(h, slots, total);
+    pkvi_hybrid_released(h);
+    return PKV_OK;
+}
+
+pkv_status pkv_hybrid_append(pkv_hybrid *h, pkv_seq_id id, uint32_t n, int64_t *slots) {
+    return pkv_hybrid_append_batch(h, &id, &n, 1, slots);
+}
+
+pkv_status pkv_hybrid_blocks_needed_batch(const pkv_hybrid *h, const pkv_seq_id *seqs,
+                                          const uint32_t *counts, uint32_t num_seqs,
+                                          uint32_t *blocks) {
+    if (!h || !blocks) return PKV_ERR_INVALID_ARG;
+    int64_t need[PKV_MAX_KV_GROUPS];
+    // Only the batch scratch is written (h came from calloc: not const-defined).
+    pkv_status st = plan((pkv_hybrid *)h, seqs, counts, num_seqs, need);
+    if (st != PKV_OK) return st;
+    for (uint32_t g = 0; g < h->num_groups; g++) {
+        const pkvi_hgroup *hg = &h->groups[g];
+        // A PAGED alias reports its set's figure; state groups 0.
+        const int64_t n = hg->desc.kind == PKV_LAYER_STATE ? 0 : need[pkvi_hybrid_owner(h, g)];
+        blocks[g] = n > 0 ? (uint32_t)n : 0;
+    }
+    return PKV_OK;
+}
+
+pkv_status pkv_hybrid_blocks_needed(const pkv_hybrid *h, pkv_seq_id id, uint32_t n,
+                                    uint32_t *blocks) {
+    return pkv_hybrid_blocks_needed_batch(h, &id, &n, 1, blocks);
+}
