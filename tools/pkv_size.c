@@ -12,6 +12,7 @@
 #include "pkv/model.h"
 #include "pkv/replay.h"
 #include "cli.h"
+#include "size_groups.h"
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -43,6 +44,14 @@ static void usage(FILE *f) {
             "  --gpu-util F       share of (memory - weights) given to the KV cache, as\n"
             "                     pkv-replay's default budget (default 0.9)\n"
             "  --json             one JSON object on stdout\n"
+            "Models with KV cache groups (gpt-oss, gemma-3, llama-4-scout, deepseek-v3,\n"
+            "qwen3-next, jamba, tiny-swa/-mla/-hybrid) print one row per group (kind, layers,\n"
+            "kv heads x head dim or MLA latent + rope dims, window, kv bytes per token, state\n"
+            "bytes per sequence) and, per context length (--seq N, default 8192, 32768 and\n"
+            "131072), one sequence's KV bytes window-aware (sliding / chunked layers keep only\n"
+            "their window, state layers their state) and with every layer kept full (a\n"
+            "uniform paged cache), token-exact; --json gives them as \"groups\" and\n"
+            "\"lengths\". Shape overrides, int8 and --block apply to uniform models only.\n"
             "  --help             this text\n"
             CLI_SIZE_UNITS
             "example: pkv-size --model gpt3-175b --seq 2048 --dtype fp16\n");
@@ -55,6 +64,39 @@ static int dtype_bytes(const char *s) {
 }
 
 static double gib(uint64_t b) { return (double)b / 1073741824.0; }
+
+// A model with KV cache groups: size_groups.c's report (exit status).
+static int report_groups(const pkv_model_config *c, const char *dtype, const char *wdtype,
+                         int overridden, uint64_t seq, uint64_t batch, uint64_t params,
+                         int have_memory, uint64_t memory, double gpu_util, int json) {
+    if (overridden) {
+        fprintf(stderr, "pkv-size: --layers, --kv-heads and --head-dim apply to uniform models; "
+                        "'%s' has KV cache groups\n", c->name);
+        return 2;
+    }
+    pkv_dtype kvd;
+    pkv_dtype_from_name(dtype, &kvd);
+    if (kvd == PKV_DTYPE_INT8) {
+        fprintf(stderr, "pkv-size: --dtype int8 (per-token scales of uniform K/V) is not defined "
+                        "for '%s', a model with KV cache groups: use fp8\n", c->name);
+        return 2;
+    }
+    static const uint64_t defaults[] = {8192, 32768, 131072};
+    size_groups_opts o = {0};
+    o.dtype = dtype;
+    o.elem_bytes = (uint64_t)dtype_bytes(dtype);
+    o.seqs = seq ? &seq : defaults;
+    o.num_seqs = seq ? 1 : 3;
+    o.batch = batch;
+    o.params = params ? params : pkv_model_param_count(c);
+    const int kv_quantized = pkv_dtype_is_quantized(kvd);
+    o.weights_bytes = o.params * (uint64_t)dtype_bytes(wdtype ? wdtype : kv_quantized ? "fp16" : dtype);
+    o.have_memory = have_memory;
+    o.memory_bytes = memory;
+    o.gpu_util = gpu_util;
+    o.json = json;
+    return size_groups_report(c, &o);
+}
 
 int main(int argc, char **argv) {
     const char *model = "tiny", *dtype = "fp16", *wdtype = NULL;
@@ -122,6 +164,9 @@ int main(int argc, char **argv) {
         fprintf(stderr, "pkv-size: unknown model '%s' (see --help for the presets)\n", model);
         return 2;
     }
+    if (c.num_kv_groups) return report_groups(&c, dtype, wdtype, layers || kv_heads || head_dim,
+                                              seq, batch, params, have_memory, memory, gpu_util,
+                                              json);
     int custom = layers || kv_heads || head_dim;
     if (layers) c.num_layers = (uint32_t)layers;
     if (kv_heads) {

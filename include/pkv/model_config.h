@@ -137,7 +137,8 @@ uint64_t pkv_kv_group_tokens_kept(const pkv_kv_group *group, uint64_t len);
 // KV bytes one sequence of `len` tokens holds, every group and its state included.
 // window_aware 1: each group keeps pkv_kv_group_tokens_kept tokens; 0: every attention
 // group keeps all `len` (an allocator that treats every layer as full attention);
-// state groups count their state either way.
+// state groups count their state either way. 0 for an invalid config or a sum beyond
+// 64 bits.
 uint64_t pkv_model_kv_bytes_for_len(const pkv_model_config *config, size_t elem_bytes,
                                     uint64_t len, int window_aware);
 

@@ -50,6 +50,9 @@ pkv_status pkvi_model_alloc(const pkv_model_config *c, const pkv_model_params *p
     if (!c || !p || !out) return PKV_ERR_INVALID_ARG;
     *out = NULL;
     if (pkv_model_config_validate(c) != PKV_OK) return PKV_ERR_INVALID_ARG;
+    // The decoder computes full attention on every layer: a model with KV cache groups
+    // (windows, MLA, state layers) would run as another model, so it is refused.
+    if (c->num_kv_groups) return PKV_ERR_UNSUPPORTED;
     const pkvi_ops *ops = NULL;
     if (p->device == PKV_DEVICE_CPU) {
         ops = &pkvi_model_cpu_ops;
