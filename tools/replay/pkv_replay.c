@@ -178,8 +178,21 @@ static int load_plugin(const char *path, const pkv_policy_vtable **vt, char *why
     *vt = entry(PKV_POLICY_ABI_VERSION);
     char check[160];
     if (!*vt) {
-        snprintf(why, why_len, "%s: %s returned NULL (it does not speak policy ABI %u)", path,
-                 PKV_POLICY_PLUGIN_ENTRY, PKV_POLICY_ABI_VERSION);
+        // Which ABI was it built for? Ask for the older ones, newest first, so that
+        // the refusal names both versions (a table it returns is only read).
+        uint32_t old = 0;
+        for (uint32_t v = PKV_POLICY_ABI_VERSION - 1; v >= 1 && !old; v--) {
+            const pkv_policy_vtable *o = entry(v);
+            if (o && o->abi_version == v) old = v;
+        }
+        if (old)
+            snprintf(why, why_len,
+                     "%s: built for policy ABI %u, this pkv-replay speaks policy ABI %u "
+                     "(rebuild it against this version's pkv/policy.h)",
+                     path, old, PKV_POLICY_ABI_VERSION);
+        else
+            snprintf(why, why_len, "%s: %s returned NULL (it does not speak policy ABI %u)", path,
+                     PKV_POLICY_PLUGIN_ENTRY, PKV_POLICY_ABI_VERSION);
     } else if (pkv_policy_vtable_check(*vt, check, sizeof check) != PKV_OK) {
         snprintf(why, why_len, "%s: %s", path, check);
     } else {
