@@ -55,8 +55,10 @@ static int is_shared_pool(pkv_hybrid_layout l) { return l != PKV_HYBRID_PARTITIO
 
 // ---- what a request keeps ----
 
-// Bytes request r keeps under the groups' rules (its samples may differ by one
-// token within a step: each sample's own length counts).
+// Bytes request r keeps under the groups' rules, as stored (its samples may differ
+// by one token within a step: each sample's own length counts). Samples share the
+// prompt's full blocks; its partial last block is shared only until they append
+// (copy-on-write then gives each its own copy, as paged counts it).
 static uint64_t kept_bytes(const hybrid_policy *p, uint32_t r) {
     const pkv_seq_id *s = &p->seqs[p->seq_base[r]];
     uint64_t total = 0;
@@ -65,14 +67,15 @@ static uint64_t kept_bytes(const hybrid_policy *p, uint32_t r) {
             total += (uint64_t)p->nseq[r] * p->groups.state_bytes[g];
             continue;
         }
+        const uint64_t B = p->B[g];
+        const uint64_t limit = p->tail_shared[r] ? p->prompt[r] : p->prompt[r] / B * B;
         uint64_t shared_part = 0, own = 0;
         for (uint32_t c = 0; c < p->nseq[r]; c++) {
             uint32_t len = 0;
             (void)pkv_hybrid_seq_length(p->h, s[c], &len);
             const uint64_t k = pkvi_groups_kept(&p->groups, g, 1, len, 0, 0);
             const uint64_t first = len - k;
-            const uint64_t in_prompt =
-                p->shared[r] && p->prompt[r] > first ? p->prompt[r] - first : 0;
+            const uint64_t in_prompt = p->shared[r] && limit > first ? limit - first : 0;
             if (in_prompt > shared_part) shared_part = in_prompt;
             own += k - in_prompt;
         }
