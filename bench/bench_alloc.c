@@ -14,6 +14,7 @@
 #include <time.h>
 
 #include "pkv/pkv.h"
+#include "src/allocator/lcm.h" // internal: the two-level allocator's rows (issue 23)
 
 typedef struct options {
     int json;
@@ -64,6 +65,48 @@ static double bench_pool_batch(pkv_pool *pool, uint32_t batch, long iters) {
         double t = (now_ns() - t0) / (double)iters;
         if (t < best) best = t;
     }
+    return best;
+}
+
+// The two-level allocator (issue 23's hybrid-lcm layout): one small page allocated
+// and freed through a KV cache group's pool per iteration, the large-page layer
+// asked for room when the pool is short (as pkv_hybrid does), over two groups of
+// 3 and 4 KiB pages (large pages of 12 KiB holding 4 or 3) and ONE large page,
+// the group switching every `period` iterations: each switch finds no unowned
+// large page, so the other group's empty one is reclaimed and carved again (the
+// take/return path, O(pages per large page)). period 1 is the worst case, and
+// every iteration empties and refills a large page (its counter and empty bit
+// flip). Reps alternate with the fixed pool's batch-1 loop (`pool`) so that both
+// see the same load; *pool_ns and the return value are each the best rep.
+static double bench_lcm(pkv_pool *pool, uint32_t period, long iters, double *pool_ns) {
+    const uint64_t bytes[2] = {3072, 4096};
+    pkvi_lcm *lcm;
+    pkv_status st = pkvi_lcm_create(bytes, 2, 12288, &lcm, NULL, 0);
+    if (st != PKV_OK) die("lcm", st);
+    pkv_pool *pools[2] = {pkvi_lcm_pool(lcm, 0), pkvi_lcm_pool(lcm, 1)};
+    double best = 1e300;
+    *pool_ns = 1e300;
+    for (int r = 0; r < 2 * REPS; r++) {
+        double p = bench_pool_batch(pool, 1, iters / REPS);
+        if (p < *pool_ns) *pool_ns = p;
+        double t0 = now_ns();
+        uint32_t g = 0, left = period; // a countdown, not i / period: no divide in the loop
+        for (long i = 0; i < iters; i++) {
+            if (left-- == 0) g ^= 1, left = period - 1;
+            pkv_block_id id;
+            st = pkv_pool_free_count(pools[g]) ? PKV_OK : pkvi_lcm_reserve_group(lcm, g, 1);
+            if (st == PKV_OK) st = pkv_pool_alloc(pools[g], 1, &id);
+            if (st != PKV_OK) die("lcm", st);
+            sink += (uintptr_t)id;
+            if ((st = pkv_pool_release(pools[g], id)) != PKV_OK) die("lcm release", st);
+        }
+        double t = (now_ns() - t0) / (double)iters;
+        if (t < best) best = t;
+    }
+    pkvi_lcm_stats s;
+    pkvi_lcm_get_stats(lcm, &s);
+    if (s.reclaims < (uint64_t)(iters / period) - 1) die("lcm: large pages did not move", PKV_ERR_CORRUPT);
+    pkvi_lcm_destroy(lcm);
     return best;
 }
 
@@ -294,7 +337,10 @@ static void usage(FILE *out) {
             "2k-token sequence, against glibc malloc/free, jemalloc mallocx/dallocx and (with\n"
             "a GPU) cudaMalloc/cudaFree of block-sized buffers, side by side in one run; and\n"
             "one engine step (256 sequences decode one token, block 16, prefix cache on) as\n"
-            "batch calls vs 256 single calls (ns per step; x column: single / batch).\n"
+            "batch calls vs 256 single calls (ns per step; x column: single / batch); and\n"
+            "the two-level (hybrid-lcm) allocator's reserve+alloc+free of one small page\n"
+            "with a large page moving between two groups every 64 or every 1 iterations\n"
+            "(x column: its ns / the pool's batch-1 ns, measured just before it).\n"
             "bench_alloc --calibrate FILE.json [--backend host|cuda]: fit the per-call cost\n"
             "of backend alloc/free by size (piecewise linear, 4 KiB-256 MiB, the shape of the\n"
             "default cuda-boyer model) that pkv-replay --alloc-model FILE.json reads.\n"
@@ -400,6 +446,16 @@ int main(int argc, char **argv) {
             snprintf(names[b][3], 64, "cudaMalloc+cudaFree, batch %u", batch);
             rows[n++] = (row){names[b][3], c, c / pool_ns};
         }
+    }
+    // The two-level rows, each beside the pool's batch-1 loop run in alternation.
+    static const uint32_t periods[2] = {64, 1};
+    static char lcm_names[2][2][64];
+    for (int k = 0; k < 2; k++) {
+        double p1, l1 = bench_lcm(pool, periods[k], k ? it1 / 8 : it1 / 2, &p1);
+        snprintf(lcm_names[k][0], 64, "pool alloc+free, batch 1 (beside next)");
+        rows[n++] = (row){lcm_names[k][0], p1, 1.0};
+        snprintf(lcm_names[k][1], 64, "hybrid-lcm alloc+free, move every %u", periods[k]);
+        rows[n++] = (row){lcm_names[k][1], l1, l1 / p1};
     }
     rows[n++] = (row){"seq append 1 token (block 16)", bench_append(set, it1), 0};
     rows[n++] = (row){"seq fork+free of 2048 tokens", bench_fork(set, itb / 4), 0};

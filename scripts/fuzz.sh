@@ -5,7 +5,7 @@
 # Usage: scripts/fuzz.sh [SECONDS_PER_TARGET [TARGET...]]
 #   SECONDS_PER_TARGET  default 60 (CI); e.g. 1800 for a long run on demand
 #   TARGET              fuzz_trace, fuzz_tracegen, fuzz_allocator, fuzz_replay,
-#                       fuzz_plugin (default: all)
+#                       fuzz_plugin, fuzz_hybrid (default: all)
 # Environment: FUZZ_DIR (default build-fuzz) holds the binaries, the growing
 # corpora (seeded from tests/fuzz/corpus/TARGET, which stays small and
 # committed) and any crash artifacts; CC (default clang).
@@ -17,7 +17,7 @@ secs="${1:-60}"
 shift || true
 targets=("$@")
 if ((${#targets[@]} == 0)); then
-    targets=(fuzz_trace fuzz_tracegen fuzz_allocator fuzz_replay fuzz_plugin)
+    targets=(fuzz_trace fuzz_tracegen fuzz_allocator fuzz_replay fuzz_plugin fuzz_hybrid)
 fi
 cc="${CC:-clang}"
 dir="${FUZZ_DIR:-build-fuzz}"
@@ -29,6 +29,7 @@ command -v "$cc" >/dev/null || { echo "fuzz: $cc not found (scripts/deps.sh --fu
 trace_src=(src/runtime/trace/trace.c src/runtime/trace/rows.c src/runtime/trace/csv.c
            src/runtime/trace/jsonl.c src/runtime/trace/generator.c)
 alloc_src=(src/allocator/pool.c src/allocator/seqset.c src/allocator/prefix_cache.c)
+hybrid_src=(src/allocator/{status,pool,seqset}.c src/allocator/hybrid*.c)
 # The replay harnesses need the whole library without CUDA or BLAS (run mode
 # links in but never runs: sim only).
 replay_src=(src/allocator/{status,pool,seqset,backend,backend_host,backend_cuda_none,cache}.c
@@ -49,9 +50,9 @@ flags=(-std=c11 -D_POSIX_C_SOURCE=200809L -DPKV_BUILDING -g -O1 -I"$gen" -Iinclu
 # replay's options + 12 requests (+ a plugin's script of lies).
 declare -A srcs=([fuzz_trace]="${trace_src[*]}" [fuzz_tracegen]="${trace_src[*]}"
                  [fuzz_allocator]="${alloc_src[*]}" [fuzz_replay]="${replay_src[*]}"
-                 [fuzz_plugin]="${replay_src[*]}")
+                 [fuzz_plugin]="${replay_src[*]}" [fuzz_hybrid]="${hybrid_src[*]}")
 declare -A maxlen=([fuzz_trace]=4096 [fuzz_tracegen]=128 [fuzz_allocator]=1024 [fuzz_replay]=60
-                   [fuzz_plugin]=512)
+                   [fuzz_plugin]=512 [fuzz_hybrid]=2048)
 
 status=0
 for t in "${targets[@]}"; do

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "pkv/hybrid.h"
+#include "src/allocator/hybrid_internal.h" // white-box: validate_catches_a_leaked_reference
 
 // One group of `layers` layers of 1 head x head_dim 1: bytes per token at elem 1
 // is 2 x layers.
@@ -395,7 +396,8 @@ Test(hybrid, create_refuses_bad_parameters) {
     cr_assert_eq(pkv_hybrid_create(&q, &h), PKV_ERR_INVALID_ARG, "budget below one page");
     q = p;
     q.layout = PKV_HYBRID_LCM;
-    cr_assert_eq(pkv_hybrid_create(&q, &h), PKV_ERR_UNSUPPORTED, "lcm: not yet");
+    q.budget_bytes = 10;
+    cr_assert_eq(pkv_hybrid_create(&q, &h), PKV_ERR_INVALID_ARG, "lcm: budget below one large page");
     q = p;
     q.layout = (pkv_hybrid_layout)9;
     cr_assert_eq(pkv_hybrid_create(&q, &h), PKV_ERR_INVALID_ARG);
@@ -412,4 +414,27 @@ Test(hybrid, create_refuses_bad_parameters) {
     cr_assert_eq(pkv_hybrid_append(h, id, 1, NULL), PKV_ERR_NOT_FOUND);
     pkv_hybrid_destroy(h);
     pkv_hybrid_destroy(NULL);
+}
+
+Test(hybrid, validate_catches_a_leaked_reference_and_a_wrong_hole) {
+    pkv_kv_group gs[2] = {group(PKV_LAYER_FULL, 1, 0), group(PKV_LAYER_SLIDING, 1, 2)};
+    pkv_hybrid *h = make(gs, 2, PKV_HYBRID_SHARED_PAGE, 1 << 10, 2);
+    pkv_seq_id id = new_seq(h);
+    append_one_by_one(h, id, 5);
+    cr_assert_eq(pkv_hybrid_validate(h), PKV_OK);
+    const pkv_block_id *t;
+    uint32_t nb, first;
+    cr_assert_eq(pkv_hybrid_block_table(h, id, 0, &t, &nb, &first), PKV_OK);
+    // A reference nobody holds (on the pool both groups share): a leak.
+    cr_assert_eq(pkv_pool_retain(h->groups[0].pool, t[0]), PKV_OK);
+    cr_assert_eq(pkv_hybrid_validate(h), PKV_ERR_CORRUPT);
+    cr_assert_eq(pkv_pool_release(h->groups[0].pool, t[0]), PKV_OK);
+    cr_assert_eq(pkv_hybrid_validate(h), PKV_OK);
+    // The full group must never have holes: release one behind the manager's back.
+    uint32_t released;
+    cr_assert_eq(pkv_seq_release_before(h->groups[0].set, h->recs[id & 0xFFFFF].gid[0], 2,
+                                        &released), PKV_OK);
+    cr_assert_eq(released, 1);
+    cr_assert_eq(pkv_hybrid_validate(h), PKV_ERR_CORRUPT);
+    pkv_hybrid_destroy(h);
 }

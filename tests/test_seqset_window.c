@@ -268,3 +268,16 @@ Test(seqwin, prefix_cache_insert_stops_at_an_uncached_hole) {
     pkv_prefix_cache_destroy(pc);
     cr_assert_eq(pkv_seqset_create(pool, B, &set), PKV_OK); // for teardown
 }
+
+Test(seqwin, empty_sequences_free_without_touching_a_table) {
+    // An empty sequence has no table (NULL): freeing it, or destroying the set with
+    // it, must not form NULL + holes (undefined; the UBSan build and fuzz_hybrid
+    // caught it once).
+    pkv_seq_id a = new_seq(0), b = new_seq(0), c;
+    cr_assert_eq(pkv_seq_release_before(set, a, 0, NULL), PKV_OK);
+    cr_assert_eq(pkv_seq_fork(set, a, &c), PKV_OK);
+    cr_assert_eq(pkv_seq_truncate(set, c, 0), PKV_OK);
+    cr_assert_eq(pkv_seq_free(set, a), PKV_OK);
+    cr_assert_eq(pkv_seq_free(set, c), PKV_OK);
+    (void)b; // left for the set's destroy in teardown
+}

@@ -39,9 +39,11 @@
 //   with the most bytes per token gets block_size; the rest of a page that
 //   B_g x bytes_per_token_g leaves unused is counted as padding in the stats).
 // - PKV_HYBRID_LCM: Jenga's two-level allocator (large pages of the LCM of the
-//   groups' page sizes, carved into per-group small pages, returned to the shared
-//   pool when empty). Group g's block size is B_g (block_sizes[g], or block_size).
-//   PKV_ERR_UNSUPPORTED from pkv_hybrid_create until it is implemented.
+//   token groups' page sizes, carved into per-group small pages, returned to the
+//   shared pool when empty). Group g's block size is B_g (block_sizes[g], or
+//   block_size). An empty large page stays with its group until another group's
+//   append needs it (lazy return); a group's free_bytes counts the large pages it
+//   could take. PKV_ERR_LIMIT from pkv_hybrid_create when the LCM passes 1 GiB.
 //
 // Sequences. One id (pkv_seq_id, same generation rules as seq.h) names a
 // sequence in every group. Appends return one slot mapping per group; state
@@ -114,7 +116,8 @@ void pkv_hybrid_params_default(pkv_hybrid_params *params);
 // (SHARED_PAGE: also a derived B_g > 65536), block_sizes set for PAGED or
 // SHARED_PAGE, max_seqs 0 with a state group, or a budget too small for the state
 // slots plus one page in every pool (or so large that a pool would pass
-// PKV_POOL_MAX_BLOCKS). PKV_ERR_UNSUPPORTED for PKV_HYBRID_LCM until it exists.
+// PKV_POOL_MAX_BLOCKS; LCM: a budget below one large page). PKV_ERR_LIMIT (LCM):
+// the large page, the LCM of the token groups' page bytes, would pass 1 GiB.
 pkv_status pkv_hybrid_create(const pkv_hybrid_params *params, pkv_hybrid **out);
 
 // Release everything. NULL does nothing.
@@ -259,7 +262,8 @@ typedef struct pkv_hybrid_group_stats {
     uint64_t capacity_bytes;   // bytes of the pool the group draws from (shared
                                // pools: the whole pool, counted under every group)
     uint64_t used_bytes;       // blocks_held x page_bytes (state: slots in use)
-    uint64_t free_bytes;       // free bytes of that pool (shared: the whole pool's)
+    uint64_t free_bytes;       // free bytes of that pool (shared: the whole pool's;
+                               // LCM: its free pages and the large pages it could take)
     uint64_t padding_bytes;    // of used_bytes, what no token can use: blocks_held x
                                // (page_bytes - block_size x bytes per token), i.e.
                                // SHARED_PAGE's rounding (0 in the other layouts)

@@ -32,7 +32,8 @@ typedef struct pkv_pool pkv_pool;
 typedef struct pkv_pool_stats {
     uint32_t capacity;      // blocks in the pool
     uint32_t free_blocks;   // blocks with refcount 0
-    uint32_t used_blocks;   // capacity - free_blocks
+    uint32_t used_blocks;   // blocks with refcount >= 1 (capacity - free_blocks, except in
+                            // the two-level allocator's group pools, which own part of capacity)
     uint32_t peak_used;     // largest used_blocks seen since creation
     uint64_t alloc_failures; // pkv_pool_alloc calls refused with PKV_ERR_OUT_OF_BLOCKS
     // No per-call counters on the success path: alloc and release stay within a

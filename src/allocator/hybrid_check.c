@@ -57,6 +57,7 @@ pkv_status pkv_hybrid_group_stats_get(const pkv_hybrid *h, uint32_t g,
         stats->padding_bytes =
             stats->blocks_held * (hg->page_bytes - hg->block_size * hg->bytes_per_token);
     stats->blocks_released = hg->released;
+    pkvi_hybrid_lcm_group_stats(h, g, stats);
     return PKV_OK;
 }
 
@@ -116,5 +117,6 @@ pkv_status pkv_hybrid_validate(const pkv_hybrid *h) {
             st = PKV_ERR_CORRUPT;
     }
     for (uint32_t p = 0; p < h->num_pools && st == PKV_OK; p++) st = check_pool(h, h->pools[p]);
+    if (st == PKV_OK) st = pkvi_hybrid_lcm_validate(h);
     return st;
 }

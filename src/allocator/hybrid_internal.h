@@ -86,8 +86,24 @@ struct pkv_hybrid {
 };
 
 // ---- hybrid_layouts.c ----
-// The ops of a layout; NULL for an unknown one. LCM: NULL until it exists.
+// The ops of a layout; NULL for an unknown one.
 const pkvi_hybrid_layout_ops *pkvi_hybrid_layout_ops_for(pkv_hybrid_layout layout);
+// Give token group g its own set of block_size tokens over `pool`.
+pkv_status pkvi_hybrid_own_set(pkv_hybrid *h, uint32_t g, pkv_pool *pool, uint32_t block_size);
+// Group g's block size: block_sizes[g], or block_size when that is 0.
+uint32_t pkvi_hybrid_block_size(const pkv_hybrid *h, uint32_t g);
+
+// ---- hybrid_lcm.c ----
+// The LCM layout (the two-level allocator, lcm.h).
+extern const pkvi_hybrid_layout_ops pkvi_hybrid_lcm_ops;
+// LCM layout: its two-level allocator (allocator group i is the i-th token group);
+// NULL for other layouts. Borrowed.
+struct pkvi_lcm *pkvi_hybrid_lcm_allocator(const pkv_hybrid *h);
+// LCM layout: pkvi_lcm_validate of its allocator (PKV_OK for other layouts).
+pkv_status pkvi_hybrid_lcm_validate(const pkv_hybrid *h);
+// LCM layout: group g's free_bytes also counts the large pages it could take
+// (unowned ones and other groups' empty ones). Nothing for other layouts.
+void pkvi_hybrid_lcm_group_stats(const pkv_hybrid *h, uint32_t g, pkv_hybrid_group_stats *stats);
 // Create a pool of `blocks` blocks owned by h (PKV_ERR_INVALID_ARG: 0 blocks or
 // more than PKV_POOL_MAX_BLOCKS). *pool receives it.
 pkv_status pkvi_hybrid_add_pool(pkv_hybrid *h, uint64_t blocks, pkv_pool **pool);

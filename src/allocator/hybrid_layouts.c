@@ -17,7 +17,8 @@ static uint64_t sum_bytes_per_token(const pkv_hybrid *h) {
 }
 
 // A set of block_size tokens over `pool` for group g.
-static pkv_status own_set(pkv_hybrid *h, uint32_t g, pkv_pool *pool, uint32_t block_size) {
+pkv_status pkvi_hybrid_own_set(pkv_hybrid *h, uint32_t g, pkv_pool *pool,
+                               uint32_t block_size) {
     pkvi_hgroup *hg = &h->groups[g];
     hg->pool = pool;
     hg->block_size = block_size;
@@ -39,7 +40,7 @@ static pkv_status build_paged(pkv_hybrid *h, uint64_t page_budget) {
         pkvi_hgroup *hg = &h->groups[g];
         if (!pkvi_hybrid_is_token_group(h, g)) continue;
         if (owner < 0) {
-            st = own_set(h, g, pool, bs);
+            st = pkvi_hybrid_own_set(h, g, pool, bs);
             owner = (int32_t)g;
         } else {
             hg->pool = pool;
@@ -52,7 +53,7 @@ static pkv_status build_paged(pkv_hybrid *h, uint64_t page_budget) {
     return st;
 }
 
-static uint32_t group_block_size(const pkv_hybrid *h, uint32_t g) {
+uint32_t pkvi_hybrid_block_size(const pkv_hybrid *h, uint32_t g) {
     return h->block_sizes[g] ? h->block_sizes[g] : h->block_size;
 }
 
@@ -63,14 +64,14 @@ static pkv_status build_partition(pkv_hybrid *h, uint64_t page_budget) {
     for (uint32_t g = 0; g < h->num_groups && st == PKV_OK; g++) {
         pkvi_hgroup *hg = &h->groups[g];
         if (!pkvi_hybrid_is_token_group(h, g)) continue;
-        const uint32_t bs = group_block_size(h, g);
+        const uint32_t bs = pkvi_hybrid_block_size(h, g);
         // share = page_budget * bpt / sum without overflow (bpt, sum < 2^31).
         const uint64_t share = page_budget / sum * hg->bytes_per_token +
                                page_budget % sum * hg->bytes_per_token / sum;
         hg->page_bytes = bs * hg->bytes_per_token;
         pkv_pool *pool;
         st = pkvi_hybrid_add_pool(h, share / hg->page_bytes, &pool);
-        if (st == PKV_OK) st = own_set(h, g, pool, bs);
+        if (st == PKV_OK) st = pkvi_hybrid_own_set(h, g, pool, bs);
     }
     return st;
 }
@@ -91,7 +92,7 @@ static pkv_status build_shared_page(pkv_hybrid *h, uint64_t page_budget) {
         pkvi_hgroup *hg = &h->groups[g];
         if (!pkvi_hybrid_is_token_group(h, g)) continue;
         hg->page_bytes = page;
-        st = own_set(h, g, pool, (uint32_t)(page / hg->bytes_per_token));
+        st = pkvi_hybrid_own_set(h, g, pool, (uint32_t)(page / hg->bytes_per_token));
     }
     return st;
 }
@@ -105,7 +106,7 @@ const pkvi_hybrid_layout_ops *pkvi_hybrid_layout_ops_for(pkv_hybrid_layout layou
     case PKV_HYBRID_PAGED: return &paged_ops;
     case PKV_HYBRID_PARTITION: return &partition_ops;
     case PKV_HYBRID_SHARED_PAGE: return &shared_page_ops;
-    case PKV_HYBRID_LCM: return NULL; // engineer "lcm": the two-level allocator's ops
+    case PKV_HYBRID_LCM: return &pkvi_hybrid_lcm_ops; // hybrid_lcm.c
     }
     return NULL;
 }

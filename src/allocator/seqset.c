@@ -90,6 +90,13 @@ static pkv_status release_blocks(pkv_seqset *set, const pkv_block_id *blocks, ui
     return st;
 }
 
+// Release the live (non-hole) entries of s's table. An empty sequence has no
+// table (blocks NULL), and NULL + 0 is undefined: nothing to do then.
+static pkv_status release_live(pkv_seqset *set, const seq *s) {
+    if (s->num_blocks == s->holes) return PKV_OK;
+    return release_blocks(set, s->blocks + s->holes, s->num_blocks - s->holes);
+}
+
 static seq *get_seq(const pkv_seqset *set, pkv_seq_id id) {
     if (!set) return NULL;
     uint32_t idx = (uint32_t)id & ID_INDEX_MASK;
@@ -134,7 +141,7 @@ void pkv_seqset_destroy(pkv_seqset *set) {
     if (!set) return;
     for (uint32_t i = 0; i < set->num_slots; i++) {
         seq *s = &set->seqs[i];
-        if (s->live) release_blocks(set, s->blocks + s->holes, s->num_blocks - s->holes);
+        if (s->live) release_live(set, s);
         free(s->blocks);
     }
     pkv_seqset_copies_done(set); // drop the pins of copies nobody ran
@@ -230,7 +237,7 @@ pkv_status pkv_seq_create(pkv_seqset *set, pkv_seq_id *id) {
 }
 
 static pkv_status free_seq(pkv_seqset *set, seq *s) {
-    pkv_status st = release_blocks(set, s->blocks + s->holes, s->num_blocks - s->holes);
+    pkv_status st = release_live(set, s);
     if (st != PKV_OK) return PKV_ERR_CORRUPT; // the set's references were not in the pool
     return_slot(set, s);
     return PKV_OK;
