@@ -68,6 +68,9 @@ Test(replay_groups, hybrid_partition_releases_sliding_blocks) {
 Test(replay_groups, paged_holds_every_token_in_every_group) {
     pkv_replay_report p = run_one(swa_params(PKV_POLICY_PAGED), 0, NULL);
     pkv_replay_report h = run_one(swa_params(PKV_POLICY_HYBRID_SHARED_PAGE), 0, NULL);
+    pkv_replay_report l = run_one(swa_params(PKV_POLICY_HYBRID_LCM), 0, NULL);
+    cr_assert_eq(l.memory.groups[0].blocks_released, 6);
+    cr_assert_eq(l.memory.groups[1].peak_held_bytes, 10u * 4 * 1024);
     cr_assert_eq(p.memory.num_groups, 2);
     cr_assert_eq(p.memory.groups[0].blocks_released, 0);
     cr_assert_eq(p.memory.groups[0].peak_held_bytes, 40u * 1024);
@@ -127,8 +130,9 @@ Test(replay_groups, uniform_model_hybrid_equals_paged) {
     p.prefix_sharing = 0;
     pkv_replay_report ref;
     cr_assert_eq(pkv_replay_run(t, &p, &ref), PKV_OK);
-    const pkv_policy hy[] = {PKV_POLICY_HYBRID_PARTITION, PKV_POLICY_HYBRID_SHARED_PAGE};
-    for (size_t i = 0; i < 2; i++) {
+    const pkv_policy hy[] = {PKV_POLICY_HYBRID_PARTITION, PKV_POLICY_HYBRID_SHARED_PAGE,
+                             PKV_POLICY_HYBRID_LCM};
+    for (size_t i = 0; i < 3; i++) {
         p.policy = hy[i];
         pkv_replay_report r;
         cr_assert_eq(pkv_replay_run(t, &p, &r), PKV_OK, "%s", r.failure);

@@ -118,7 +118,8 @@ static void every_policy(int cuda) {
         }
         // Each policy on the layout it stands for, its copies executed on it.
         // The hybrid policies keep no seqset for the decoder: a per-token table.
-        const int hybrid = pol == PKV_POLICY_HYBRID_PARTITION || pol == PKV_POLICY_HYBRID_SHARED_PAGE;
+        const int hybrid = pol == PKV_POLICY_HYBRID_PARTITION || pol == PKV_POLICY_HYBRID_SHARED_PAGE ||
+                           pol == PKV_POLICY_HYBRID_LCM;
         const char *layout = pol == PKV_POLICY_PAGED              ? "paged"
                              : pol == PKV_POLICY_MALLOC_PER_TOKEN || hybrid ? "token-table"
                              : pol == PKV_POLICY_VMM || pol == PKV_POLICY_VMM_SYNC ? "vmm"

@@ -68,7 +68,8 @@ typedef enum pkv_policy {
     // applied; for a uniform model each behaves as paged without a prefix cache.
     PKV_POLICY_HYBRID_PARTITION = 10,   // one static pool per group
     PKV_POLICY_HYBRID_SHARED_PAGE = 11, // one pool of equal pages (vLLM's hybrid manager)
-    PKV_POLICY_COUNT = 12,
+    PKV_POLICY_HYBRID_LCM = 12,         // Jenga: LCM large pages carved per group
+    PKV_POLICY_COUNT = 13,
 } pkv_policy;
 
 // "paged", "contiguous-max", ... ("unknown" for a bad value).

@@ -77,8 +77,9 @@ def replay(trace, policies="paged", *, frame=False, **params):
     name), kv_mem_bytes (int or "16G"), gpu_util, dtype_bytes, swap_space_bytes,
     batching ('continuous'|'static'), chunked_prefill, load_scale, alloc_model (a
     built-in name such as "cuda-boyer" or "none", or a bench_alloc --calibrate file),
-    (policies include the KV cache group layouts "hybrid-partition" and
-    "hybrid-shared-page"; ReplayReport.groups(policy) gives their per-group memory)
+    (policies include the KV cache group layouts "hybrid-partition",
+    "hybrid-shared-page" and "hybrid-lcm"; ReplayReport.groups(policy) gives their
+    per-group memory)
     alloc_call_us (a constant cost per backend call), prefix_sharing, run_cuda,
     run_threads, seed, validate. The replay runs in C with the GIL released."""
     name = "<trace>"

@@ -409,3 +409,4 @@ static pkv_status hybrid_validate(const void *pp) {
 
 HYBRID_TABLE(hybrid_partition, "hybrid-partition", PKV_HYBRID_PARTITION)
 HYBRID_TABLE(hybrid_shared_page, "hybrid-shared-page", PKV_HYBRID_SHARED_PAGE)
+HYBRID_TABLE(hybrid_lcm, "hybrid-lcm", PKV_HYBRID_LCM)
