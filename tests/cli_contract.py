@@ -25,7 +25,8 @@ def rejected_all_policies(expect_completed, expect_rejected):
     keeps every fraction in [0, 1]."""
     def check(out):
         runs = json.loads(out)["runs"]
-        assert len(runs) == 10, f"{len(runs)} runs (one per built-in policy, vmm and vmm-sync included)"
+        assert len(runs) == 13, (f"{len(runs)} runs (one per built-in policy, vmm, vmm-sync and "
+                                 "the three hybrid ones included)")
         for r in runs:
             req = r["requests"]
             assert req["completed"] == expect_completed, (r["policy"], req)

@@ -22,8 +22,9 @@ import time
 TOOL = None
 ROOT = None
 # The built-in policies that --policy all runs: paged, contiguous-max, -pow2, -oracle,
-# malloc-per-request, malloc-per-token, realloc-copy, contiguous-pow2-grow, vmm, vmm-sync.
-NUM_POLICIES = 10
+# malloc-per-request, malloc-per-token, realloc-copy, contiguous-pow2-grow, vmm, vmm-sync,
+# hybrid-partition, hybrid-shared-page, hybrid-lcm.
+NUM_POLICIES = 13
 TMP = None
 FAILS = []
 

@@ -52,6 +52,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "pkv/model_config.h"
 #include "pkv/seq.h"
 #include "pkv/status.h"
 #include "pkv/trace.h"
@@ -62,7 +63,9 @@ extern "C" {
 
 // Bumped whenever a struct below changes layout or a slot changes meaning.
 // 2: pkv_policy_vtable.extent_of (run mode on a contiguous layout).
-#define PKV_POLICY_ABI_VERSION 2u
+// 3: KV cache groups (issue 23): pkv_policy_config.{num_groups, groups,
+//    group_bytes_per_token, elem_bytes} and pkv_policy_stats.{num_groups, groups}.
+#define PKV_POLICY_ABI_VERSION 3u
 #define PKV_POLICY_PLUGIN_ENTRY "pkv_policy_plugin_entry"
 
 // What a request needs when it is (re)admitted. A new request has one sequence
@@ -112,6 +115,15 @@ typedef struct pkv_policy_config {
     // page size, live there); read-only.
     const struct pkv_replay_params *params;
     pkv_policy_host host;
+    // ABI 3: the model's KV cache groups (pkv_model_kv_groups: one FULL group of
+    // every layer for a uniform model). A token slot (bytes_per_token) is one
+    // token of every group: sum of group_bytes_per_token. A policy may treat
+    // every layer as full attention (one slot per token, as before) or apply the
+    // groups' rules (pkv/hybrid.h) and report what each group holds in its stats.
+    uint32_t num_groups;                               // 1..PKV_MAX_KV_GROUPS
+    pkv_kv_group groups[PKV_MAX_KV_GROUPS];            // [num_groups]
+    uint64_t group_bytes_per_token[PKV_MAX_KV_GROUPS]; // [num_groups]; 0 for a state group
+    uint32_t elem_bytes;                               // stored bytes per KV element
 } pkv_policy_config;
 
 // What a policy says about itself at creation. Plain data.
@@ -130,6 +142,18 @@ typedef struct pkv_policy_stats {
     uint64_t copy_slots;    // token slots copied on device so far (CoW, fork copies, moves)
     uint64_t cow_copies;    // copy-on-write block copies so far
     uint64_t cached_tokens; // prompt tokens served by a prefix cache so far
+    // ABI 3, per KV cache group (cfg->groups order). num_groups 0: the policy keeps
+    // every layer's K/V for every reserved slot (group-unaware; the engine then
+    // counts reserved slots under every group); else num_groups == cfg->num_groups.
+    uint32_t num_groups;
+    struct pkv_policy_group_stats {
+        uint64_t bytes_held;      // bytes of the blocks (state slots) the group holds
+        uint64_t tokens_held;     // token slots in those blocks (0 for a state group)
+        uint64_t blocks_held;     // distinct blocks (state slots) held
+        uint64_t blocks_released; // so far: blocks freed by the window rule
+        uint64_t cached_tokens;   // so far: prompt tokens the group served from a
+                                  // prefix cache (0 without one)
+    } groups[PKV_MAX_KV_GROUPS];
 } pkv_policy_stats;
 
 typedef struct pkv_policy_vtable {

@@ -64,7 +64,12 @@ typedef enum pkv_policy {
                                  // deferred reclamation; the calls hide behind compute
     PKV_POLICY_VMM_SYNC = 9,     // ablation: the same pages mapped and unmapped in line,
                                  // each call stalling its step, no reuse of mappings
-    PKV_POLICY_COUNT = 10,
+    // KV cache groups (0.3.0, issue 23; pkv/hybrid.h), each group's window rule
+    // applied; for a uniform model each behaves as paged without a prefix cache.
+    PKV_POLICY_HYBRID_PARTITION = 10,   // one static pool per group
+    PKV_POLICY_HYBRID_SHARED_PAGE = 11, // one pool of equal pages (vLLM's hybrid manager)
+    PKV_POLICY_HYBRID_LCM = 12,         // Jenga: LCM large pages carved per group
+    PKV_POLICY_COUNT = 13,
 } pkv_policy;
 
 // "paged", "contiguous-max", ... ("unknown" for a bad value).
@@ -413,6 +418,29 @@ typedef struct pkv_replay_report {
         char device_mem[16];        // the allocator placing the KV: "pool" (paged),
                                     // "arena", "cuda", "torch-caching", "vmm", "token"
                                     // (malloc-per-token), "custom" (a plugin)
+        // Per KV cache group (0.3.0, issue 23), only for a model with groups
+        // (model.num_kv_groups > 0; num_groups 0 otherwise, so that a uniform
+        // model's report is what it was). For such a model "used" (token states)
+        // is what the model needs: per group the tokens its next query can see
+        // (pkv_kv_group_tokens_kept; a forked request's prompt once), so that the
+        // blocks a layout holds for tokens that left a window count as internal
+        // fragmentation (waste), as Jenga counts them.
+        uint32_t num_groups;
+        struct pkv_replay_group_report {
+            char kind[12];             // pkv_layer_kind_name
+            uint32_t layers;           // layers in the group
+            uint32_t window;           // sliding window / chunk (0: none)
+            uint64_t bytes_per_token;  // at the KV dtype (0: state group)
+            double needed_frac;        // time-avg bytes the model needs / capacity
+            double held_frac;          // time-avg bytes the group's blocks hold / capacity
+                                       // (a group-unaware policy: reserved slots x
+                                       // bytes_per_token, every layer keeps every token)
+            double tokens_held_mean;   // time-avg token slots held
+            uint64_t peak_held_bytes;
+            uint64_t blocks_released;  // blocks freed by the window rule
+            uint64_t cached_tokens;    // prompt tokens served from a prefix cache
+                                       // (group-unaware policies: the policy's total)
+        } groups[PKV_MAX_KV_GROUPS];
     } memory;
     struct {
         uint64_t backend_alloc_calls;
@@ -545,6 +573,13 @@ pkv_status pkv_replay_params_apply_calibration(pkv_replay_params *params,
 pkv_status pkv_replay_write_json(FILE *out, const char *trace_name, const pkv_trace *trace,
                                  const pkv_replay_params *params,
                                  const pkv_replay_report *reports, size_t num_reports);
+
+// Write report->memory.groups as a JSON array (no newline): one object per group
+// with the keys of pkv_replay_group_report ("kind", "layers", "window",
+// "bytes_per_token", "needed_frac", "held_frac", "tokens_held_mean",
+// "peak_held_bytes", "blocks_released", "cached_tokens"). pkv_replay_write_json
+// and pkv-replay's --json write it as memory.groups for a model with groups.
+pkv_status pkv_replay_write_groups_json(FILE *out, const pkv_replay_report *report);
 
 // Write a human-readable table of the reports, one row per policy.
 pkv_status pkv_replay_write_table(FILE *out, const pkv_replay_report *reports,

@@ -27,6 +27,13 @@ class ReplayReport(dict):
     def policies(self):
         return [run["policy"] for run in self["runs"]]
 
+    def groups(self, policy):
+        """Per KV cache group memory of ``policy``'s run (a model with groups, e.g.
+        gemma-3-27b): one dict per group with kind, layers, window, bytes_per_token,
+        needed_frac, held_frac, tokens_held_mean, peak_held_bytes, blocks_released and
+        cached_tokens. [] for a uniform model."""
+        return [dict(g) for g in self[policy]["memory"].get("groups", [])]
+
     def rows(self):
         """One flat dict per run: nested keys joined with '.'."""
         return _rows(self["runs"])
@@ -70,6 +77,9 @@ def replay(trace, policies="paged", *, frame=False, **params):
     name), kv_mem_bytes (int or "16G"), gpu_util, dtype_bytes, swap_space_bytes,
     batching ('continuous'|'static'), chunked_prefill, load_scale, alloc_model (a
     built-in name such as "cuda-boyer" or "none", or a bench_alloc --calibrate file),
+    (policies include the KV cache group layouts "hybrid-partition",
+    "hybrid-shared-page" and "hybrid-lcm"; ReplayReport.groups(policy) gives their
+    per-group memory)
     alloc_call_us (a constant cost per backend call), prefix_sharing, run_cuda,
     run_threads, seed, validate. The replay runs in C with the GIL released."""
     name = "<trace>"

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 // pkv-replay inside the extension, for pagedkv.sweep (python/pagedkv/_sweep.py): runs
-// the command-line tool's own entry point (rt_replay_main, tools/pkv_replay.c, built
+// the command-line tool's own entry point (rt_replay_main, tools/replay/pkv_replay.c, built
 // into this module) on an argument list and returns its exit code, stdout and stderr.
 // A point of a Python sweep and the merge of its shards thus go through exactly the C
 // code of `pkv-replay --point K/N` and `pkv-replay merge`, and print the same bytes.

@@ -171,3 +171,21 @@ def test_replay_cost_model_and_batching_params():
                 dict(load_scale=0.0)):
         with pytest.raises(pkv.PagedKVError):
             pkv.replay(t, **bad)
+
+
+def test_replay_hybrid_policies_and_groups():
+    # tiny-swa: a sliding group (window 16) and a full group, 1024 bytes per token
+    # each. One request of 8 + 33 tokens, blocks of 4: the last decode append (at
+    # position 39) has released sliding blocks 0..5; paged treats every layer as
+    # full attention and releases none.
+    t = pkv.make_trace([0.0], [8], [33])
+    r = pkv.replay(t, ["paged", "hybrid-partition", "hybrid-shared-page"], model="tiny-swa",
+                   block_size=4, kv_mem_bytes=1 << 20, watermark=0, alloc_model="none")
+    assert r.policies == ["paged", "hybrid-partition", "hybrid-shared-page"]
+    g = r.groups("hybrid-partition")
+    assert [x["kind"] for x in g] == ["sliding", "full"]
+    assert g[0]["window"] == 16 and g[0]["bytes_per_token"] == 1024
+    assert g[0]["blocks_released"] == 6 and g[1]["blocks_released"] == 0
+    assert r.groups("paged")[0]["blocks_released"] == 0
+    assert r["paged"]["memory"]["waste_frac"] > r["hybrid-partition"]["memory"]["waste_frac"]
+    assert pkv.replay(t, "paged", model="tiny", kv_mem_bytes=1 << 20).groups("paged") == []

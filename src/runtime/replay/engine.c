@@ -273,6 +273,12 @@ static pkv_status decode(engine *e) {
         const uint32_t ctx = prompt_of(e, r) + s->emitted;
         e->b.num_decode_seqs += s->nseq;
         e->b.decode_ctx_tokens += (uint64_t)s->nseq * ctx;
+        if (e->groups.hetero) {
+            double kb = 0, lk = 0;
+            pkvi_groups_decode_read(&e->groups, ctx, &kb, &lk);
+            e->b.decode_kv_bytes += kb * s->nseq;
+            e->b.decode_layer_keys += lk * s->nseq;
+        }
         if (e->ex->needs_seqs)
             for (uint32_t c = 0; c < s->nseq; c++)
                 if (pkvi_engine_push_seq(e, r, c, 1, ctx) != 0) return PKV_ERR_OUT_OF_MEMORY;
@@ -296,6 +302,22 @@ static pkv_status decode(engine *e) {
 
 // ---- time ----
 
+// Per-group figures of one step (models with groups): what each group needs and
+// holds; a group-unaware policy holds every reserved slot in every group.
+static void group_sample(engine *e, const pkv_policy_stats *tot, uint64_t reserved,
+                         const uint64_t *need_g, double dt) {
+    accum *A = &e->acc;
+    for (uint32_t g = 0; g < e->groups.n; g++) {
+        const int own = tot->num_groups != 0;
+        const uint64_t held = own ? tot->groups[g].bytes_held : reserved * e->groups.bpt[g];
+        const uint64_t tok = own ? tot->groups[g].tokens_held : reserved;
+        A->g_need[g] += dt * (double)need_g[g];
+        A->g_held[g] += dt * (double)held;
+        A->g_tok[g] += dt * (double)tok;
+        if (held > e->g_peak_held[g]) e->g_peak_held[g] = held;
+    }
+}
+
 // Sample memory, time the step, charge the backend calls, advance the clock.
 static pkv_status time_step(engine *e, double *dt_out) {
     const pkv_replay_params *prm = e->prm;
@@ -303,6 +325,7 @@ static pkv_status time_step(engine *e, double *dt_out) {
     pkv_policy_stats tot;
     if (pkvi_policy_stats(e->pol, &tot) != PKV_OK) return PKV_ERR_CORRUPT; // policy_check.c
     uint64_t reservation = 0, padding = 0, uncomputed = 0;
+    uint64_t need_g[PKV_MAX_KV_GROUPS] = {0}, need_bytes = 0;
     for (uint32_t i = 0; i < e->run_count; i++) {
         const uint32_t r = e->running[i];
         const req_state *s = &e->st[r];
@@ -324,6 +347,11 @@ static pkv_status time_step(engine *e, double *dt_out) {
         // Chunked prefill: the whole prompt was allocated at admission, but the
         // tokens no chunk has computed yet hold no K/V: reservation, not used.
         if (s->prefilling) uncomputed += s->pf_len - s->pf_done + s->pf_extra;
+        // What the model needs of it, group by group (forked samples share the prompt
+        // in sim mode; run mode restores each sequence alone).
+        if (e->groups.hetero)
+            need_bytes += pkvi_groups_needed_bytes(&e->groups, s->nseq, len, prompt_of(e, r),
+                                                   prm->mode == PKV_REPLAY_SIM, need_g);
     }
     e->b.copy_bytes = (tot.copy_slots - e->copy_slots_seen) * e->bpt;
     e->copy_slots_seen = tot.copy_slots;
@@ -361,9 +389,12 @@ static pkv_status time_step(engine *e, double *dt_out) {
     if ((status = pkvi_policy_check_reservation(e->pol, &tot, reservation)) != PKV_OK) return status;
     // Chunked prefill: prompt tokens that no chunk has computed yet are held for the
     // tokens to come (reservation), not token states.
-    const uint64_t used = tot.used - (uncomputed < tot.used ? uncomputed : tot.used);
+    uint64_t used = tot.used - (uncomputed < tot.used ? uncomputed : tot.used);
     const uint64_t reserved = tot.reserved;
     reservation += tot.used - used;
+    // A model with groups: token states are what the model needs (groups.c); what a
+    // layout holds beyond that (tokens out of every window) is internal fragmentation.
+    if (e->groups.hetero && need_bytes / e->bpt < used) used = need_bytes / e->bpt;
     if (used > e->peak_used) e->peak_used = used;
     if (reserved > e->peak_reserved) e->peak_reserved = reserved;
     const uint64_t ext = e->ext_frag < cap - reserved ? e->ext_frag : cap - reserved;
@@ -386,6 +417,7 @@ static pkv_status time_step(engine *e, double *dt_out) {
         A->b_ext += dt * (double)ext / c;
         A->b_free += dt * (double)(cap - reserved - ext) / c;
         A->b_pad += dt * (double)(padding < used ? padding : used) / c;
+        if (e->groups.hetero) group_sample(e, &tot, reserved, need_g, dt);
         A->busy_s += dt;
         const double ps = parts.prefill_s, ds = parts.decode_s;
         const double pshare = ps + ds > 0 ? ps / (ps + ds) : (e->b.prefill_tokens ? 1.0 : 0.0);
@@ -672,6 +704,27 @@ void pkvi_engine_report_failed(const engine *e, uint64_t budget, pkv_replay_repo
 
 static double ratio(double a, double b) { return b > 0 ? a / b : NAN; }
 
+// memory.groups: the time averages of group_sample and the policy's counts.
+static void report_groups(const engine *e, const pkv_policy_stats *cnt, pkv_replay_report *rep) {
+    const accum *A = &e->acc;
+    const double cap = (double)rep->memory.capacity_bytes;
+    rep->memory.num_groups = e->groups.n;
+    for (uint32_t g = 0; g < e->groups.n; g++) {
+        struct pkv_replay_group_report *o = &rep->memory.groups[g];
+        const pkv_kv_group *k = &e->groups.g[g];
+        snprintf(o->kind, sizeof o->kind, "%s", pkv_layer_kind_name(k->kind));
+        o->layers = k->num_layers;
+        o->window = k->window;
+        o->bytes_per_token = e->groups.bpt[g];
+        o->needed_frac = ratio(A->g_need[g], A->wb * cap);
+        o->held_frac = ratio(A->g_held[g], A->wb * cap);
+        o->tokens_held_mean = ratio(A->g_tok[g], A->wb);
+        o->peak_held_bytes = e->g_peak_held[g];
+        o->blocks_released = cnt->num_groups ? cnt->groups[g].blocks_released : 0;
+        o->cached_tokens = cnt->num_groups ? cnt->groups[g].cached_tokens : cnt->cached_tokens;
+    }
+}
+
 pkv_status pkvi_engine_run(engine *e, uint64_t budget, pkv_replay_report *rep) {
     pkv_status status = PKV_OK;
     e->t = arrival(e, 0);
@@ -748,6 +801,7 @@ pkv_status pkvi_engine_run(engine *e, uint64_t budget, pkv_replay_report *rep) {
     e->pol->vt->stats(e->pol->state, &cnt);
     rep->cow_copies = cnt.cow_copies;
     rep->prefix_cached_tokens = cnt.cached_tokens;
+    if (e->groups.hetero) report_groups(e, &cnt, rep);
     rep->copy_bytes = cnt.copy_slots * e->bpt;
     // The arena (uses_arena) is one call each way, outside every step.
     rep->alloc.backend_alloc_calls = e->pol->alloc_calls + (e->pol->info.uses_arena ? 1 : 0);

@@ -70,6 +70,9 @@ typedef struct accum {
     double dec_s, dec_flops, dec_bytes; // decode-only steps
     double alloc_step_s;   // backend-call time that lengthened steps
     double alloc_hidden_s; // backend-call time overlapped by steps' device work
+    // Per KV cache group (models with groups): time-weighted bytes needed and held,
+    // tokens held.
+    double g_need[PKV_MAX_KV_GROUPS], g_held[PKV_MAX_KV_GROUPS], g_tok[PKV_MAX_KV_GROUPS];
 } accum;
 
 typedef struct engine {
@@ -81,6 +84,8 @@ typedef struct engine {
     pkvi_executor *ex;
     pkvi_executor *work; // run mode: the roofline, for each step's modelled work
     uint64_t bpt;        // KV bytes per token
+    pkvi_groups groups;  // the model's KV cache groups (groups.c)
+    uint64_t g_peak_held[PKV_MAX_KV_GROUPS];
     uint32_t max_len;    // max_seq_len
     uint64_t wm_slots;   // watermark in slots
     double t;            // the clock

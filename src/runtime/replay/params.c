@@ -15,6 +15,9 @@ static const char *const policy_names[PKV_POLICY_COUNT] = {
     "malloc-per-request", "malloc-per-token", "realloc-copy", "contiguous-pow2-grow",
     "vmm",
     "vmm-sync",
+    "hybrid-partition",
+    "hybrid-shared-page",
+    "hybrid-lcm",
 };
 
 const char *pkv_policy_name(pkv_policy policy) {
@@ -101,7 +104,10 @@ pkv_device_mem pkvi_device_mem_of(const pkv_replay_params *p) {
 const char *pkvi_device_mem_label(const pkv_replay_params *p) {
     if (p->custom_policy) return "custom";
     switch (p->policy) {
-    case PKV_POLICY_PAGED: return "pool";
+    case PKV_POLICY_PAGED:
+    case PKV_POLICY_HYBRID_PARTITION:
+    case PKV_POLICY_HYBRID_SHARED_PAGE:
+    case PKV_POLICY_HYBRID_LCM: return "pool";
     case PKV_POLICY_MALLOC_PER_REQUEST:
     case PKV_POLICY_REALLOC_COPY: return pkv_device_mem_name(pkvi_device_mem_of(p));
     case PKV_POLICY_MALLOC_PER_TOKEN: return "token";

@@ -20,6 +20,9 @@ const pkv_policy_vtable *pkv_policy_builtin(int policy) {
     case PKV_POLICY_CONTIG_POW2_GROW: return &pkvi_policy_contig_pow2_grow_vtable;
     case PKV_POLICY_VMM: return &pkvi_policy_vmm_vtable;
     case PKV_POLICY_VMM_SYNC: return &pkvi_policy_vmm_sync_vtable;
+    case PKV_POLICY_HYBRID_PARTITION: return &pkvi_policy_hybrid_partition_vtable;
+    case PKV_POLICY_HYBRID_SHARED_PAGE: return &pkvi_policy_hybrid_shared_page_vtable;
+    case PKV_POLICY_HYBRID_LCM: return &pkvi_policy_hybrid_lcm_vtable;
     default: return NULL;
     }
 }

@@ -19,6 +19,7 @@
 // value, e.g. "policy 'liar': slot 'admit': cached 4294967295 > prompt 12
 // (request 3)". pkv_replay_run copies it into report->failure.
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 
 #include "replay_internal.h"
@@ -104,6 +105,21 @@ pkv_status pkvi_policy_stats(pkvi_policy *p, pkv_policy_stats *s) {
                        : s->cached_tokens < o->cached_tokens ? "cached_tokens"
                                                              : NULL;
     if (down) return broken(p, "stats", "%s went down (a count so far)", down);
+    // ABI 3 groups: none (group-unaware) or exactly the config's, counts that only grow.
+    if (s->num_groups != 0 && s->num_groups != p->cfg.num_groups)
+        return broken(p, "stats", "num_groups %u, the model has %u", s->num_groups, p->cfg.num_groups);
+    for (uint32_t g = 0; g < s->num_groups; g++) {
+        const struct pkv_policy_group_stats *a = &s->groups[g], *b = &o->groups[g];
+        if (a->bytes_held > p->cfg.capacity_bytes)
+            return broken(p, "stats", "group %u holds %llu bytes > capacity %llu", g,
+                          (unsigned long long)a->bytes_held,
+                          (unsigned long long)p->cfg.capacity_bytes);
+        if (o->num_groups && (a->blocks_released < b->blocks_released ||
+                              a->cached_tokens < b->cached_tokens))
+            return broken(p, "stats", "group %u: %s went down (a count so far)", g,
+                          a->blocks_released < b->blocks_released ? "blocks_released"
+                                                                  : "cached_tokens");
+    }
     p->last = *s;
     return PKV_OK;
 }

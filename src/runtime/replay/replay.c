@@ -89,6 +89,7 @@ static pkv_status replay(const pkv_trace *trace, const pkv_replay_params *params
     e.reqs = pkv_trace_requests(trace);
     e.n = (uint32_t)pkv_trace_count(trace);
     e.bpt = pkv_replay_kv_bytes_per_token(&prm);
+    if (pkvi_groups_init(&e.groups, &prm, e.bpt) != PKV_OK) return PKV_ERR_INVALID_ARG;
     e.max_len = prm.max_seq_len ? prm.max_seq_len : prm.model.max_seq_len;
     uint32_t *max_seqs = malloc((size_t)e.n * sizeof *max_seqs);
     e.st = calloc(e.n, sizeof *e.st);
@@ -130,7 +131,11 @@ static pkv_status replay(const pkv_trace *trace, const pkv_replay_params *params
         .prefix_sharing = prm.prefix_sharing && prm.mode == PKV_REPLAY_SIM,
         .run_mode = prm.mode == PKV_REPLAY_RUN,
         .params = &prm,
+        .num_groups = e.groups.n,
+        .elem_bytes = e.groups.elem_bytes,
     };
+    memcpy(pc.groups, e.groups.g, sizeof pc.groups);
+    memcpy(pc.group_bytes_per_token, e.groups.bpt, sizeof pc.group_bytes_per_token);
     e.pol = &e.polh;
     st = pkvi_policy_open(e.pol, vt, &pc, prm.mode == PKV_REPLAY_SIM ? &prm.alloc_model : NULL);
     if (st == PKV_ERR_OUT_OF_BLOCKS) {

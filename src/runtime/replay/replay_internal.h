@@ -64,7 +64,7 @@ pkv_status pkvi_policy_validate(pkvi_policy *p); // PKV_OK if the slot is NULL
 pkv_status pkvi_policy_check_reservation(pkvi_policy *p, const pkv_policy_stats *s,
                                         uint64_t reservation);
 
-// The built-in tables (policy_paged.c, policy_contig.c, policy_token.c).
+// The built-in tables (policies/policy_paged.c, policy_contig.c, policy_token.c).
 extern const pkv_policy_vtable pkvi_policy_paged_vtable;
 extern const pkv_policy_vtable pkvi_policy_contig_max_vtable;
 extern const pkv_policy_vtable pkvi_policy_contig_pow2_vtable;
@@ -75,6 +75,10 @@ extern const pkv_policy_vtable pkvi_policy_contig_pow2_grow_vtable;
 extern const pkv_policy_vtable pkvi_policy_token_vtable;
 extern const pkv_policy_vtable pkvi_policy_vmm_vtable; // policy_vmm.c (vAttention)
 extern const pkv_policy_vtable pkvi_policy_vmm_sync_vtable; // its synchronous ablation
+// policies/policy_hybrid.c: KV cache groups over pkv_hybrid's layouts.
+extern const pkv_policy_vtable pkvi_policy_hybrid_partition_vtable;
+extern const pkv_policy_vtable pkvi_policy_hybrid_shared_page_vtable;
+extern const pkv_policy_vtable pkvi_policy_hybrid_lcm_vtable;
 
 // The device memory model a malloc-per-request / realloc-copy replay of p uses
 // (DEFAULT resolved; arena in run mode), and the label of p's allocator in
@@ -104,6 +108,29 @@ uint64_t pkvi_devmem_held(const pkvi_devmem *m);
 uint64_t pkvi_devmem_segments(const pkvi_devmem *m);
 pkv_status pkvi_devmem_validate(const pkvi_devmem *m);
 
+// ---- groups.c: the model's KV cache groups as the replay counts them ----
+typedef struct pkvi_groups {
+    uint32_t n;                              // groups (1 FULL group for a uniform model)
+    int hetero;                              // the model has groups (num_kv_groups > 0)
+    uint32_t elem_bytes;                     // stored bytes per KV element
+    pkv_kv_group g[PKV_MAX_KV_GROUPS];       // [n]
+    uint64_t bpt[PKV_MAX_KV_GROUPS];         // [n] bytes per token (uniform: the slot)
+    uint64_t state_bytes[PKV_MAX_KV_GROUPS]; // [n] per sequence (state groups)
+} pkvi_groups;
+pkv_status pkvi_groups_init(pkvi_groups *G, const pkv_replay_params *p, uint64_t bytes_per_token);
+// Distinct tokens group g keeps for nseq sequences of len tokens (shared: forked
+// samples sharing a prompt of `prompt` tokens).
+uint64_t pkvi_groups_kept(const pkvi_groups *G, uint32_t g, uint32_t nseq, uint32_t len,
+                          uint32_t prompt, int shared);
+// Bytes the model needs for such a request, every group (states included); each
+// group's part is added to per_group[g] (optional, [n]).
+uint64_t pkvi_groups_needed_bytes(const pkvi_groups *G, uint32_t nseq, uint32_t len,
+                                  uint32_t prompt, int shared, uint64_t *per_group);
+// One decode of a sequence of ctx context tokens: adds the KV bytes its attention
+// reads and writes to *bytes and the (layer, key) pairs it scores to *layer_keys.
+void pkvi_groups_decode_read(const pkvi_groups *G, uint32_t ctx, double *bytes,
+                             double *layer_keys);
+
 // ---- step executors ----
 
 // A sequence in a step, for executors that need them (run mode).
@@ -121,6 +148,9 @@ typedef struct pkvi_step_batch {
     uint64_t prefill_ctx_tokens;   // context tokens prefills read
     uint32_t num_decode_seqs;
     uint64_t decode_ctx_tokens;    // sum of decode sequences' context lengths
+    // Models with KV cache groups only (groups.c): the decodes' KV bytes read and
+    // written and (layer, key) pairs scored, each group over the keys it sees.
+    double decode_kv_bytes, decode_layer_keys;
     uint64_t swap_bytes;           // host <-> device bytes this step
     uint64_t copy_bytes;           // device copies this step (CoW and friends)
     // Only for executors with needs_seqs: the sequences (prefills first).

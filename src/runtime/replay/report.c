@@ -35,6 +35,26 @@ static void str(FILE *f, const char *s) {
     fputc('"', f);
 }
 
+pkv_status pkv_replay_write_groups_json(FILE *f, const pkv_replay_report *r) {
+    if (!f || !r || r->memory.num_groups > PKV_MAX_KV_GROUPS) return PKV_ERR_INVALID_ARG;
+    fputc('[', f);
+    for (uint32_t g = 0; g < r->memory.num_groups; g++) {
+        const struct pkv_replay_group_report *o = &r->memory.groups[g];
+        fprintf(f, "%s{\"kind\": ", g ? ", " : "");
+        str(f, o->kind);
+        fprintf(f, ", \"layers\": %u, \"window\": %u, \"bytes_per_token\": %llu", o->layers,
+                o->window, (unsigned long long)o->bytes_per_token);
+        field(f, ", \"needed_frac\": ", o->needed_frac);
+        field(f, ", \"held_frac\": ", o->held_frac);
+        field(f, ", \"tokens_held_mean\": ", o->tokens_held_mean);
+        fprintf(f, ", \"peak_held_bytes\": %llu, \"blocks_released\": %llu, \"cached_tokens\": %llu}",
+                (unsigned long long)o->peak_held_bytes, (unsigned long long)o->blocks_released,
+                (unsigned long long)o->cached_tokens);
+    }
+    fputc(']', f);
+    return ferror(f) ? PKV_ERR_IO : PKV_OK;
+}
+
 static void write_run(FILE *f, const pkv_replay_report *r) {
     fputs("    {\"policy\": ", f);
     str(f, r->policy);
@@ -71,6 +91,10 @@ static void write_run(FILE *f, const pkv_replay_report *r) {
     field(f, ", \"free\": ", r->memory.breakdown.free);
     field(f, "}, \"padding_frac\": ", r->memory.padding_frac);
     fprintf(f, ", \"device_mem\": \"%s\"", r->memory.device_mem);
+    if (r->memory.num_groups) {
+        fputs(",\n                \"groups\": ", f);
+        (void)pkv_replay_write_groups_json(f, r);
+    }
     fprintf(f, "},\n     \"alloc\": {\"backend_alloc_calls\": %llu, \"backend_free_calls\": %llu, "
                "\"backend_alloc_seconds\": ",
             (unsigned long long)r->alloc.backend_alloc_calls,
@@ -246,6 +270,32 @@ static void rejections(FILE *f, const pkv_replay_report *r, size_t n) {
     }
 }
 
+// Models with KV cache groups: what each group needs and holds, per policy.
+static void group_table(FILE *f, const pkv_replay_report *r, size_t n) {
+    size_t any = 0;
+    for (size_t i = 0; i < n; i++) any += r[i].memory.num_groups;
+    if (!any) return;
+    fprintf(f, "\n%-20s %-5s %-8s %6s %7s %7s %7s %9s %10s\n", "policy", "group", "kind", "window",
+            "need%", "held%", "peak", "tokens", "released");
+    fprintf(f, "%-20s %-5s %-8s %6s %7s %7s %7s %9s %10s\n", "", "", "", "", "", "", "GiB", "held",
+            "blocks");
+    for (size_t i = 0; i < n; i++)
+        for (uint32_t g = 0; g < r[i].memory.num_groups; g++) {
+            const struct pkv_replay_group_report *o = &r[i].memory.groups[g];
+            fprintf(f, "%-20s %-5u %-8s %6u", g ? "" : r[i].policy, g, o->kind, o->window);
+            cell(f, 7, 1, 100 * o->needed_frac);
+            cell(f, 7, 1, 100 * o->held_frac);
+            cell(f, 7, 2, (double)o->peak_held_bytes / GiB);
+            cell(f, 9, 0, o->tokens_held_mean);
+            fprintf(f, " %10llu\n", (unsigned long long)o->blocks_released);
+        }
+    fputs("(per KV cache group, time-averaged shares of the KV budget: need: the tokens its\n"
+          " next query can see; held: the blocks it holds (a policy that treats every layer\n"
+          " as full attention holds every reserved slot in every group); released: blocks\n"
+          " freed as they left the window)\n",
+          f);
+}
+
 pkv_status pkv_replay_write_table(FILE *f, const pkv_replay_report *r, size_t n) {
     if (!f || (!r && n)) return PKV_ERR_INVALID_ARG;
     const int fixed = any_fixed(r, n);
@@ -317,6 +367,7 @@ pkv_status pkv_replay_write_table(FILE *f, const pkv_replay_report *r, size_t n)
           " and HBM bandwidth utilization; copied: K/V copied (copy-on-write, regrowth); swap:\n"
           " to and from the host pool)\n",
           f);
+    group_table(f, r, n);
     for (size_t i = 0; i < n; i++) {
         if (r[i].failure[0]) fprintf(f, "%s: completed nothing: %s\n", r[i].policy, r[i].failure);
         if (r[i].run.layout[0]) // run mode: what the decoder actually ran on

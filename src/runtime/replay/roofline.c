@@ -221,6 +221,9 @@ typedef struct roofline {
     double flops_per_token;     // 2 x params
     double attn_flops_per_pair; // 4 x layers x heads x head_dim
     double kv_bytes_per_token;
+    int hetero;                      // the model has KV cache groups
+    double attn_flops_per_layer_key; // 4 x heads x head_dim (groups: per layer and key)
+    double active_frac;              // MoE: active / total parameters (1: dense)
     double peak_flops, mem_bw, host_bw; // achieved: peak x the efficiency fraction
     double overhead_s;                   // per step with work
     int copy_overlap;                    // device copies on a second stream
@@ -258,7 +261,13 @@ static double step_kernels(const roofline *m, const pkvi_step_batch *b, double *
     double f = 0, by = copy, t_gemm = 0, t_pa = 0, t_da = 0;
     double t_copy = copy / m->mem_bw;
     if (tokens > 0) {
-        const double gf = m->flops_per_token * tokens, gb = m->weight_bytes + m->row_bytes * tokens;
+        const double gf = m->flops_per_token * tokens;
+        // MoE: a step reads the experts its tokens route to, at most every weight
+        // (each token its active share; a bound, routing overlap not modelled).
+        const double wb = m->active_frac < 1 && m->active_frac * tokens < 1
+                              ? m->weight_bytes * m->active_frac * tokens
+                              : m->weight_bytes;
+        const double gb = wb + m->row_bytes * tokens;
         if (m->copy_overlap) {
             t_gemm = kernel(m, gf, gb + copy);
             t_copy = 0;
@@ -276,8 +285,11 @@ static double step_kernels(const roofline *m, const pkvi_step_batch *b, double *
         by += ab;
     }
     if (dt > 0) {
-        const double af = m->attn_flops_per_pair * (double)b->decode_ctx_tokens;
-        const double ab = m->kv_bytes_per_token * ((double)b->decode_ctx_tokens + dt);
+        // A model with groups: each group over the keys it sees (groups.c).
+        const double af = m->hetero ? m->attn_flops_per_layer_key * b->decode_layer_keys
+                                    : m->attn_flops_per_pair * (double)b->decode_ctx_tokens;
+        const double ab = m->hetero ? b->decode_kv_bytes
+                                    : m->kv_bytes_per_token * ((double)b->decode_ctx_tokens + dt);
         t_da = kernel(m, af, ab);
         f += af;
         by += ab;
@@ -325,6 +337,17 @@ pkv_status pkvi_executor_roofline_create(const pkv_replay_params *p, pkvi_execut
     m->flops_per_token = 2.0 * (double)params;
     m->attn_flops_per_pair = 4.0 * p->model.num_layers * (double)p->model.num_heads * p->model.head_dim;
     m->kv_bytes_per_token = (double)kvb;
+    m->hetero = p->model.num_kv_groups > 0;
+    m->attn_flops_per_layer_key = 4.0 * (double)p->model.num_heads * p->model.head_dim;
+    // Mixture of experts: a token multiplies by its active parameters only
+    // (pkv_model_active_param_count); dense models keep 2 x params as before.
+    const uint64_t active = pkv_model_active_param_count(&p->model);
+    if (active > 0 && active < params) {
+        m->active_frac = (double)active / (double)params;
+        m->flops_per_token = 2.0 * (double)active;
+    } else {
+        m->active_frac = 1;
+    }
     pkv_sim_efficiency eff;
     pkv_status st = pkv_replay_sim_efficiency(p, &eff);
     if (st != PKV_OK) {

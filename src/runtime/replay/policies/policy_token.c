@@ -11,7 +11,7 @@
 // external fragmentation either; what it costs is the calls.
 #include <stdlib.h>
 
-#include "replay_internal.h"
+#include "src/runtime/replay/replay_internal.h"
 
 typedef struct token_policy {
     uint64_t capacity_slots;

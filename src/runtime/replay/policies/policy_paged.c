@@ -22,7 +22,7 @@
 #include "pkv/pool.h"
 #include "pkv/prefix.h"
 #include "pkv/seq.h"
-#include "replay_internal.h"
+#include "src/runtime/replay/replay_internal.h"
 #include "src/runtime/trace/trace_internal.h"
 
 typedef struct paged {

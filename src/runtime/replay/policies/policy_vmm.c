@@ -51,7 +51,7 @@
 // never below its length, so used <= reserved row by row.
 #include <stdlib.h>
 
-#include "replay_internal.h"
+#include "src/runtime/replay/replay_internal.h"
 
 typedef struct vmm {
     uint64_t capacity_slots;

@@ -181,6 +181,12 @@ void rt_record_json(FILE *f, const rt_result *r, int slo) {
         }
         fprintf(f, "\"%s\": ", name);
         value(f, &r->report, &fields[i], 0);
+        // memory.groups (models with KV cache groups): an array, after memory's last
+        // scalar; JSON only (a CSV row has no room for a list).
+        if (!strcmp(key, "memory.device_mem") && r->report.memory.num_groups) {
+            fputs(", \"groups\": ", f);
+            (void)pkv_replay_write_groups_json(f, &r->report);
+        }
     }
     while (open_len) close_one(f, open, &open_len);
     fputc('}', f);

@@ -30,7 +30,7 @@
 #include <stdlib.h>
 
 #include "src/allocator/extent.h"
-#include "replay_internal.h"
+#include "src/runtime/replay/replay_internal.h"
 
 typedef struct contig {
     pkv_policy kind;

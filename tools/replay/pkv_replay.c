@@ -2,7 +2,7 @@
 // pkv-replay: replay a request trace through one or every KV-cache policy and
 // print the comparison (table on stdout, --json / --csv for machines, --timeline
 // CSV per step for plots). Lists of block sizes, load scales and budgets run as
-// a sweep (tools/replay_*.c hold the sweep, SLO search, stamp, progress and
+// a sweep (tools/replay/replay_*.c hold the sweep, SLO search, stamp, progress and
 // merge; this file parses options and wires them). Exit codes: 0 ok, 1 runtime
 // failure, 2 bad usage or input, 130 interrupted by SIGINT or 143 by SIGTERM (the
 // report written is partial).
@@ -37,7 +37,9 @@ static void usage(FILE *f) {
         "  --policy P,...      paged (default), contiguous-max, contiguous-pow2 (Orca Pow2),\n"
         "                      contiguous-oracle, malloc-per-request, malloc-per-token,\n"
         "                      realloc-copy, contiguous-pow2-grow, vmm (vAttention), vmm-sync\n"
-        "                      (vmm with every map in line), all\n"
+        "                      (vmm with every map in line), hybrid-partition, hybrid-shared-page,\n"
+        "                      hybrid-lcm (Jenga)\n"
+        "                      (KV cache groups, window rules applied: docs/RESEARCH.md), all\n"
         "  --policy-plugin F   also replay the policy in shared object F (exports\n"
         "                      pkv_policy_plugin_entry, see docs/POLICIES.md); up to 8;\n"
         "                      without --policy only the plugins run\n"
@@ -178,8 +180,21 @@ static int load_plugin(const char *path, const pkv_policy_vtable **vt, char *why
     *vt = entry(PKV_POLICY_ABI_VERSION);
     char check[160];
     if (!*vt) {
-        snprintf(why, why_len, "%s: %s returned NULL (it does not speak policy ABI %u)", path,
-                 PKV_POLICY_PLUGIN_ENTRY, PKV_POLICY_ABI_VERSION);
+        // Which ABI was it built for? Ask for the older ones, newest first, so that
+        // the refusal names both versions (a table it returns is only read).
+        uint32_t old = 0;
+        for (uint32_t v = PKV_POLICY_ABI_VERSION - 1; v >= 1 && !old; v--) {
+            const pkv_policy_vtable *o = entry(v);
+            if (o && o->abi_version == v) old = v;
+        }
+        if (old)
+            snprintf(why, why_len,
+                     "%s: built for policy ABI %u, this pkv-replay speaks policy ABI %u "
+                     "(rebuild it against this version's pkv/policy.h)",
+                     path, old, PKV_POLICY_ABI_VERSION);
+        else
+            snprintf(why, why_len, "%s: %s returned NULL (it does not speak policy ABI %u)", path,
+                     PKV_POLICY_PLUGIN_ENTRY, PKV_POLICY_ABI_VERSION);
     } else if (pkv_policy_vtable_check(*vt, check, sizeof check) != PKV_OK) {
         snprintf(why, why_len, "%s: %s", path, check);
     } else {

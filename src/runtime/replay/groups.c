@@ -1,0 +1,73 @@
+// SPDX-License-Identifier: MIT
+// The replay's view of a model's KV cache groups (issue 23): each group's bytes
+// per token at the replay's KV dtype, the tokens a group must keep for a request
+// (the window rule, pkv_kv_group_tokens_kept, counting a forked request's shared
+// prompt once), and what one decode step's attention reads per group. The engine
+// uses it for the per-group memory breakdown and for "used" (the token states
+// the model needs), the roofline for decode attention. Policy-independent: what
+// a layout holds comes from the policy's stats; what the model needs, from here.
+#include <string.h>
+
+#include "replay_internal.h"
+
+pkv_status pkvi_groups_init(pkvi_groups *G, const pkv_replay_params *p, uint64_t bytes_per_token) {
+    memset(G, 0, sizeof *G);
+    pkv_status st = pkv_model_kv_groups(&p->model, G->g, &G->n);
+    if (st != PKV_OK) return st;
+    G->hetero = p->model.num_kv_groups > 0;
+    G->elem_bytes = pkv_dtype_is_quantized(p->kv_dtype) ? 1 : p->dtype_bytes;
+    if (!G->hetero) {
+        // A uniform model: one full group whose token is the replay's slot (int8's
+        // scales included), so that every figure stays what it was before groups.
+        G->bpt[0] = bytes_per_token;
+        return PKV_OK;
+    }
+    for (uint32_t g = 0; g < G->n; g++) {
+        G->bpt[g] = pkv_kv_group_bytes_per_token(&G->g[g], G->elem_bytes);
+        G->state_bytes[g] = pkv_kv_group_state_bytes(&G->g[g]);
+    }
+    return PKV_OK;
+}
+
+uint64_t pkvi_groups_kept(const pkvi_groups *G, uint32_t g, uint32_t nseq, uint32_t len,
+                          uint32_t prompt, int shared) {
+    if (nseq == 0) return 0;
+    const uint64_t k = pkv_kv_group_tokens_kept(&G->g[g], len);
+    if (nseq == 1 || !shared) return (uint64_t)nseq * k;
+    // Forked samples share the prompt: the kept tokens [len - k, len) that lie in
+    // the prompt are stored once, the rest once per sample.
+    const uint64_t first = (uint64_t)len - k;
+    const uint64_t in_prompt = prompt > first ? prompt - first : 0;
+    return in_prompt + (uint64_t)nseq * (k - in_prompt);
+}
+
+uint64_t pkvi_groups_needed_bytes(const pkvi_groups *G, uint32_t nseq, uint32_t len,
+                                  uint32_t prompt, int shared, uint64_t *per_group) {
+    uint64_t total = 0;
+    for (uint32_t g = 0; g < G->n; g++) {
+        const uint64_t b = G->g[g].kind == PKV_LAYER_STATE
+                               ? (uint64_t)nseq * G->state_bytes[g]
+                               : pkvi_groups_kept(G, g, nseq, len, prompt, shared) * G->bpt[g];
+        if (per_group) per_group[g] += b;
+        total += b;
+    }
+    return total;
+}
+
+void pkvi_groups_decode_read(const pkvi_groups *G, uint32_t ctx, double *bytes,
+                             double *layer_keys) {
+    // As the uniform roofline counts a decode (ctx context tokens read, one new
+    // token written), per group: a sliding layer reads only its window, a chunked
+    // one its chunk (pkv_kv_group_tokens_kept of ctx), full and MLA layers every
+    // token; a state layer reads and writes its state.
+    for (uint32_t g = 0; g < G->n; g++) {
+        const pkv_kv_group *k = &G->g[g];
+        if (k->kind == PKV_LAYER_STATE) {
+            *bytes += 2.0 * (double)G->state_bytes[g];
+            continue;
+        }
+        const double keys = (double)pkv_kv_group_tokens_kept(k, ctx);
+        *bytes += (keys + 1) * (double)G->bpt[g];
+        *layer_keys += keys * (double)k->num_layers;
+    }
+}

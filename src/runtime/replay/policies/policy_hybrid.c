@@ -1,0 +1,412 @@
+// SPDX-License-Identifier: MIT
+// The hybrid-* KV policies (issue 23): the library's KV cache groups manager
+// (pkv_hybrid, pkv/hybrid.h) under one of its layouts, each group's window rule
+// applied (blocks that leave a sliding window or a local chunk go back to the
+// pool):
+//   hybrid-partition    one static pool per group, sized by its share of bytes
+//                       per token;
+//   hybrid-shared-page  one pool of equal pages, a block size per group (vLLM's
+//                       hybrid KV cache manager);
+//   hybrid-lcm          Jenga's two-level allocator (pages of the LCM of the
+//                       groups' page sizes, carved per group).
+// For a uniform model (one full group) every layout is one pool of blocks of B
+// tokens, as `paged` without its prefix cache: the same admissions, forks sharing
+// every block, copy-on-write of a shared partial block.
+//
+// Accounting in token slots of cfg->bytes_per_token bytes (one token of every
+// group): reserved = the bytes of the blocks (state slots) the groups hold,
+// rounded up to slots; used = the bytes of the tokens the groups keep under their
+// rule (groups.c: the window's tokens; a forked request's prompt once), rounded
+// down, so that used <= reserved and the partly filled tails fit reserved - used.
+// Per-group figures (stats.groups) come from pkv_hybrid_group_stats_get. The
+// manager has no prefix cache: cached_tokens stays 0 (hits need per-group rules,
+// issue 23 item 4). Run mode keeps the K/V in the per-token table (no seqset).
+#include <stdlib.h>
+#include <string.h>
+
+#include "pkv/hybrid.h"
+#include "src/runtime/replay/replay_internal.h"
+
+typedef struct hybrid_policy {
+    pkv_hybrid *h;
+    pkv_hybrid_layout layout;
+    pkvi_groups groups;           // the config's groups (cfg->group_bytes_per_token)
+    uint32_t B[PKV_MAX_KV_GROUPS]; // block size per group (0: state group)
+    uint64_t page[PKV_MAX_KV_GROUPS]; // bytes per block (state: per slot)
+    uint64_t bpt, capacity_slots;
+    const uint32_t *max_seqs;
+    uint64_t *seq_base;  // [num_requests]: first entry of the request in seqs
+    pkv_seq_id *seqs;    // [sum of n]
+    uint32_t *nseq;      // [num_requests]
+    uint32_t *prompt;    // [num_requests]: the prompt its samples share
+    uint8_t *shared;     // [num_requests]: its samples share the prompt
+    uint8_t *tail_shared; // [num_requests]: its samples share their partial last block
+    uint64_t *kept;      // [num_requests]: bytes its kept tokens take (groups.c)
+    uint64_t kept_total; // sum of kept
+    pkv_block_copy *copies; // scratch for pkv_hybrid_take_copies
+    uint32_t copies_cap;
+    uint64_t cow_copies, copy_slots;
+    double copy_bytes;   // exact, copy_slots is its floor in slots
+} hybrid_policy;
+
+static uint64_t ceil_div64(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
+
+static int is_shared_pool(pkv_hybrid_layout l) { return l != PKV_HYBRID_PARTITION; }
+
+// ---- what a request keeps ----
+
+// Bytes request r keeps under the groups' rules, as stored (its samples may differ
+// by one token within a step: each sample's own length counts). Samples share the
+// prompt's full blocks; its partial last block is shared only until they append
+// (copy-on-write then gives each its own copy, as paged counts it).
+static uint64_t kept_bytes(const hybrid_policy *p, uint32_t r) {
+    const pkv_seq_id *s = &p->seqs[p->seq_base[r]];
+    uint64_t total = 0;
+    for (uint32_t g = 0; g < p->groups.n; g++) {
+        if (p->groups.g[g].kind == PKV_LAYER_STATE) {
+            total += (uint64_t)p->nseq[r] * p->groups.state_bytes[g];
+            continue;
+        }
+        const uint64_t B = p->B[g];
+        const uint64_t limit = p->tail_shared[r] ? p->prompt[r] : p->prompt[r] / B * B;
+        uint64_t shared_part = 0, own = 0;
+        for (uint32_t c = 0; c < p->nseq[r]; c++) {
+            uint32_t len = 0;
+            (void)pkv_hybrid_seq_length(p->h, s[c], &len);
+            const uint64_t k = pkvi_groups_kept(&p->groups, g, 1, len, 0, 0);
+            const uint64_t first = len - k;
+            const uint64_t in_prompt = p->shared[r] && limit > first ? limit - first : 0;
+            if (in_prompt > shared_part) shared_part = in_prompt;
+            own += k - in_prompt;
+        }
+        total += (shared_part + own) * p->groups.bpt[g];
+    }
+    return total;
+}
+
+static void recount(hybrid_policy *p, uint32_t r) {
+    p->kept_total -= p->kept[r];
+    p->kept[r] = p->nseq[r] ? kept_bytes(p, r) : 0;
+    p->kept_total += p->kept[r];
+}
+
+// Take every group's queued copies (sim mode moves nothing) and count them.
+static pkv_status drain_copies(hybrid_policy *p) {
+    for (uint32_t g = 0; g < p->groups.n; g++) {
+        uint32_t n = 0;
+        pkv_status st = pkv_hybrid_take_copies(p->h, g, p->copies, p->copies_cap, &n);
+        if (st == PKV_ERR_BUFFER_TOO_SMALL) {
+            pkv_block_copy *c = realloc(p->copies, (size_t)n * sizeof *c);
+            if (!c) return PKV_ERR_OUT_OF_MEMORY;
+            p->copies = c;
+            p->copies_cap = n;
+            st = pkv_hybrid_take_copies(p->h, g, p->copies, p->copies_cap, &n);
+        }
+        if (st != PKV_OK) return st;
+        if (p->groups.g[g].kind != PKV_LAYER_STATE) p->cow_copies += n;
+        p->copy_bytes += (double)n * (double)p->page[g];
+    }
+    p->copy_slots = (uint64_t)(p->copy_bytes / (double)p->bpt);
+    return PKV_OK;
+}
+
+// ---- life cycle ----
+
+static void hybrid_destroy(void *pp) {
+    hybrid_policy *p = pp;
+    if (!p) return;
+    pkv_hybrid_destroy(p->h);
+    free(p->seq_base);
+    free(p->seqs);
+    free(p->nseq);
+    free(p->prompt);
+    free(p->shared);
+    free(p->tail_shared);
+    free(p->kept);
+    free(p->copies);
+    free(p);
+}
+
+static pkv_status hybrid_create(const pkv_policy_config *cfg, pkv_hybrid_layout layout,
+                                pkv_policy_info *info, void **out) {
+    hybrid_policy *p = calloc(1, sizeof *p);
+    if (!p) return PKV_ERR_OUT_OF_MEMORY;
+    p->layout = layout;
+    p->bpt = cfg->bytes_per_token;
+    p->max_seqs = cfg->max_seqs;
+    p->groups.n = cfg->num_groups;
+    p->groups.elem_bytes = cfg->elem_bytes;
+    memcpy(p->groups.g, cfg->groups, sizeof p->groups.g);
+    memcpy(p->groups.bpt, cfg->group_bytes_per_token, sizeof p->groups.bpt);
+    for (uint32_t g = 0; g < cfg->num_groups; g++)
+        p->groups.state_bytes[g] = pkv_kv_group_state_bytes(&cfg->groups[g]);
+    pkv_hybrid_params hp;
+    pkv_hybrid_params_default(&hp);
+    hp.groups = cfg->groups;
+    hp.num_groups = cfg->num_groups;
+    hp.elem_bytes = cfg->elem_bytes;
+    hp.layout = layout;
+    hp.budget_bytes = cfg->capacity_bytes;
+    hp.block_size = cfg->block_size;
+    if (cfg->params && cfg->params->max_batch) hp.max_seqs = cfg->params->max_batch;
+    pkv_status st = pkv_hybrid_create(&hp, &p->h);
+    if (st != PKV_OK) {
+        hybrid_destroy(p);
+        // A budget that holds not one page of every pool reads as "no capacity".
+        return st == PKV_ERR_OUT_OF_BLOCKS ? st : PKV_ERR_INVALID_ARG;
+    }
+    for (uint32_t g = 0; g < cfg->num_groups; g++) {
+        pkv_hybrid_group_stats gs;
+        pkv_hybrid_group_info(p->h, g, NULL, &p->B[g]);
+        pkv_hybrid_group_stats_get(p->h, g, &gs);
+        p->page[g] = gs.page_bytes;
+    }
+    uint64_t seqs = 0;
+    for (uint32_t r = 0; r < cfg->num_requests; r++) seqs += cfg->max_seqs[r] ? cfg->max_seqs[r] : 1;
+    const size_t n = cfg->num_requests ? cfg->num_requests : 1;
+    p->seq_base = malloc(n * sizeof *p->seq_base);
+    p->seqs = malloc((size_t)(seqs ? seqs : 1) * sizeof *p->seqs);
+    p->nseq = calloc(n, sizeof *p->nseq);
+    p->prompt = calloc(n, sizeof *p->prompt);
+    p->shared = calloc(n, 1);
+    p->tail_shared = calloc(n, 1);
+    p->kept = calloc(n, sizeof *p->kept);
+    if (!p->seq_base || !p->seqs || !p->nseq || !p->prompt || !p->shared || !p->tail_shared || !p->kept) {
+        hybrid_destroy(p);
+        return PKV_ERR_OUT_OF_MEMORY;
+    }
+    uint64_t base = 0;
+    for (uint32_t r = 0; r < cfg->num_requests; r++) {
+        p->seq_base[r] = base;
+        base += cfg->max_seqs[r] ? cfg->max_seqs[r] : 1;
+    }
+    p->capacity_slots = cfg->capacity_bytes / cfg->bytes_per_token;
+    info->capacity_slots = p->capacity_slots;
+    info->granularity = cfg->block_size <= p->capacity_slots ? cfg->block_size : 1;
+    info->uses_arena = 1; // the pools are carved from one allocation of the budget
+    *out = p;
+    return PKV_OK;
+}
+
+// ---- sizes ----
+
+// Blocks group g holds at most for `a` alone: a full (MLA) group every token (the
+// prompt's full blocks shared by the samples); a windowed group the prompt's blocks
+// at its prefill, then per sample at most ceil(W / B) + 1 blocks (pkv/hybrid.h).
+static uint64_t peak_blocks(const pkv_kv_group *k, uint32_t B, const pkv_policy_admit *a) {
+    const uint64_t shared = a->prompt / B;
+    const uint64_t full = shared + (uint64_t)a->n * (ceil_div64(a->final_len, B) - shared);
+    if (k->kind != PKV_LAYER_SLIDING && k->kind != PKV_LAYER_CHUNKED) return full;
+    const uint64_t windowed = ceil_div64(a->prompt, B) + (uint64_t)a->n * (ceil_div64(k->window, B) + 1);
+    return windowed < full ? windowed : full;
+}
+
+static uint64_t peak_bytes(const hybrid_policy *p, const pkv_policy_admit *a, uint32_t g) {
+    const pkv_kv_group *k = &p->groups.g[g];
+    if (k->kind == PKV_LAYER_STATE) return 0; // the state slots are set aside at create
+    return peak_blocks(k, p->B[g], a) * p->page[g];
+}
+
+// Stateless: the config's block size for every group (shared-page's larger
+// blocks of the thinner groups hold the same bytes, so the bound stays close).
+static uint64_t hybrid_need(const pkv_policy_config *cfg, const pkv_policy_admit *a) {
+    uint64_t bytes = 0;
+    for (uint32_t g = 0; g < cfg->num_groups; g++)
+        if (cfg->groups[g].kind != PKV_LAYER_STATE)
+            bytes += peak_blocks(&cfg->groups[g], cfg->block_size, a) * cfg->block_size *
+                     cfg->group_bytes_per_token[g];
+    return ceil_div64(bytes, cfg->bytes_per_token);
+}
+
+// Bytes of free pages the watermark asks group g's pool to keep.
+static uint64_t wm_bytes(const hybrid_policy *p, uint32_t g, uint64_t wm) {
+    if (p->groups.g[g].kind == PKV_LAYER_STATE) return 0;
+    return ceil_div64(wm, p->B[g]) * p->page[g];
+}
+
+// 1 if every pool has `extra(g)` bytes beyond what it holds now, with the
+// watermark kept free. extra: peak bytes (fits_alone, from empty) or 0 (admit).
+static int pools_fit(const hybrid_policy *p, const pkv_policy_admit *a, uint64_t wm, int from_empty) {
+    uint64_t shared_need = 0, shared_free = 0;
+    for (uint32_t g = 0; g < p->groups.n; g++) {
+        if (p->groups.g[g].kind == PKV_LAYER_STATE) continue;
+        pkv_hybrid_group_stats gs;
+        pkv_hybrid_group_stats_get(p->h, g, &gs);
+        const uint64_t free_b = from_empty ? gs.capacity_bytes : gs.free_bytes;
+        const uint64_t need = (a ? peak_bytes(p, a, g) : 0) + wm_bytes(p, g, wm);
+        if (is_shared_pool(p->layout)) {
+            shared_need += need;
+            shared_free = free_b; // the whole pool's, under every group
+        } else if (need > free_b) {
+            return 0;
+        }
+    }
+    return shared_need <= shared_free;
+}
+
+static int hybrid_fits_alone(const void *pp, const pkv_policy_admit *a, uint64_t wm) {
+    const hybrid_policy *p = pp;
+    // Admitted with the watermark free (its prompt), then grown to its peak.
+    pkv_policy_admit at_admit = *a;
+    at_admit.final_len = a->len;
+    at_admit.n = a->nseq;
+    return pools_fit(p, &at_admit, wm, 1) && pools_fit(p, a, 0, 1);
+}
+
+// ---- the engine's calls ----
+
+static void free_request(hybrid_policy *p, uint32_t r) {
+    pkv_seq_id *s = &p->seqs[p->seq_base[r]];
+    for (uint32_t i = 0; i < p->nseq[r]; i++) (void)pkv_hybrid_seq_free(p->h, s[i]);
+    p->nseq[r] = 0;
+    recount(p, r);
+}
+
+static pkv_status hybrid_admit(void *pp, uint32_t r, const pkv_policy_admit *a, uint64_t wm,
+                               uint64_t *ext_frag, uint32_t *cached) {
+    hybrid_policy *p = pp;
+    *ext_frag = 0; // fixed-size pages: any free page serves
+    *cached = 0;   // no prefix cache
+    pkv_seq_id *s = &p->seqs[p->seq_base[r]];
+    pkv_status st = PKV_OK;
+    p->nseq[r] = 0;
+    p->prompt[r] = a->prompt;
+    p->shared[r] = !a->independent && a->nseq > 1 && a->len >= a->prompt;
+    if (!p->shared[r]) {
+        for (uint32_t i = 0; i < a->nseq && st == PKV_OK; i++) {
+            if ((st = pkv_hybrid_seq_create(p->h, &s[i])) != PKV_OK) break;
+            p->nseq[r]++;
+            st = pkv_hybrid_append(p->h, s[i], a->len, NULL);
+        }
+    } else {
+        // The prompt once, the samples forked from it, then each sample's own tokens.
+        if ((st = pkv_hybrid_seq_create(p->h, &s[0])) == PKV_OK) {
+            p->nseq[r] = 1;
+            st = pkv_hybrid_append(p->h, s[0], a->prompt, NULL);
+        }
+        for (uint32_t i = 1; i < a->nseq && st == PKV_OK; i++)
+            if ((st = pkv_hybrid_seq_fork(p->h, s[0], &s[i])) == PKV_OK) p->nseq[r]++;
+        for (uint32_t i = 0; i < a->nseq && st == PKV_OK && a->len > a->prompt; i++)
+            st = pkv_hybrid_append(p->h, s[i], a->len - a->prompt, NULL);
+    }
+    if (st == PKV_OK) st = drain_copies(p);
+    // All or nothing, the watermark kept free in every pool.
+    if (st == PKV_OK && !pools_fit(p, NULL, wm, 0)) st = PKV_ERR_OUT_OF_BLOCKS;
+    if (st != PKV_OK) {
+        free_request(p, r);
+        pkv_status d = drain_copies(p);
+        return st == PKV_ERR_OUT_OF_BLOCKS && d == PKV_OK ? PKV_ERR_OUT_OF_BLOCKS
+               : st == PKV_ERR_OUT_OF_BLOCKS ? d : st;
+    }
+    p->tail_shared[r] = p->shared[r] && a->len == a->prompt;
+    recount(p, r);
+    return PKV_OK;
+}
+
+static pkv_status hybrid_fork(void *pp, uint32_t r, uint32_t n) {
+    hybrid_policy *p = pp;
+    if (p->nseq[r] != 1 || n > p->max_seqs[r]) return PKV_ERR_INVALID_ARG;
+    pkv_seq_id *s = &p->seqs[p->seq_base[r]];
+    for (uint32_t i = 1; i < n; i++) {
+        pkv_status st = pkv_hybrid_seq_fork(p->h, s[0], &s[i]);
+        if (st != PKV_OK) return st;
+        p->nseq[r]++;
+    }
+    uint32_t len = 0;
+    (void)pkv_hybrid_seq_length(p->h, s[0], &len);
+    p->shared[r] = n > 1;
+    p->prompt[r] = len; // the samples share everything so far
+    p->tail_shared[r] = n > 1;
+    pkv_status st = drain_copies(p);
+    recount(p, r);
+    return st;
+}
+
+static pkv_status hybrid_grow(void *pp, uint32_t r, uint32_t child) {
+    hybrid_policy *p = pp;
+    if (child >= p->nseq[r]) return PKV_ERR_INVALID_ARG;
+    pkv_status st = pkv_hybrid_append(p->h, p->seqs[p->seq_base[r] + child], 1, NULL);
+    if (st != PKV_OK) return st;
+    st = drain_copies(p);
+    p->tail_shared[r] = 0; // the engine grows every sample before it samples
+    recount(p, r);
+    return st;
+}
+
+static void hybrid_release(void *pp, uint32_t r) {
+    hybrid_policy *p = pp;
+    free_request(p, r);
+    (void)drain_copies(p);
+}
+
+static void hybrid_stats(const void *pp, pkv_policy_stats *s) {
+    const hybrid_policy *p = pp;
+    uint64_t held = 0, free_b = 0;
+    s->num_groups = p->groups.n;
+    for (uint32_t g = 0; g < p->groups.n; g++) {
+        pkv_hybrid_group_stats gs;
+        pkv_hybrid_group_stats_get(p->h, g, &gs);
+        held += gs.used_bytes;
+        if (!is_shared_pool(p->layout) || g == 0 || p->groups.g[g].kind == PKV_LAYER_STATE)
+            free_b += gs.free_bytes; // a shared pool's free bytes once
+        s->groups[g].bytes_held = gs.used_bytes;
+        s->groups[g].tokens_held = gs.blocks_held * gs.block_size;
+        s->groups[g].blocks_held = gs.blocks_held;
+        s->groups[g].blocks_released = gs.blocks_released;
+    }
+    const uint64_t reserved = ceil_div64(held, p->bpt);
+    s->reserved = reserved < p->capacity_slots ? reserved : p->capacity_slots;
+    const uint64_t used = p->kept_total / p->bpt;
+    s->used = used < s->reserved ? used : s->reserved;
+    const uint64_t fs = free_b / p->bpt;
+    s->free = fs < p->capacity_slots - s->reserved ? fs : p->capacity_slots - s->reserved;
+    s->copy_slots = p->copy_slots;
+    s->cow_copies = p->cow_copies;
+    s->cached_tokens = 0;
+}
+
+// The partly filled last block of every sample in every token group, as far as
+// the request will fill it, in whole slots (rounded down: stats' used is too).
+static uint64_t hybrid_reservation(const void *pp, uint32_t r, uint32_t nseq, uint32_t len,
+                                   uint32_t final_len) {
+    const hybrid_policy *p = pp;
+    uint64_t bytes = 0;
+    for (uint32_t g = 0; g < p->groups.n; g++) {
+        if (!p->B[g]) continue;
+        const uint64_t end = ceil_div64(len, p->B[g]) * p->B[g];
+        const uint64_t later = (end < final_len ? end : final_len) - len;
+        bytes += later * p->groups.bpt[g];
+    }
+    // Samples that still share their partial last block (just forked) hold it once.
+    return bytes * (p->tail_shared[r] ? 1 : nseq) / p->bpt;
+}
+
+static pkv_status hybrid_validate(const void *pp) {
+    const hybrid_policy *p = pp;
+    return pkv_hybrid_validate(p->h);
+}
+
+#define HYBRID_TABLE(ident, label, layout_value)                                              \
+    static pkv_status ident##_create(const pkv_policy_config *cfg, pkv_policy_info *info,     \
+                                     void **out) {                                            \
+        return hybrid_create(cfg, layout_value, info, out);                                   \
+    }                                                                                         \
+    const pkv_policy_vtable pkvi_policy_##ident##_vtable = {                                  \
+        .abi_version = PKV_POLICY_ABI_VERSION,                                                \
+        .name = label,                                                                        \
+        .create = ident##_create,                                                             \
+        .destroy = hybrid_destroy,                                                            \
+        .need = hybrid_need,                                                                  \
+        .fits_alone = hybrid_fits_alone,                                                      \
+        .admit = hybrid_admit,                                                                \
+        .fork = hybrid_fork,                                                                  \
+        .grow = hybrid_grow,                                                                  \
+        .release = hybrid_release,                                                            \
+        .stats = hybrid_stats,                                                                \
+        .reservation = hybrid_reservation,                                                    \
+        .validate = hybrid_validate,                                                          \
+    };
+
+HYBRID_TABLE(hybrid_partition, "hybrid-partition", PKV_HYBRID_PARTITION)
+HYBRID_TABLE(hybrid_shared_page, "hybrid-shared-page", PKV_HYBRID_SHARED_PAGE)
+HYBRID_TABLE(hybrid_lcm, "hybrid-lcm", PKV_HYBRID_LCM)
