@@ -407,6 +407,26 @@ typedef struct pkv_attn_mla_shape {
 pkv_status pkv_attn_decode_mla_paged_cpu(const pkv_attn_mla_shape *shape, uint32_t num_seqs,
                                          const void *q, const pkv_attn_paged_kv *kv, void *out);
 
+// CUDA twins of the window and MLA decode (src/attention/attn_window.cu): the same
+// arguments and results with device pointers (q, out, the cache, tables, lengths
+// and window->sinks; the pkv_attn_window and shape structs stay on the host),
+// launched asynchronously on `stream` (a cudaStream_t, NULL = default); no
+// allocation, no synchronization, so they may be captured in a CUDA graph. The
+// window call needs head_dim 64, 128 or 256, the MLA call latent_dim <= 512 and
+// latent_dim + rope_dim <= 576 (else PKV_ERR_UNSUPPORTED); rows need no alignment.
+// Device-side lengths, block ids and sinks cannot be checked before launch: a
+// sequence whose length or a block id of its window is out of range gets NaN rows
+// (ids before the window are never read), a non-finite sink non-finite rows.
+// Launch errors: PKV_ERR_BACKEND, as the calls above; PKV_ERR_UNSUPPORTED in a
+// build without CUDA (after the host-side argument checks).
+pkv_status pkv_attn_decode_paged_window_cuda(const pkv_attn_shape *shape,
+                                             const pkv_attn_window *window, uint32_t num_seqs,
+                                             const void *q, const pkv_attn_paged_kv *kv,
+                                             void *out, void *stream);
+pkv_status pkv_attn_decode_mla_paged_cuda(const pkv_attn_mla_shape *shape, uint32_t num_seqs,
+                                          const void *q, const pkv_attn_paged_kv *kv, void *out,
+                                          void *stream);
+
 #ifdef __cplusplus
 }
 #endif

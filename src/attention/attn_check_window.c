@@ -15,29 +15,31 @@ _Static_assert(PKV_ATTN_WINDOW_FULL == (int)PKV_LAYER_FULL &&
                    PKV_ATTN_WINDOW_CHUNKED == (int)PKV_LAYER_CHUNKED,
                "pkv_attn_window_kind mirrors pkv_layer_kind");
 
-pkv_status pkvi_attn_check_window(const pkv_attn_window *window, uint32_t num_heads) {
+pkv_status pkvi_attn_check_window_desc(const pkv_attn_window *window) {
     if (window == NULL) {
         return PKV_ERR_INVALID_ARG;
     }
     switch (window->kind) {
     case PKV_ATTN_WINDOW_FULL:
-        break;
+        return PKV_OK;
     case PKV_ATTN_WINDOW_SLIDING:
     case PKV_ATTN_WINDOW_CHUNKED:
-        if (window->window == 0) {
-            return PKV_ERR_INVALID_ARG;
-        }
-        break;
+        return window->window == 0 ? PKV_ERR_INVALID_ARG : PKV_OK;
     default:
         return PKV_ERR_INVALID_ARG;
     }
-    if (window->sinks != NULL) {
-        for (uint32_t h = 0; h < num_heads; h++) {
-            // A sink of +inf would zero every output, NaN poison it: neither is a
-            // learned logit.
-            if (!isfinite(window->sinks[h])) {
-                return PKV_ERR_INVALID_ARG;
-            }
+}
+
+pkv_status pkvi_attn_check_window(const pkv_attn_window *window, uint32_t num_heads) {
+    pkv_status st = pkvi_attn_check_window_desc(window);
+    if (st != PKV_OK || window->sinks == NULL) {
+        return st;
+    }
+    for (uint32_t h = 0; h < num_heads; h++) {
+        // A sink of +inf would zero every output, NaN poison it: neither is a
+        // learned logit.
+        if (!isfinite(window->sinks[h])) {
+            return PKV_ERR_INVALID_ARG;
         }
     }
     return PKV_OK;

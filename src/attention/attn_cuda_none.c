@@ -119,3 +119,30 @@ pkv_status pkv_attn_cache_write_quant_cuda(const pkv_attn_shape *shape,
     if (st == PKV_OK) st = pkvi_attn_check_quant(quant);
     return st != PKV_OK ? st : PKV_ERR_UNSUPPORTED;
 }
+
+// Window / sink and MLA decode (attn_window.cu in a CUDA build): the host-side
+// argument checks of the CUDA calls, then PKV_ERR_UNSUPPORTED.
+pkv_status pkv_attn_decode_paged_window_cuda(const pkv_attn_shape *shape,
+                                             const pkv_attn_window *window, uint32_t num_seqs,
+                                             const void *q, const pkv_attn_paged_kv *kv,
+                                             void *out, void *stream) {
+    (void)num_seqs, (void)stream;
+    pkv_status st = pkvi_attn_check_shape(shape, 1);
+    if (st == PKV_OK) st = pkvi_attn_check_window_desc(window);
+    if (st == PKV_OK) st = pkvi_attn_check_paged_desc(kv);
+    if (st == PKV_OK && (q == NULL || out == NULL)) st = PKV_ERR_INVALID_ARG;
+    return st != PKV_OK ? st : PKV_ERR_UNSUPPORTED;
+}
+
+pkv_status pkv_attn_decode_mla_paged_cuda(const pkv_attn_mla_shape *shape, uint32_t num_seqs,
+                                          const void *q, const pkv_attn_paged_kv *kv, void *out,
+                                          void *stream) {
+    (void)num_seqs, (void)stream;
+    pkv_attn_shape sh;
+    pkv_attn_paged_kv latent;
+    pkv_status st = pkvi_attn_mla_as_mqa(shape, kv, &sh, &latent);
+    if (st == PKV_OK) st = pkvi_attn_check_shape(&sh, 0);
+    if (st == PKV_OK) st = pkvi_attn_check_paged_desc(&latent);
+    if (st == PKV_OK && (q == NULL || out == NULL)) st = PKV_ERR_INVALID_ARG;
+    return st != PKV_OK ? st : PKV_ERR_UNSUPPORTED;
+}

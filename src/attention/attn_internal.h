@@ -105,9 +105,14 @@ void pkvi_attn_cpu_run_contig(const pkv_attn_shape *shape, const pkvi_attn_cpu_o
 
 // The first token a query at position p sees (pkv_attn_window_kind's rule); the
 // window must be >= 1 for SLIDING and CHUNKED. Shared by the CPU driver, the
-// checks and the CUDA launchers so that they agree on every boundary.
-static inline uint32_t pkvi_attn_window_begin(pkv_attn_window_kind kind, uint32_t window,
-                                              uint32_t p) {
+// checks and the CUDA kernel (attn_window.cu) so that they agree on every boundary.
+#ifdef __CUDACC__
+#define PKVI_HOST_DEVICE __host__ __device__
+#else
+#define PKVI_HOST_DEVICE
+#endif
+PKVI_HOST_DEVICE static inline uint32_t pkvi_attn_window_begin(pkv_attn_window_kind kind,
+                                                               uint32_t window, uint32_t p) {
     if (kind == PKV_ATTN_WINDOW_SLIDING) {
         return p >= window ? p - window + 1u : 0u;
     }
@@ -125,8 +130,10 @@ pkv_status pkvi_attn_mla_as_mqa(const pkv_attn_mla_shape *mla, const pkv_attn_pa
                                 pkv_attn_shape *shape, pkv_attn_paged_kv *latent);
 
 // ---- attn_check_window.c ----
-// A window description: known kind, window >= 1 where used, finite sinks
-// (num_heads of them).
+// A window description: known kind, window >= 1 where used (the CUDA calls: the
+// sinks are in device memory and not read on the host).
+pkv_status pkvi_attn_check_window_desc(const pkv_attn_window *window);
+// The same and finite sinks (num_heads of them, host memory).
 pkv_status pkvi_attn_check_window(const pkv_attn_window *window, uint32_t num_heads);
 // Paged tables under a window: every length in 1..max_blocks_per_seq * block_size
 // and every block id from the first block that the earliest query's window
