@@ -71,6 +71,23 @@ static double get(pkv_dtype dt, const void *a, size_t i) {
     }
 }
 
+// n elements of dt, every one NaN: what no call may read.
+static void *poisoned(pkv_dtype dt, size_t n) {
+    void *p = zalloc(n, pkv_dtype_size(dt));
+    for (size_t i = 0; i < n; i++) put(dt, p, i, NAN);
+    return p;
+}
+
+// The descriptor's table fields, for tables of `width` entries per sequence.
+static void set_table(pkv_attn_paged_kv *kv, uint32_t bs, uint32_t nblocks, uint32_t width,
+                      const int32_t *table, const int32_t *lens) {
+    kv->block_size = bs;
+    kv->num_blocks = nblocks;
+    kv->max_blocks_per_seq = width;
+    kv->block_tables = table;
+    kv->seq_lens = lens;
+}
+
 static double half_ulp(pkv_dtype dt) {
     return dt == PKV_DTYPE_F16 ? 0x1p-11 : dt == PKV_DTYPE_BF16 ? 0x1p-8 : 0.0;
 }
@@ -155,22 +172,13 @@ static wcase build(pkv_dtype dt, uint32_t heads, uint32_t kv_heads, uint32_t dim
         }
     }
     free(perm);
-    c.kv.block_size = bs;
+    set_table(&c.kv, bs, nblocks, width, c.table, c.lens);
     c.kv.token_stride = dim;
     c.kv.head_stride = (uint64_t)bs * dim;
     c.kv.block_stride = (uint64_t)kv_heads * bs * dim;
-    c.kv.num_blocks = nblocks;
-    c.kv.max_blocks_per_seq = width;
-    c.kv.block_tables = c.table;
-    c.kv.seq_lens = c.lens;
-    const size_t elems = (size_t)nblocks * c.kv.block_stride;
     const size_t es = pkv_dtype_size(dt);
-    c.k = zalloc(elems, es);
-    c.v = zalloc(elems, es);
-    for (size_t i = 0; i < elems; i++) {
-        put(dt, c.k, i, NAN);
-        put(dt, c.v, i, NAN);
-    }
+    c.k = poisoned(dt, (size_t)nblocks * c.kv.block_stride);
+    c.v = poisoned(dt, (size_t)nblocks * c.kv.block_stride);
     // Only tokens some query of the sequence can see get values.
     for (uint32_t s = 0; s < n; s++) {
         for (uint32_t t = first_visible(&win, first_q[s]); t < (uint32_t)lens[s]; t++) {
@@ -400,12 +408,8 @@ Test(attn_window, contig_twin_equals_paged_bit_for_bit) {
         const uint32_t cap = 128;
         const size_t es = pkv_dtype_size(c.sh.dtype);
         const size_t row_elems = (size_t)3 * cap * 32;
-        void *k = zalloc(3 * row_elems, es);
-        void *v = zalloc(3 * row_elems, es);
-        for (size_t i = 0; i < 3 * row_elems; i++) {
-            put(c.sh.dtype, k, i, NAN);
-            put(c.sh.dtype, v, i, NAN);
-        }
+        void *k = poisoned(c.sh.dtype, 3 * row_elems);
+        void *v = poisoned(c.sh.dtype, 3 * row_elems);
         for (uint32_t s = 0; s < 3; s++) {
             uint32_t b0 = first_visible(&c.win, (uint32_t)lens[s] - 1);
             for (uint32_t t = b0; t < (uint32_t)lens[s]; t++) {
@@ -545,17 +549,11 @@ static mcase build_mla(pkv_dtype dt, uint32_t heads, uint32_t latent, uint32_t r
         // Reverse order, so that consecutive table entries are far apart.
         c.table[i] = (int32_t)(nblocks - 1 - i);
     }
-    c.kv.block_size = bs;
+    set_table(&c.kv, bs, nblocks, width, c.table, c.lens);
     c.kv.token_stride = dk + 3; // padded rows: the padding is NaN
     c.kv.block_stride = (uint64_t)bs * c.kv.token_stride;
-    c.kv.num_blocks = nblocks;
-    c.kv.max_blocks_per_seq = width;
-    c.kv.block_tables = c.table;
-    c.kv.seq_lens = c.lens;
-    const size_t elems = (size_t)nblocks * c.kv.block_stride;
     const size_t es = pkv_dtype_size(dt);
-    c.cache = zalloc(elems, es);
-    for (size_t i = 0; i < elems; i++) put(dt, c.cache, i, NAN);
+    c.cache = poisoned(dt, (size_t)nblocks * c.kv.block_stride);
     for (uint32_t s = 0; s < n; s++) {
         for (uint32_t t = 0; t < (uint32_t)lens[s]; t++) {
             for (uint32_t d = 0; d < dk; d++) put(dt, c.cache, mla_slot(&c, s, t) + d, uniform());

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: MIT
-// Argument checks of the window / sink calls, CPU and CUDA. Invariant: a call
+// Argument checks of the window / sink and MLA calls, CPU and CUDA (host side).
+// Invariant: a call
 // that passes them reads only the blocks of each query's window, and the table
 // entries before the window (blocks the allocator released, PKV_BLOCK_NONE) are
 // neither read as ids nor followed.
@@ -75,4 +76,28 @@ pkv_status pkvi_attn_check_window_tables(const pkv_attn_paged_kv *kv, uint32_t n
         }
     }
     return PKV_OK;
+}
+
+pkv_status pkvi_attn_check_window_cuda(const pkv_attn_shape *shape, const pkv_attn_window *window,
+                                       const pkv_attn_paged_kv *kv, const void *q,
+                                       const void *out) {
+    pkv_status st = pkvi_attn_check_shape(shape, 1);
+    if (st == PKV_OK) st = pkvi_attn_check_window_desc(window);
+    if (st == PKV_OK) st = pkvi_attn_check_paged_desc(kv);
+    if (st == PKV_OK && (q == NULL || out == NULL)) st = PKV_ERR_INVALID_ARG;
+    return st;
+}
+
+pkv_status pkvi_attn_check_mla_cuda(const pkv_attn_mla_shape *mla, const pkv_attn_paged_kv *kv,
+                                    const void *q, const void *out, pkv_attn_shape *shape,
+                                    pkv_attn_paged_kv *latent) {
+    pkv_status st = pkvi_attn_mla_as_mqa(mla, kv, shape, latent);
+    if (st == PKV_OK) st = pkvi_attn_check_shape(shape, 0); // any dims; the kernel's below
+    if (st == PKV_OK) st = pkvi_attn_check_paged_desc(latent);
+    if (st == PKV_OK && (q == NULL || out == NULL)) st = PKV_ERR_INVALID_ARG;
+    if (st == PKV_OK && (shape->head_dim > PKVI_ATTN_CUDA_MLA_MAX_ROW ||
+                         mla->latent_dim > PKVI_ATTN_CUDA_MLA_MAX_LATENT)) {
+        st = PKV_ERR_UNSUPPORTED;
+    }
+    return st;
 }

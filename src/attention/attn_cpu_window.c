@@ -34,26 +34,29 @@ static pkv_status check_paged_window(const pkv_attn_shape *shape, const pkv_attn
     return st;
 }
 
+// Decode (q_indptr NULL) or prefill under a window, paged.
+static pkv_status run_paged_window(const pkv_attn_shape *shape, const pkv_attn_window *window,
+                                   uint32_t num_seqs, const int32_t *q_indptr, const void *q,
+                                   const pkv_attn_paged_kv *kv, void *out, int prefill) {
+    pkv_status st = check_paged_window(shape, window, kv, num_seqs, q, out, q_indptr, prefill);
+    if (st != PKV_OK) return st;
+    const pkvi_attn_cpu_opts o = window_opts(window);
+    pkvi_attn_cpu_run_paged(shape, &o, num_seqs, q_indptr, q, kv, out);
+    return PKV_OK;
+}
+
 pkv_status pkv_attn_decode_paged_window_cpu(const pkv_attn_shape *shape,
                                             const pkv_attn_window *window, uint32_t num_seqs,
                                             const void *q, const pkv_attn_paged_kv *kv,
                                             void *out) {
-    pkv_status st = check_paged_window(shape, window, kv, num_seqs, q, out, NULL, 0);
-    if (st != PKV_OK) return st;
-    const pkvi_attn_cpu_opts o = window_opts(window);
-    pkvi_attn_cpu_run_paged(shape, &o, num_seqs, NULL, q, kv, out);
-    return PKV_OK;
+    return run_paged_window(shape, window, num_seqs, NULL, q, kv, out, 0);
 }
 
 pkv_status pkv_attn_prefill_paged_window_cpu(const pkv_attn_shape *shape,
                                              const pkv_attn_window *window, uint32_t num_seqs,
                                              const int32_t *q_indptr, const void *q,
                                              const pkv_attn_paged_kv *kv, void *out) {
-    pkv_status st = check_paged_window(shape, window, kv, num_seqs, q, out, q_indptr, 1);
-    if (st != PKV_OK) return st;
-    const pkvi_attn_cpu_opts o = window_opts(window);
-    pkvi_attn_cpu_run_paged(shape, &o, num_seqs, q_indptr, q, kv, out);
-    return PKV_OK;
+    return run_paged_window(shape, window, num_seqs, q_indptr, q, kv, out, 1);
 }
 
 pkv_status pkv_attn_decode_contig_window_cpu(const pkv_attn_shape *shape,

@@ -127,10 +127,7 @@ pkv_status pkv_attn_decode_paged_window_cuda(const pkv_attn_shape *shape,
                                              const void *q, const pkv_attn_paged_kv *kv,
                                              void *out, void *stream) {
     (void)num_seqs, (void)stream;
-    pkv_status st = pkvi_attn_check_shape(shape, 1);
-    if (st == PKV_OK) st = pkvi_attn_check_window_desc(window);
-    if (st == PKV_OK) st = pkvi_attn_check_paged_desc(kv);
-    if (st == PKV_OK && (q == NULL || out == NULL)) st = PKV_ERR_INVALID_ARG;
+    pkv_status st = pkvi_attn_check_window_cuda(shape, window, kv, q, out);
     return st != PKV_OK ? st : PKV_ERR_UNSUPPORTED;
 }
 
@@ -140,9 +137,6 @@ pkv_status pkv_attn_decode_mla_paged_cuda(const pkv_attn_mla_shape *shape, uint3
     (void)num_seqs, (void)stream;
     pkv_attn_shape sh;
     pkv_attn_paged_kv latent;
-    pkv_status st = pkvi_attn_mla_as_mqa(shape, kv, &sh, &latent);
-    if (st == PKV_OK) st = pkvi_attn_check_shape(&sh, 0);
-    if (st == PKV_OK) st = pkvi_attn_check_paged_desc(&latent);
-    if (st == PKV_OK && (q == NULL || out == NULL)) st = PKV_ERR_INVALID_ARG;
+    pkv_status st = pkvi_attn_check_mla_cuda(shape, kv, q, out, &sh, &latent);
     return st != PKV_OK ? st : PKV_ERR_UNSUPPORTED;
 }

@@ -135,6 +135,18 @@ pkv_status pkvi_attn_mla_as_mqa(const pkv_attn_mla_shape *mla, const pkv_attn_pa
 pkv_status pkvi_attn_check_window_desc(const pkv_attn_window *window);
 // The same and finite sinks (num_heads of them, host memory).
 pkv_status pkvi_attn_check_window(const pkv_attn_window *window, uint32_t num_heads);
+// Host-side checks of the CUDA window and MLA calls (the stubs of a build without
+// CUDA run them too): shape (cuda head dims), window kind, descriptor, q / out.
+// MLA: also its conversion (as pkvi_attn_mla_as_mqa, into *shape / *latent) and
+// the kernel's largest rows, else PKV_ERR_UNSUPPORTED.
+#define PKVI_ATTN_CUDA_MLA_MAX_ROW 576u    // latent_dim + rope_dim
+#define PKVI_ATTN_CUDA_MLA_MAX_LATENT 512u
+pkv_status pkvi_attn_check_window_cuda(const pkv_attn_shape *shape, const pkv_attn_window *window,
+                                       const pkv_attn_paged_kv *kv, const void *q,
+                                       const void *out);
+pkv_status pkvi_attn_check_mla_cuda(const pkv_attn_mla_shape *mla, const pkv_attn_paged_kv *kv,
+                                    const void *q, const void *out, pkv_attn_shape *shape,
+                                    pkv_attn_paged_kv *latent);
 // Paged tables under a window: every length in 1..max_blocks_per_seq * block_size
 // and every block id from the first block that the earliest query's window
 // touches (decode, q_indptr NULL: the last token's; prefill: the prompt's first

@@ -175,7 +175,11 @@ template <typename T> pkv_status dispatch(const span_args &a, uint32_t num_seqs,
     if (a.dk <= 64 && a.dv <= 64) return launch_span<T, 2, 2>(a, num_seqs, st);
     if (a.dk <= 128 && a.dv <= 128) return launch_span<T, 4, 4>(a, num_seqs, st);
     if (a.dk <= 256 && a.dv <= 256) return launch_span<T, 8, 8>(a, num_seqs, st);
-    if (a.dk <= 576 && a.dv <= 512) return launch_span<T, 18, 16>(a, num_seqs, st);
+    static_assert(18 * 32 >= PKVI_ATTN_CUDA_MLA_MAX_ROW && 16 * 32 >= PKVI_ATTN_CUDA_MLA_MAX_LATENT,
+                  "the largest instantiation holds the largest MLA rows");
+    if (a.dk <= PKVI_ATTN_CUDA_MLA_MAX_ROW && a.dv <= PKVI_ATTN_CUDA_MLA_MAX_LATENT) {
+        return launch_span<T, 18, 16>(a, num_seqs, st);
+    }
     return PKV_ERR_UNSUPPORTED;
 }
 
@@ -231,10 +235,7 @@ extern "C" pkv_status pkv_attn_decode_paged_window_cuda(const pkv_attn_shape *sh
                                                         uint32_t num_seqs, const void *q,
                                                         const pkv_attn_paged_kv *kv, void *out,
                                                         void *stream) {
-    pkv_status st = pkvi_attn_check_shape(shape, 1);
-    if (st == PKV_OK) st = pkvi_attn_check_window_desc(window);
-    if (st == PKV_OK) st = pkvi_attn_check_paged_desc(kv);
-    if (st == PKV_OK && (q == NULL || out == NULL)) st = PKV_ERR_INVALID_ARG;
+    pkv_status st = pkvi_attn_check_window_cuda(shape, window, kv, q, out);
     if (st != PKV_OK) return st;
     span_args a = args_of(shape, shape->head_dim, q, kv, out);
     a.kind = (uint32_t)window->kind;
@@ -249,11 +250,7 @@ extern "C" pkv_status pkv_attn_decode_mla_paged_cuda(const pkv_attn_mla_shape *s
                                                      void *stream) {
     pkv_attn_shape sh;
     pkv_attn_paged_kv latent;
-    pkv_status st = pkvi_attn_mla_as_mqa(shape, kv, &sh, &latent);
-    if (st == PKV_OK) st = pkvi_attn_check_shape(&sh, 0); // any dims; the kernel's below
-    if (st == PKV_OK) st = pkvi_attn_check_paged_desc(&latent);
-    if (st == PKV_OK && (q == NULL || out == NULL)) st = PKV_ERR_INVALID_ARG;
+    pkv_status st = pkvi_attn_check_mla_cuda(shape, kv, q, out, &sh, &latent);
     if (st != PKV_OK) return st;
-    if (sh.head_dim > 576 || shape->latent_dim > 512) return PKV_ERR_UNSUPPORTED;
     return run(sh.dtype, args_of(&sh, shape->latent_dim, q, &latent, out), num_seqs, stream);
 }

@@ -18,53 +18,7 @@
 #include <cuda_runtime.h>
 
 #include "pkv/attention.h"
-#include "src/attention/half.h"
-
-static uint64_t rng = 0x9e3779b97f4a7c15ull;
-
-// xorshift64; its shifts wrap on purpose.
-static uint64_t rnd(void) {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return rng;
-}
-
-static double unit(void) { // [-1, 1)
-    return (double)(rnd() >> 11) / (double)(1ull << 53) * 2.0 - 1.0;
-}
-
-static unsigned cases, failures;
-
-static void put(pkv_dtype dt, void *p, size_t i, float x) {
-    if (dt == PKV_DTYPE_F32) ((float *)p)[i] = x;
-    else if (dt == PKV_DTYPE_F16) ((uint16_t *)p)[i] = pkvi_f32_to_f16(x);
-    else ((uint16_t *)p)[i] = pkvi_f32_to_bf16(x);
-}
-
-static double get(pkv_dtype dt, const void *p, size_t i) {
-    if (dt == PKV_DTYPE_F32) return ((const float *)p)[i];
-    if (dt == PKV_DTYPE_F16) return pkvi_f16_to_f32(((const uint16_t *)p)[i]);
-    return pkvi_bf16_to_f32(((const uint16_t *)p)[i]);
-}
-
-static void *upload(const void *h, size_t n) {
-    void *d = NULL;
-    if (cudaMalloc(&d, n ? n : 1) != cudaSuccess) return NULL;
-    if (n && cudaMemcpy(d, h, n, cudaMemcpyHostToDevice) != cudaSuccess) return NULL;
-    return d;
-}
-
-#define CHECK(cond, ...)                                                                       \
-    do {                                                                                       \
-        if (!(cond)) {                                                                         \
-            failures++;                                                                        \
-            printf("FAIL %s:%d: ", __FILE__, __LINE__);                                        \
-            printf(__VA_ARGS__);                                                               \
-            printf("\n");                                                                      \
-            return;                                                                            \
-        }                                                                                      \
-    } while (0)
+#include "check_util.h"
 
 // The first token a query at p sees (the test's own rule, by search).
 static uint32_t first_seen(const pkv_attn_window *w, uint32_t p) {
@@ -97,8 +51,8 @@ static void run_case(pkv_dtype dt, uint32_t H, uint32_t KVH, uint32_t D, uint32_
     void *o_cpu = malloc((size_t)S * H * dv * es), *o_gpu = malloc((size_t)S * H * dv * es);
     if (!k || !v || !table || !q || !o_cpu || !o_gpu) exit(1);
     for (size_t i = 0; i < elems; i++) {
-        put(dt, k, i, NAN);
-        put(dt, v, i, NAN);
+        store(dt, k, i, NAN);
+        store(dt, v, i, NAN);
     }
     uint32_t next = 0;
     for (uint32_t s = 0; s < S; s++) {
@@ -112,13 +66,13 @@ static void run_case(pkv_dtype dt, uint32_t H, uint32_t KVH, uint32_t D, uint32_
             for (uint32_t h = 0; h < kvh; h++) {
                 size_t at = (size_t)table[s * width + t / B] * bs + h * hs + (t % B) * ts;
                 for (uint32_t d = 0; d < dk; d++) {
-                    put(dt, k, at + d, (float)unit());
-                    put(dt, v, at + d, (float)unit());
+                    store(dt, k, at + d, (float)unit());
+                    store(dt, v, at + d, (float)unit());
                 }
             }
         }
     }
-    for (size_t i = 0; i < (size_t)S * H * dk; i++) put(dt, q, i, (float)(2.0 * unit()));
+    for (size_t i = 0; i < (size_t)S * H * dk; i++) store(dt, q, i, (float)(2.0 * unit()));
     int32_t lens[S];
     memcpy(lens, kLens, sizeof lens);
     pkv_attn_paged_kv hkv = {k, mla ? NULL : v, bs, hs, ts, B, nb, table, width, lens};
@@ -133,9 +87,9 @@ static void run_case(pkv_dtype dt, uint32_t H, uint32_t KVH, uint32_t D, uint32_
         // the kernel must poison that sequence only.
         table[3 * width + (kLens[3] - 1) / B] = (int32_t)nb + 4;
     }
-    void *dk_ = upload(k, elems * es), *dv_ = upload(v, elems * es), *dq = upload(q, (size_t)S * H * dk * es);
-    int32_t *dtable = upload(table, (size_t)S * width * sizeof *table), *dlens = upload(lens, sizeof lens);
-    float *dsinks = sinks ? upload(sinks, H * sizeof(float)) : NULL;
+    void *dk_ = dev_copy(k, elems * es), *dv_ = dev_copy(v, elems * es), *dq = dev_copy(q, (size_t)S * H * dk * es);
+    int32_t *dtable = dev_copy(table, (size_t)S * width * sizeof *table), *dlens = dev_copy(lens, sizeof lens);
+    float *dsinks = sinks ? dev_copy(sinks, H * sizeof(float)) : NULL;
     void *dout = NULL;
     CHECK(dk_ && dv_ && dq && dtable && dlens && (!sinks || dsinks) &&
               cudaMalloc(&dout, (size_t)S * H * dv * es) == cudaSuccess, "device buffers");
@@ -150,7 +104,7 @@ static void run_case(pkv_dtype dt, uint32_t H, uint32_t KVH, uint32_t D, uint32_
     const double u = dt == PKV_DTYPE_F32 ? 0 : dt == PKV_DTYPE_F16 ? ldexp(1, -10) : ldexp(1, -7);
     for (uint32_t s = 0; s < S; s++) {
         for (size_t i = (size_t)s * H * dv; i < (size_t)(s + 1) * H * dv; i++) {
-            double a = get(dt, o_gpu, i), c = get(dt, o_cpu, i);
+            double a = load(dt, o_gpu, i), c = load(dt, o_cpu, i);
             if (bad && s == 3) {
                 CHECK(isnan(a), "bad block id: out[%zu] = %g, want NaN", i, a);
                 continue;
