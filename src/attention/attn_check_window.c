@@ -1,9 +1,8 @@
 // SPDX-License-Identifier: MIT
 // Argument checks of the window / sink and MLA calls, CPU and CUDA (host side).
-// Invariant: a call
-// that passes them reads only the blocks of each query's window, and the table
-// entries before the window (blocks the allocator released, PKV_BLOCK_NONE) are
-// neither read as ids nor followed.
+// Invariant: a call that passes them reads only the blocks of each query's
+// window, and the table entries before the window (blocks the allocator released,
+// PKV_BLOCK_NONE) are neither read as ids nor followed.
 #include <math.h>
 
 #include "attn_internal.h"
