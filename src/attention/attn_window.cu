@@ -23,6 +23,8 @@
 #define WARPS 4
 #define THREADS (WARPS * 32)
 
+// Kernels and helpers have internal linkage (plain functions are static too:
+// nvcc's host object gives functions of an anonymous namespace external linkage).
 namespace {
 
 // Everything a launch needs; passed by value (kernel parameter space).
@@ -183,7 +185,7 @@ template <typename T> pkv_status dispatch(const span_args &a, uint32_t num_seqs,
     return PKV_ERR_UNSUPPORTED;
 }
 
-pkv_status run(pkv_dtype dt, const span_args &a, uint32_t num_seqs, void *stream) {
+static pkv_status run(pkv_dtype dt, const span_args &a, uint32_t num_seqs, void *stream) {
     if (num_seqs == 0) {
         return PKV_OK;
     }
@@ -201,8 +203,8 @@ pkv_status run(pkv_dtype dt, const span_args &a, uint32_t num_seqs, void *stream
     }
 }
 
-span_args args_of(const pkv_attn_shape *shape, uint32_t dv, const void *q,
-                  const pkv_attn_paged_kv *kv, void *out) {
+static span_args args_of(const pkv_attn_shape *shape, uint32_t dv, const void *q,
+                         const pkv_attn_paged_kv *kv, void *out) {
     span_args a = {};
     a.q = q;
     a.out = out;
