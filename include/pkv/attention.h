@@ -347,6 +347,112 @@ pkv_status pkv_attn_cache_write_quant_cuda(const pkv_attn_shape *shape,
                                            uint32_t block_size, uint32_t num_blocks,
                                            void *stream);
 
+// ---- Sliding-window, chunked-local and sink attention (0.3.0, issue 23) ----------
+// Which past tokens a query sees. The kinds have the values of pkv_layer_kind
+// (pkv/model_config.h) for the same layer types. A query at position p (0-based;
+// a decode query is the last token of its context, p = seq_lens[s] - 1) sees
+//   FULL:    0 .. p
+//   SLIDING: max(0, p - window + 1) .. p   (window tokens, itself included)
+//   CHUNKED: floor(p / window) * window .. p   (its own chunk of `window` tokens)
+typedef enum pkv_attn_window_kind {
+    PKV_ATTN_WINDOW_FULL = 0,
+    PKV_ATTN_WINDOW_SLIDING = 1,
+    PKV_ATTN_WINDOW_CHUNKED = 2,
+} pkv_attn_window_kind;
+
+// The window of one layer, and its attention sinks. Plain data; zero-initialize
+// ({0}: full attention, no sinks) so that new fields stay unset.
+// Sinks as gpt-oss uses them: a learned logit per query head that joins the
+// softmax's denominator and contributes no value,
+//   out[h] = sum_j e^{s_j} v_j / (e^{sinks[h]} + sum_j e^{s_j}),  s_j = scale q.k_j,
+// i.e. sinks[h] is compared with the scaled scores. Computed with the running max
+// started at the sink, so large logits of either sign neither overflow nor vanish.
+typedef struct pkv_attn_window {
+    pkv_attn_window_kind kind;
+    uint32_t window;     // SLIDING: window in tokens; CHUNKED: chunk in tokens (>= 1);
+                         // FULL: unused
+    const float *sinks;  // [num_heads] finite fp32 logits (borrowed, host memory for
+                         // the CPU calls, device memory for the CUDA ones); NULL = none
+} pkv_attn_window;
+
+// Decode under a window: pkv_attn_decode_paged_cpu's arguments and results, but
+// sequence s's query sees only its window (above) and sinks join its softmax. Only
+// the blocks that hold a token of the window are read or checked: the table entries
+// before the window's first block (tokens that left the window, whose blocks the
+// allocator released) may hold anything, PKV_BLOCK_NONE (-1) included, and the
+// blocks they name are never touched. Entries from the window's first block
+// through the last token's block must be valid ids. window NULL, an unknown kind,
+// a SLIDING / CHUNKED window of 0 or a sink that is not finite: PKV_ERR_INVALID_ARG.
+// Threading and reentrancy as the calls above; window is borrowed for the call.
+pkv_status pkv_attn_decode_paged_window_cpu(const pkv_attn_shape *shape,
+                                            const pkv_attn_window *window, uint32_t num_seqs,
+                                            const void *q, const pkv_attn_paged_kv *kv,
+                                            void *out);
+// The same over a contiguous cache (tokens before the window are not read).
+pkv_status pkv_attn_decode_contig_window_cpu(const pkv_attn_shape *shape,
+                                             const pkv_attn_window *window, uint32_t num_seqs,
+                                             const void *q, const pkv_attn_contig_kv *kv,
+                                             void *out);
+// Causal prefill under a window: pkv_attn_prefill_paged_cpu's arguments, each
+// prompt row at position p seeing its window. The blocks read (and checked) start
+// at the window of the prompt's FIRST row; entries before it may be PKV_BLOCK_NONE.
+pkv_status pkv_attn_prefill_paged_window_cpu(const pkv_attn_shape *shape,
+                                             const pkv_attn_window *window, uint32_t num_seqs,
+                                             const int32_t *q_indptr, const void *q,
+                                             const pkv_attn_paged_kv *kv, void *out);
+
+// ---- Multi-head latent attention (MLA, DeepSeek-V2/V3; 0.3.0, issue 23) ----------
+// The cache holds, per token and layer, one vector c of latent_dim + rope_dim
+// elements (the compressed KV, then the decoupled RoPE key): FlashInfer's and
+// vLLM's MLA cache. Queries come already absorbed (q_nope multiplied by the key
+// up-projection W_UK of their head), concatenated with the rotated rope part, so
+// that attention runs on the latent directly:
+//   score_j = scale * q[h] . c_j  (all latent_dim + rope_dim elements),
+//   out[h]  = sum_j softmax(score)_j c_j[0 .. latent_dim - 1],
+// which equals attention with K and V expanded by the up-projections, once out is
+// multiplied by W_UV (the caller's job). Every query head reads the same vectors
+// (one "kv head").
+typedef struct pkv_attn_mla_shape {
+    uint32_t num_heads;   // query heads (>= 1)
+    uint32_t latent_dim;  // kv_lora_rank (512 for DeepSeek-V3), >= 1
+    uint32_t rope_dim;    // qk_rope_head_dim (64 for DeepSeek-V3), may be 0; the CPU
+                          // needs latent_dim + rope_dim <= PKV_ATTN_CPU_MAX_HEAD_DIM
+    pkv_dtype dtype;      // of q, out and the cache: fp32, fp16 or bf16
+    float scale;          // softmax scale (DeepSeek: 1 / sqrt(qk_nope + qk_rope head
+                          // dims), times its YaRN factor where the config has one)
+    uint32_t num_threads; // CPU only: 0 = all cores
+} pkv_attn_mla_shape;
+
+// MLA decode over a paged latent cache. kv describes it as for the other paged
+// calls, with one vector per token: token t of block b at
+// k_cache + block_stride * b + token_stride * t (elements); v_cache and
+// head_stride are unused (v_cache may be NULL: V is the latent part of the same
+// vector). q: [num_seqs][num_heads][latent_dim + rope_dim] (absorbed nope part
+// first, then rope), out: [num_seqs][num_heads][latent_dim] (written). Argument
+// checks, threading and reentrancy as pkv_attn_decode_paged_cpu.
+pkv_status pkv_attn_decode_mla_paged_cpu(const pkv_attn_mla_shape *shape, uint32_t num_seqs,
+                                         const void *q, const pkv_attn_paged_kv *kv, void *out);
+
+// CUDA twins of the window and MLA decode (src/attention/attn_window.cu): the same
+// arguments and results with device pointers (q, out, the cache, tables, lengths
+// and window->sinks; the pkv_attn_window and shape structs stay on the host),
+// launched asynchronously on `stream` (a cudaStream_t, NULL = default); no
+// allocation, no synchronization, so they may be captured in a CUDA graph. The
+// window call needs head_dim 64, 128 or 256, the MLA call latent_dim <= 512 and
+// latent_dim + rope_dim <= 576 (else PKV_ERR_UNSUPPORTED); rows need no alignment.
+// Device-side lengths, block ids and sinks cannot be checked before launch: a
+// sequence whose length or a block id of its window is out of range gets NaN rows
+// (ids before the window are never read), a non-finite sink non-finite rows.
+// Launch errors: PKV_ERR_BACKEND, as the calls above; PKV_ERR_UNSUPPORTED in a
+// build without CUDA (after the host-side argument checks).
+pkv_status pkv_attn_decode_paged_window_cuda(const pkv_attn_shape *shape,
+                                             const pkv_attn_window *window, uint32_t num_seqs,
+                                             const void *q, const pkv_attn_paged_kv *kv,
+                                             void *out, void *stream);
+pkv_status pkv_attn_decode_mla_paged_cuda(const pkv_attn_mla_shape *shape, uint32_t num_seqs,
+                                          const void *q, const pkv_attn_paged_kv *kv, void *out,
+                                          void *stream);
+
 #ifdef __cplusplus
 }
 #endif

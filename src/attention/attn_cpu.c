@@ -4,8 +4,10 @@
 // context in tiles of TILE_T tokens, scoring each K row against a group of query
 // heads that share it (GQA reads each K/V row once per group) and folding the tile
 // into an online (running-max) softmax. The entry points differ only in how a
-// token's row address is computed (row_addrs). Invariant: no allocation; all
-// scratch lives in one work_state on the calling thread's stack (~53 KiB).
+// token's row address is computed (row_addrs). The window, sink and MLA calls
+// (attn_cpu_window.c) run the same routine over a span of the context
+// (pkvi_attn_cpu_opts). Invariant: no allocation; all scratch lives in one
+// work_state on the calling thread's stack (~53 KiB).
 // The build is -O2, where GCC 12 vectorizes only loops that need no epilogue; the
 // row kernels (attn_cpu_rows.h, included below) need -O3's vectorizer, and FMA
 // contraction, which ISO C mode turns off.
@@ -32,7 +34,7 @@
 
 typedef struct work_state {
     float q[PKV_ATTN_CPU_MAX_HEAD_DIM];   // [group][head_dim], already scaled
-    float acc[PKV_ATTN_CPU_MAX_HEAD_DIM]; // [group][head_dim], unnormalized output
+    float acc[PKV_ATTN_CPU_MAX_HEAD_DIM]; // [group][dv], unnormalized output (dv <= head_dim)
     float row[PKV_ATTN_CPU_MAX_HEAD_DIM]; // [4][head_dim] (or [head_dim]): K or V rows in fp32
     float p[MAX_GROUP][TILE_T];           // scores, then probabilities, of a tile
     float m[MAX_GROUP];                   // running max per head
@@ -94,19 +96,34 @@ static void row_addrs(const kv_view *kv, uint32_t t0, uint32_t n, const void **k
     }
 }
 
-// out[g] = softmax(q[g] . K[0..len-1]) V for the `group` query heads whose rows
-// start at q / out (consecutive heads, head_dim apart), all reading `kv`.
-PKVI_CLONES static void attend(const pkv_attn_shape *shape, const kv_view *kv, uint32_t len,
+// What one work item reads of its context: tokens begin..end-1, V rows of dv
+// elements (head_dim, except MLA: V is the first dv elements of the K row), and
+// an optional learned sink logit per query head (NULL: none).
+typedef struct span {
+    uint32_t begin;
+    uint32_t end;
+    uint32_t dv;
+    const float *sinks; // [group] or NULL
+} span;
+
+// out[g] = softmax(q[g] . K[begin..end-1]) V for the `group` query heads whose
+// rows start at q (head_dim apart) and out (dv apart), all reading `kv`. A sink
+// joins the softmax as one more logit with a zero value row: starting the running
+// max at the sink and the running sum at e^0 = 1 makes the final division by l
+// the division by e^sink + sum_j e^s_j, rescaled stably like every other term.
+PKVI_CLONES static void attend(const pkv_attn_shape *shape, const kv_view *kv, const span *sp,
                                const void *q, void *out, uint32_t group, int f16c) {
     work_state w;
     const pkv_dtype dt = shape->dtype;
     const uint32_t d = shape->head_dim;
+    const uint32_t dv = sp->dv;
+    const uint32_t len = sp->end;
     to_f32(dt, q, group * d, w.q, f16c);
     scale_row(w.q, shape->scale, group * d);
-    memset(w.acc, 0, (size_t)group * d * sizeof(float));
+    memset(w.acc, 0, (size_t)group * dv * sizeof(float));
     for (uint32_t g = 0; g < group; g++) {
-        w.m[g] = -INFINITY;
-        w.l[g] = 0.0f;
+        w.m[g] = sp->sinks ? sp->sinks[g] : -INFINITY;
+        w.l[g] = sp->sinks ? 1.0f : 0.0f;
     }
     const void *kr[TILE_T];
     const void *vr[TILE_T];
@@ -117,7 +134,8 @@ PKVI_CLONES static void attend(const pkv_attn_shape *shape, const kv_view *kv, u
     const int fused = f16c && dt != PKV_DTYPE_F32;
     (void)fused;
     const size_t row_bytes = (size_t)d * pkv_dtype_size(dt);
-    for (uint32_t t0 = 0; t0 < len; t0 += TILE_T) {
+    const size_t vrow_bytes = (size_t)dv * pkv_dtype_size(dt);
+    for (uint32_t t0 = sp->begin; t0 < len; t0 += TILE_T) {
         const uint32_t n = len - t0 < TILE_T ? len - t0 : TILE_T;
         row_addrs(kv, t0, n, kr, vr);
         // Software prefetch of the rows PF_TILES tiles ahead (the block table is
@@ -175,9 +193,10 @@ PKVI_CLONES static void attend(const pkv_attn_shape *shape, const kv_view *kv, u
                 mx = w.p[g][i] > mx ? w.p[g][i] : mx;
             }
             if (mx != w.m[g]) {
-                // exp(-inf) = 0 on the first tile: acc and l are still zero.
+                // exp(-inf) = 0 on the first tile without a sink: acc and l are
+                // still zero.
                 float alpha = expf(w.m[g] - mx);
-                scale_row(w.acc + (size_t)g * d, alpha, d);
+                scale_row(w.acc + (size_t)g * dv, alpha, dv);
                 w.l[g] *= alpha;
                 w.m[g] = mx;
             }
@@ -192,37 +211,37 @@ PKVI_CLONES static void attend(const pkv_attn_shape *shape, const kv_view *kv, u
         i = 0;
 #if PKVI_X86
         for (; fused && i + 4 <= n; i += 4) {
-            prefetch_rows(vn, i, nn, row_bytes);
+            prefetch_rows(vn, i, nn, vrow_bytes);
             const uint16_t *v4[4] = {vr[i], vr[i + 1], vr[i + 2], vr[i + 3]};
             for (uint32_t g = 0; g < group; g++) {
                 const float p4[4] = {w.p[g][i], w.p[g][i + 1], w.p[g][i + 2], w.p[g][i + 3]};
-                axpy4_16(w.acc + (size_t)g * d, p4, v4, d, dt == PKV_DTYPE_BF16);
+                axpy4_16(w.acc + (size_t)g * dv, p4, v4, dv, dt == PKV_DTYPE_BF16);
             }
         }
 #endif
         for (; quad && i + 4 <= n; i += 4) {
-            prefetch_rows(vn, i, nn, row_bytes);
+            prefetch_rows(vn, i, nn, vrow_bytes);
             const float *v4[4];
             for (uint32_t r = 0; r < 4; r++) {
-                v4[r] = row_f32(dt, vr[i + r], d, w.row + (size_t)r * d, f16c);
+                v4[r] = row_f32(dt, vr[i + r], dv, w.row + (size_t)r * dv, f16c);
             }
             for (uint32_t g = 0; g < group; g++) {
                 const float p4[4] = {w.p[g][i], w.p[g][i + 1], w.p[g][i + 2], w.p[g][i + 3]};
-                axpy4(w.acc + (size_t)g * d, p4, v4, d);
+                axpy4(w.acc + (size_t)g * dv, p4, v4, dv);
             }
         }
         for (; i < n; i++) {
-            prefetch_rows(vn, i, i + 1 < nn ? i + 1 : nn, row_bytes);
-            const float *v = row_f32(dt, vr[i], d, w.row, f16c);
+            prefetch_rows(vn, i, i + 1 < nn ? i + 1 : nn, vrow_bytes);
+            const float *v = row_f32(dt, vr[i], dv, w.row, f16c);
             for (uint32_t g = 0; g < group; g++) {
-                axpy(w.acc + (size_t)g * d, w.p[g][i], v, d);
+                axpy(w.acc + (size_t)g * dv, w.p[g][i], v, dv);
             }
         }
     }
     for (uint32_t g = 0; g < group; g++) {
-        scale_row(w.acc + (size_t)g * d, 1.0f / w.l[g], d);
+        scale_row(w.acc + (size_t)g * dv, 1.0f / w.l[g], dv);
     }
-    from_f32(dt, w.acc, group * d, out);
+    from_f32(dt, w.acc, group * dv, out);
 }
 
 // Query heads per work item: the whole GQA group if its scratch fits. Shared with
@@ -289,11 +308,14 @@ static kv_view contig_view(const void *desc, size_t es, uint32_t s, uint32_t kvh
 // sequence s, over its whole context. Prefill: rows are the packed prompt rows,
 // and row j of an n-token prompt is position len - n + j, seeing tokens 0..that.
 // The layouts differ only in `view`, which is what makes the paged / contiguous
-// comparison a comparison of address arithmetic alone.
-static void run_items(const pkv_attn_shape *shape, uint32_t num_seqs, const int32_t *q_indptr,
-                      const void *q, const void *desc, const int32_t *seq_lens,
+// comparison a comparison of address arithmetic alone. opts (NULL: full causal
+// attention, no sinks, V as wide as K) narrows each query's span to its window.
+static void run_items(const pkv_attn_shape *shape, const pkvi_attn_cpu_opts *opts,
+                      uint32_t num_seqs, const int32_t *q_indptr, const void *q,
+                      const void *desc, const int32_t *seq_lens,
                       kv_view (*view)(const void *, size_t, uint32_t, uint32_t), void *out) {
     const size_t es = pkv_dtype_size(shape->dtype);
+    const uint32_t dv = opts && opts->v_dim ? opts->v_dim : shape->head_dim;
     const uint32_t group = pkvi_attn_cpu_item_group(shape);
     const uint32_t subs = shape->num_heads / shape->num_kv_heads / group;
     const uint64_t rows = q_indptr ? (uint64_t)q_indptr[num_seqs] : num_seqs;
@@ -318,9 +340,15 @@ static void run_items(const pkv_attn_shape *shape, uint32_t num_seqs, const int3
             ctx = (uint32_t)seq_lens[s];
         }
         uint32_t h0 = kvh * (shape->num_heads / shape->num_kv_heads) + sub * group;
-        size_t row = ((size_t)r * shape->num_heads + h0) * shape->head_dim * es;
+        size_t head_row = (size_t)r * shape->num_heads + h0;
         kv_view v = view(desc, es, s, kvh);
-        attend(shape, &v, ctx, (const char *)q + row, (char *)out + row, group, f16c);
+        span sp = {0, ctx, dv, NULL};
+        if (opts != NULL) {
+            sp.begin = pkvi_attn_window_begin(opts->kind, opts->window, ctx - 1);
+            sp.sinks = opts->sinks ? opts->sinks + h0 : NULL;
+        }
+        attend(shape, &v, &sp, (const char *)q + head_row * shape->head_dim * es,
+               (char *)out + head_row * dv * es, group, f16c);
     }
 }
 
@@ -328,7 +356,7 @@ pkv_status pkv_attn_decode_paged_cpu(const pkv_attn_shape *shape, uint32_t num_s
                                      const void *q, const pkv_attn_paged_kv *kv, void *out) {
     pkv_status st = pkvi_attn_check_cpu_paged(shape, NULL, 0, kv, num_seqs, q, out, 0, NULL);
     if (st != PKV_OK) return st;
-    run_items(shape, num_seqs, NULL, q, kv, kv->seq_lens, paged_view, out);
+    run_items(shape, NULL, num_seqs, NULL, q, kv, kv->seq_lens, paged_view, out);
     return PKV_OK;
 }
 
@@ -336,7 +364,7 @@ pkv_status pkv_attn_decode_contig_cpu(const pkv_attn_shape *shape, uint32_t num_
                                       const void *q, const pkv_attn_contig_kv *kv, void *out) {
     pkv_status st = pkvi_attn_check_cpu_contig(shape, NULL, 0, kv, num_seqs, q, out, 0, NULL);
     if (st != PKV_OK) return st;
-    run_items(shape, num_seqs, NULL, q, kv, kv->seq_lens, contig_view, out);
+    run_items(shape, NULL, num_seqs, NULL, q, kv, kv->seq_lens, contig_view, out);
     return PKV_OK;
 }
 
@@ -345,7 +373,7 @@ pkv_status pkv_attn_prefill_paged_cpu(const pkv_attn_shape *shape, uint32_t num_
                                       const pkv_attn_paged_kv *kv, void *out) {
     pkv_status st = pkvi_attn_check_cpu_paged(shape, NULL, 0, kv, num_seqs, q, out, 1, q_indptr);
     if (st != PKV_OK) return st;
-    run_items(shape, num_seqs, q_indptr, q, kv, kv->seq_lens, paged_view, out);
+    run_items(shape, NULL, num_seqs, q_indptr, q, kv, kv->seq_lens, paged_view, out);
     return PKV_OK;
 }
 
@@ -354,6 +382,18 @@ pkv_status pkv_attn_prefill_contig_cpu(const pkv_attn_shape *shape, uint32_t num
                                        const pkv_attn_contig_kv *kv, void *out) {
     pkv_status st = pkvi_attn_check_cpu_contig(shape, NULL, 0, kv, num_seqs, q, out, 1, q_indptr);
     if (st != PKV_OK) return st;
-    run_items(shape, num_seqs, q_indptr, q, kv, kv->seq_lens, contig_view, out);
+    run_items(shape, NULL, num_seqs, q_indptr, q, kv, kv->seq_lens, contig_view, out);
     return PKV_OK;
+}
+
+void pkvi_attn_cpu_run_paged(const pkv_attn_shape *shape, const pkvi_attn_cpu_opts *opts,
+                             uint32_t num_seqs, const int32_t *q_indptr, const void *q,
+                             const pkv_attn_paged_kv *kv, void *out) {
+    run_items(shape, opts, num_seqs, q_indptr, q, kv, kv->seq_lens, paged_view, out);
+}
+
+void pkvi_attn_cpu_run_contig(const pkv_attn_shape *shape, const pkvi_attn_cpu_opts *opts,
+                              uint32_t num_seqs, const int32_t *q_indptr, const void *q,
+                              const pkv_attn_contig_kv *kv, void *out) {
+    run_items(shape, opts, num_seqs, q_indptr, q, kv, kv->seq_lens, contig_view, out);
 }

@@ -160,3 +160,24 @@ pkv_status pkv_attn_cache_write_quant_cuda(const pkv_attn_shape *shape,
     if (st == PKV_OK) st = pkvi_attn_check_quant(quant);
     return st != PKV_OK ? st : PKV_ERR_UNSUPPORTED;
 }
+
+// Window / sink and MLA decode (attn_window.cu in a CUDA build): the host-side
+// argument checks of the CUDA calls, then PKV_ERR_UNSUPPORTED.
+pkv_status pkv_attn_decode_paged_window_cuda(const pkv_attn_shape *shape,
+                                             const pkv_attn_window *window, uint32_t num_seqs,
+                                             const void *q, const pkv_attn_paged_kv *kv,
+                                             void *out, void *stream) {
+    (void)num_seqs, (void)stream;
+    pkv_status st = pkvi_attn_check_window_cuda(shape, window, kv, q, out);
+    return st != PKV_OK ? st : PKV_ERR_UNSUPPORTED;
+}
+
+pkv_status pkv_attn_decode_mla_paged_cuda(const pkv_attn_mla_shape *shape, uint32_t num_seqs,
+                                          const void *q, const pkv_attn_paged_kv *kv, void *out,
+                                          void *stream) {
+    (void)num_seqs, (void)stream;
+    pkv_attn_shape sh;
+    pkv_attn_paged_kv latent;
+    pkv_status st = pkvi_attn_check_mla_cuda(shape, kv, q, out, &sh, &latent);
+    return st != PKV_OK ? st : PKV_ERR_UNSUPPORTED;
+}

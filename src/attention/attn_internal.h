@@ -87,6 +87,75 @@ uint32_t pkvi_attn_cpu_item_group(const pkv_attn_shape *shape);
 // OpenMP threads for `items` work items: shape->num_threads (0 = all), at most items.
 int pkvi_attn_cpu_thread_count(const pkv_attn_shape *shape, uint64_t items);
 
+// What the window, sink and MLA calls (attn_cpu_window.c, attn_cpu_mla.c) change in
+// the CPU driver: each query's span of the context and the V width.
+typedef struct pkvi_attn_cpu_opts {
+    pkv_attn_window_kind kind; // which tokens a query sees (pkvi_attn_window_begin)
+    uint32_t window;
+    const float *sinks;        // [num_heads] sink logits, or NULL
+    uint32_t v_dim;            // 0: head_dim; MLA: latent_dim (V = the K row's first v_dim)
+} pkvi_attn_cpu_opts;
+// Decode (q_indptr NULL) or prefill with opts, after the caller's checks.
+void pkvi_attn_cpu_run_paged(const pkv_attn_shape *shape, const pkvi_attn_cpu_opts *opts,
+                             uint32_t num_seqs, const int32_t *q_indptr, const void *q,
+                             const pkv_attn_paged_kv *kv, void *out);
+void pkvi_attn_cpu_run_contig(const pkv_attn_shape *shape, const pkvi_attn_cpu_opts *opts,
+                              uint32_t num_seqs, const int32_t *q_indptr, const void *q,
+                              const pkv_attn_contig_kv *kv, void *out);
+
+// The first token a query at position p sees (pkv_attn_window_kind's rule); the
+// window must be >= 1 for SLIDING and CHUNKED. Shared by the CPU driver, the
+// checks and the CUDA kernel (attn_window.cu) so that they agree on every boundary.
+#ifdef __CUDACC__
+#define PKVI_HOST_DEVICE __host__ __device__
+#else
+#define PKVI_HOST_DEVICE
+#endif
+PKVI_HOST_DEVICE static inline uint32_t pkvi_attn_window_begin(pkv_attn_window_kind kind,
+                                                               uint32_t window, uint32_t p) {
+    if (kind == PKV_ATTN_WINDOW_SLIDING) {
+        return p >= window ? p - window + 1u : 0u;
+    }
+    if (kind == PKV_ATTN_WINDOW_CHUNKED) {
+        return p / window * window;
+    }
+    return 0u;
+}
+
+// ---- attn_cpu_window.c ----
+// An MLA call as the multi-query attention it is: one kv head of head_dim =
+// latent_dim + rope_dim, v_cache = k_cache. Checks only what the conversion needs
+// (non-NULL, latent_dim >= 1, the sum fits); the shape and cache checks follow.
+pkv_status pkvi_attn_mla_as_mqa(const pkv_attn_mla_shape *mla, const pkv_attn_paged_kv *kv,
+                                pkv_attn_shape *shape, pkv_attn_paged_kv *latent);
+
+// ---- attn_check_window.c ----
+// A window description: known kind, window >= 1 where used (the CUDA calls: the
+// sinks are in device memory and not read on the host).
+pkv_status pkvi_attn_check_window_desc(const pkv_attn_window *window);
+// The same and finite sinks (num_heads of them, host memory).
+pkv_status pkvi_attn_check_window(const pkv_attn_window *window, uint32_t num_heads);
+// Host-side checks of the CUDA window and MLA calls (the stubs of a build without
+// CUDA run them too): shape (cuda head dims), window kind, descriptor, q / out.
+// MLA: also its conversion (as pkvi_attn_mla_as_mqa, into *shape / *latent) and
+// the kernel's largest rows, else PKV_ERR_UNSUPPORTED.
+#define PKVI_ATTN_CUDA_MLA_MAX_ROW 576u    // latent_dim + rope_dim
+#define PKVI_ATTN_CUDA_MLA_MAX_LATENT 512u
+pkv_status pkvi_attn_check_window_cuda(const pkv_attn_shape *shape, const pkv_attn_window *window,
+                                       const pkv_attn_paged_kv *kv, const void *q,
+                                       const void *out);
+pkv_status pkvi_attn_check_mla_cuda(const pkv_attn_mla_shape *mla, const pkv_attn_paged_kv *kv,
+                                    const void *q, const void *out, pkv_attn_shape *shape,
+                                    pkv_attn_paged_kv *latent);
+// Paged tables under a window: every length in 1..max_blocks_per_seq * block_size
+// and every block id from the first block that the earliest query's window
+// touches (decode, q_indptr NULL: the last token's; prefill: the prompt's first
+// row's) through the last token's block in 0..num_blocks-1. Entries before that
+// block are not read. Prefill: q_indptr must have passed pkvi_attn_check_prefill.
+pkv_status pkvi_attn_check_window_tables(const pkv_attn_paged_kv *kv, uint32_t num_seqs,
+                                         const pkv_attn_window *window,
+                                         const int32_t *q_indptr);
+
 // ---- attn_plan.c ----
 // Query heads per thread block and head groups per kv head on CUDA.
 void pkvi_attn_cuda_groups(const pkv_attn_shape *shape, uint32_t *heads_per_cta,

@@ -10,7 +10,9 @@
 # max_context ignored, carved rows' seq_offsets ignored or a negative one used,
 # 8-bit V scales taken from K (int8 per-row, fp8 per-tensor), int8 K scales
 # dropped, int8 scales of kv head 0 for every head or of the wrong row base, e4m3
-# read without its 2^8 bias, 2-byte units for an 8-bit block copy.
+# read without its 2^8 bias, 2-byte units for an 8-bit block copy; a window
+# starting one token late, a dropped attention sink, a lost softmax rescale in the
+# window / MLA kernel.
 #
 # usage: tests/emu/mutate.sh BUILD_DIR   (from the repository root; BUILD_DIR is a
 #        configured and built tree: its libpagedkv.a and pkv_config.h are used)
@@ -47,12 +49,13 @@ open(path, "w").write(text.replace(old, new, 1))
 EOF
     fi
     # 8-bit mutants run the 8-bit check (the write and the 8-bit decode path),
-    # every other one pkv-check.
-    if [ "$file" = attn_quant.cu ] || [ "$check" = quant ]; then
-        kernels="attn_quant attn_decode" check_src=tests/emu/quant_check.c
-    else
-        kernels="attn_decode attn_cache" check_src=tools/pkv_check.c
-    fi
+    # attn_window.cu's (and window_* ones, whose bug may sit in a shared header) the
+    # window / MLA check, every other one pkv-check.
+    case "$file:$name:$check" in
+    attn_quant.cu:* | *:*:quant) kernels="attn_quant attn_decode" check_src=tests/emu/quant_check.c ;;
+    attn_window.cu:* | *:window_*) kernels=attn_window check_src=tests/emu/window_check.c ;;
+    *) kernels="attn_decode attn_cache" check_src=tools/pkv_check.c ;;
+    esac
     objs=
     for k in $kernels; do
         python3 "$root/tests/emu/translate.py" "$d/$k.cu" "$d/$k.emu.cc" || return 1
@@ -87,6 +90,9 @@ report original pass $?
 
 mutant original_quant attn_quant.cu "" ""
 report original_quant pass $?
+
+mutant original_window attn_window.cu "" ""
+report original_window pass $?
 
 mutant in_block_offset attn_decode.cu \
     'uint64_t in = t & ((1u << a.block_shift) - 1u);' \
@@ -187,6 +193,23 @@ mutant copy_8bit_unit attn_cache.cu \
     'launch_copy<uint8_t>(base' \
     'launch_copy<uint16_t>(base'
 report copy_8bit_unit fail $?
+
+# Issue 23: the window's first token off by one (the rule the CPU shares), the
+# attention sink left out of the denominator, the online softmax's rescale lost.
+mutant window_start_off_by_one attn_internal.h \
+    'return p >= window ? p - window + 1u : 0u;' \
+    'return p >= window ? p - window + 2u : 0u;'
+report window_start_off_by_one fail $?
+
+mutant window_sink_dropped attn_window.cu \
+    'float den = a.sinks != nullptr ? expf(sink - mx) : 0.0f;' \
+    'float den = 0.0f;'
+report window_sink_dropped fail $?
+
+mutant window_rescale_lost attn_window.cu \
+    'const float alpha = expf(m - m_new); // 0 on the first token (m = -inf)' \
+    'const float alpha = m == -INFINITY ? 0.0f : 1.0f;'
+report window_rescale_lost fail $?
 
 if [ $fails -eq 0 ]; then
     echo "mutate.sh: every planted bug makes the emu suite fail"
