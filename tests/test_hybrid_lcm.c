@@ -202,6 +202,7 @@ static int is_tok(const rworld *w, uint32_t g) { return w->groups[g].kind != PKV
 // Blocks the window rule has released once the query at p ran (independent of the library).
 static uint32_t dead(const rworld *w, uint32_t g, uint32_t p) {
     const pkv_kv_group *k = &w->groups[g];
+    if (k->kind == PKV_LAYER_STATE) return 0; // no blocks (its block size is 0)
     uint32_t first = 0;
     if (k->kind == PKV_LAYER_SLIDING) first = p + 1 > k->window ? p + 1 - k->window : 0;
     else if (k->kind == PKV_LAYER_CHUNKED) first = p - p % k->window;
