@@ -1,4 +1,4 @@
-#!/bin/sh
+#!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
 # Mutation check of the emu suite: plant one known bug at a time in a copy of
 # the CUDA kernels, build the emulated pkv-check against it, and require that it
@@ -33,7 +33,7 @@ flags="-O1 -g -I$root/tests/emu/include -I$root/tests/emu -I$root/include -I$roo
 # mutate NAME FILE OLD NEW [CHECK]: the kernels with OLD replaced by NEW once in
 # FILE, run by CHECK: quant (the 8-bit check) or, by default, pkv-check (or the
 # 8-bit check for attn_quant.cu).
-mutant() {
+mutant_run() {
     name=$1 file=$2 old=$3 new=$4 check=${5:-}
     d="$work/$name"
     mkdir -p "$d"
@@ -63,19 +63,32 @@ EOF
             -c "$d/$k.emu.cc" -o "$d/$k.o" || return 1
         objs="$objs $d/$k.o"
     done
-    for f in pkvemu pkvemu_occupancy; do
-        $CXX -std=gnu++17 $flags -c "$root/tests/emu/$f.cc" -o "$d/$f.o" || return 1
-    done
     $CC -std=c11 -D_POSIX_C_SOURCE=200809L -DPKV_CHECK_EMU $flags \
         -c "$root/$check_src" -o "$d/check.o" || return 1
     # shellcheck disable=SC2086 # $objs is a list of paths without spaces
-    $CXX -o "$d/check" "$d/check.o" $objs "$d/pkvemu.o" "$d/pkvemu_occupancy.o" \
+    $CXX -o "$d/check" "$d/check.o" $objs "$work/pkvemu.o" "$work/pkvemu_occupancy.o" \
         "$build/libpagedkv.a" -fopenmp -lm -lpthread || return 1
     timeout 600 "$d/check" --quick >"$d/log" 2>&1
 }
 
+# The emulator itself does not change between mutants: built once.
+for f in pkvemu pkvemu_occupancy; do
+    $CXX -std=gnu++17 $flags -c "$root/tests/emu/$f.cc" -o "$work/$f.o" || exit 1
+done
+
+# Mutants build and run in parallel, as many at once as there are cores
+# (PKV_MUTATE_JOBS), each in its own folder; `mutant` starts one and `report` notes
+# what it should do; the verdicts are read, in order, once every mutant has ended.
+jobs_max=${PKV_MUTATE_JOBS:-$(nproc)}
+mutant() {
+    while [ "$(jobs -rp | wc -l)" -ge "$jobs_max" ]; do wait -n || true; done
+    (mutant_run "$@"; echo $? >"$work/$1.rc") &
+}
+expected=()
+report() { expected+=("$1:$2"); } # NAME EXPECT(pass|fail)
+
 fails=0
-report() { # NAME EXPECT(pass|fail) RC
+verdict() { # NAME EXPECT(pass|fail) RC
     if { [ "$2" = pass ] && [ "$3" -eq 0 ]; } || { [ "$2" = fail ] && [ "$3" -ne 0 ]; }; then
         echo "ok      $1 ($( [ "$2" = pass ] && echo passes || echo caught))"
     else
@@ -210,6 +223,12 @@ mutant window_rescale_lost attn_window.cu \
     'const float alpha = expf(m - m_new); // 0 on the first token (m = -inf)' \
     'const float alpha = m == -INFINITY ? 0.0f : 1.0f;'
 report window_rescale_lost fail $?
+
+wait
+for e in "${expected[@]}"; do
+    n=${e%%:*}
+    verdict "$n" "${e##*:}" "$(cat "$work/$n.rc" 2>/dev/null || echo 1)"
+done
 
 if [ $fails -eq 0 ]; then
     echo "mutate.sh: every planted bug makes the emu suite fail"
