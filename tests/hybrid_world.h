@@ -207,7 +207,10 @@ static ref_seq *pick_live(world *w) {
     if (n == 0) return NULL;
     uint32_t k = rnd(w, n);
     for (uint32_t i = 0; i < MAX_SEQS; i++)
-        if (w->seqs[i].live && k-- == 0) return &w->seqs[i];
+        if (w->seqs[i].live) {
+            if (k == 0) return &w->seqs[i];
+            k--;
+        }
     return NULL;
 }
 

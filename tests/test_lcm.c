@@ -97,7 +97,7 @@ Test(lcm, empty_chunks_past_one_bitmap_word) {
     pkv_pool *p = NULL;
     cr_assert_eq(pkvi_pool_create_chunked(130, 2, &p), PKV_OK);
     cr_assert_eq(pkvi_pool_first_empty_chunk(p), PKVI_CHUNK_FENCED);
-    for (uint32_t c = 130; c-- > 0;) cr_assert_eq(pkvi_pool_chunk_give(p, c), PKV_OK);
+    for (uint32_t c = 130; c > 0; c--) cr_assert_eq(pkvi_pool_chunk_give(p, c - 1), PKV_OK);
     cr_assert_eq(pkvi_pool_empty_chunks(p), 130);
     cr_assert_eq(pkvi_pool_first_empty_chunk(p), 0);
     pkv_block_id ids[2];

@@ -144,8 +144,8 @@ pkv_status pkvi_pool_chunk_give(pkv_pool *pool, uint32_t chunk) {
     if (pool->chunk_used[chunk] != PKVI_CHUNK_FENCED) return PKV_ERR_BUSY;
     const uint32_t k = pool->chunk_pages, first = chunk * k;
     // Highest id first, so that the chunk's lowest id is on top.
-    for (uint32_t i = k; i-- > 0;) {
-        pkv_block_id id = (pkv_block_id)(first + i);
+    for (uint32_t i = k; i > 0; i--) {
+        pkv_block_id id = (pkv_block_id)(first + i - 1);
         pool->refcount[id] = 0;
         pool->free_pos[id] = pool->free_top;
         pool->free_stack[pool->free_top++] = id;
