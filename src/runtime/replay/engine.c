@@ -797,7 +797,7 @@ pkv_status pkvi_engine_run(engine *e, uint64_t budget, pkv_replay_report *rep) {
     rep->preemptions = e->preemptions;
     rep->forks = e->forks;
     rep->padding_tokens = e->padding_tokens;
-    pkv_policy_stats cnt;
+    pkv_policy_stats cnt = {0}; // a policy fills what it has: the per-group counts may stay 0
     e->pol->vt->stats(e->pol->state, &cnt);
     rep->cow_copies = cnt.cow_copies;
     rep->prefix_cached_tokens = cnt.cached_tokens;
