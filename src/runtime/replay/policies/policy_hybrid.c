@@ -152,7 +152,19 @@ static pkv_status hybrid_create(const pkv_policy_config *cfg, pkv_hybrid_layout 
     pkv_status st = pkv_hybrid_create(&hp, &p->h);
     if (st != PKV_OK) {
         hybrid_destroy(p);
-        // A budget that holds not one page of every pool reads as "no capacity".
+        // A budget that holds not one page of every pool (and the state slots) reads
+        // as "no capacity", as for the other policies: create refuses both that and a
+        // bad configuration with INVALID_ARG, so a larger budget tells them apart.
+        if (st == PKV_ERR_INVALID_ARG) {
+            for (uint64_t b = hp.budget_bytes ? hp.budget_bytes : 1; b < (1ull << 46); b *= 2) {
+                pkv_hybrid *probe = NULL;
+                hp.budget_bytes = b * 2;
+                if (pkv_hybrid_create(&hp, &probe) == PKV_OK) {
+                    pkv_hybrid_destroy(probe);
+                    return PKV_ERR_OUT_OF_BLOCKS;
+                }
+            }
+        }
         return st == PKV_ERR_OUT_OF_BLOCKS ? st : PKV_ERR_INVALID_ARG;
     }
     for (uint32_t g = 0; g < cfg->num_groups; g++) {
