@@ -79,7 +79,8 @@ static void assert_same_schedule(const steps *a, const steps *b, const char *nam
 
 static int per_call(pkv_policy k) {
     return k == PKV_POLICY_MALLOC_PER_REQUEST || k == PKV_POLICY_MALLOC_PER_TOKEN || k == PKV_POLICY_REALLOC_COPY ||
-           k == PKV_POLICY_VMM || k == PKV_POLICY_VMM_SYNC; // vmm: a map call per page and buffer
+           k == PKV_POLICY_VMM || k == PKV_POLICY_VMM_SYNC || // vmm: a map call per page and buffer
+           k == PKV_POLICY_HYBRID_VMM;
 }
 
 static void every_policy(int cuda) {
@@ -119,7 +120,7 @@ static void every_policy(int cuda) {
         // Each policy on the layout it stands for, its copies executed on it.
         // The hybrid policies keep no seqset for the decoder: a per-token table.
         const int hybrid = pol == PKV_POLICY_HYBRID_PARTITION || pol == PKV_POLICY_HYBRID_SHARED_PAGE ||
-                           pol == PKV_POLICY_HYBRID_LCM;
+                           pol == PKV_POLICY_HYBRID_LCM || pol == PKV_POLICY_HYBRID_VMM;
         const char *layout = pol == PKV_POLICY_PAGED              ? "paged"
                              : pol == PKV_POLICY_MALLOC_PER_TOKEN || hybrid ? "token-table"
                              : pol == PKV_POLICY_VMM || pol == PKV_POLICY_VMM_SYNC ? "vmm"
