@@ -98,7 +98,8 @@ static void every_policy(int cuda) {
         pkv_replay_params pr = params(pol, PKV_REPLAY_RUN, ample);
         pr.run_cuda = cuda;
         pkv_replay_report run = replay(t, pr, &sr);
-        cr_assert_eq(run.requests.completed, 14, "%s", name);
+        cr_assert_eq(run.requests.completed, 14, "%s: %u completed (sim %u) %s", name,
+                     (unsigned)run.requests.completed, (unsigned)sim.requests.completed, run.failure);
         cr_assert_str_eq(run.mode, "run");
         assert_same_schedule(&ss, &sr, name);
         cr_assert_eq(run.memory.peak_used_bytes, sim.memory.peak_used_bytes, "%s", name);

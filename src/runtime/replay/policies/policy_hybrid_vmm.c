@@ -111,7 +111,7 @@ static uint64_t admit_pages(const hvmm *v, uint32_t len) {
 }
 
 // Most pages one row holds growing to final_len: every page group of a full group
-// (plus one mapped ahead); a windowed group's window, its partly dead first page
+// (plus one mapped ahead when the last token fills one); a windowed group's window, its partly dead first page
 // group and the one mapped ahead, at most; never less than admission's.
 static uint64_t peak_pages(const hvmm *v, uint32_t len, uint32_t final_len) {
     uint64_t p = 0;
@@ -120,7 +120,9 @@ static uint64_t peak_pages(const hvmm *v, uint32_t len, uint32_t final_len) {
             p += v->buffers[g];
             continue;
         }
-        uint64_t n = pg_for(v, g, final_len) + (v->map_ahead ? 1 : 0);
+        uint64_t n = pg_for(v, g, final_len);
+        if (v->map_ahead && final_len < v->max_seq_len && pg_for(v, g, (uint64_t)final_len + 1) > n)
+            n++; // mapped ahead after the last token (as vmm's final_groups)
         if (windowed(&v->g[g])) {
             const uint64_t w = pg_for(v, g, v->g[g].window) + 1 + (v->map_ahead ? 1 : 0);
             if (w < n) n = w;
@@ -357,9 +359,9 @@ static pkv_status hvmm_create(const pkv_policy_config *cfg, pkv_policy_info *inf
     v->max_seq_len = cfg->max_seq_len;
     v->pages_cap = cfg->capacity_bytes / v->page;
     v->capacity_slots = v->pages_cap * v->page / v->bpt;
-    if (v->capacity_slots == 0) {
+    if (v->capacity_slots == 0 || v->pages_cap < admit_pages(v, 1)) {
         free(v);
-        return PKV_ERR_OUT_OF_BLOCKS; // the budget holds not one token
+        return PKV_ERR_OUT_OF_BLOCKS; // the budget holds not one page group of every group
     }
     v->num_requests = cfg->num_requests;
     const size_t nr = cfg->num_requests ? cfg->num_requests : 1;
@@ -385,7 +387,7 @@ static pkv_status hvmm_create(const pkv_policy_config *cfg, pkv_policy_info *inf
     uint64_t gran = UINT32_MAX;
     for (uint32_t g = 0; g < v->ng; g++)
         if (v->tpp[g] && v->tpp[g] < gran) gran = v->tpp[g];
-    info->granularity = (uint32_t)gran;
+    info->granularity = gran <= v->capacity_slots ? (uint32_t)gran : 1;
     info->uses_arena = 0; // every page is mapped by a call of its own
     *out = v;
     return PKV_OK;
