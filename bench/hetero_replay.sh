@@ -23,7 +23,7 @@ replay="$root/$build/tools/pkv-replay"
 out="${OUT:-$(mktemp -d)}"
 mkdir -p "$out"
 # Layouts: paged (every layer as full attention) and the hybrid ones this build has.
-policies="${POLICIES:-paged,hybrid-partition,hybrid-shared-page,hybrid-lcm}"
+policies="${POLICIES:-paged,hybrid-partition,hybrid-shared-page,hybrid-lcm,hybrid-vmm}"
 "$root/scripts/fetch_traces.sh" azure_conv_2023 mooncake_fast25_conversation >/dev/null
 declare -A traces=([azure_conv_2023]="$root/traces/real/azure_conv_2023.csv"
                    [mooncake_conv]="$root/traces/real/mooncake_fast25_conversation.jsonl")

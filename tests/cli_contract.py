@@ -25,8 +25,8 @@ def rejected_all_policies(expect_completed, expect_rejected):
     keeps every fraction in [0, 1]."""
     def check(out):
         runs = json.loads(out)["runs"]
-        assert len(runs) == 13, (f"{len(runs)} runs (one per built-in policy, vmm, vmm-sync and "
-                                 "the three hybrid ones included)")
+        assert len(runs) == 14, (f"{len(runs)} runs (one per built-in policy, vmm, vmm-sync and "
+                                 "the four hybrid ones included)")
         for r in runs:
             req = r["requests"]
             assert req["completed"] == expect_completed, (r["policy"], req)

@@ -152,3 +152,58 @@ Test(replay_groups, uniform_model_hybrid_equals_paged) {
     }
     pkv_trace_destroy(t);
 }
+
+// hybrid-vmm on tiny-swa with 4 KiB pages: 4 buffers per group (K and V of 2
+// layers) of 1024 / 4 = 256 bytes per token, so a page group (4 pages) holds 16
+// tokens. Admission maps one page group per group (tokens 0..7). The append at
+// p = 15 fills it: map-ahead maps page group 1 in both groups; at p = 31 the
+// sliding group's query sees 16..31, so page group 0 (tokens 0..15) is unmapped,
+// and page group 2 is mapped ahead in both. The sliding group never holds more
+// than 2 page groups (32 KiB), the full one 3 (48 KiB, tokens 0..47); one page
+// group released. Calls: 8 + 8 + 8 pages mapped, 4 + 8 + 12 unmapped.
+Test(replay_groups, hybrid_vmm_unmaps_pages_outside_the_window) {
+    pkv_replay_params p = swa_params(PKV_POLICY_HYBRID_VMM);
+    p.vmm_page_bytes = 4096;
+    pkv_replay_report r = run_one(p, 0, NULL);
+    cr_assert_str_eq(r.policy, "hybrid-vmm");
+    cr_assert_eq(r.memory.num_groups, 2);
+    cr_assert_eq(r.memory.groups[0].peak_held_bytes, 2u * 4 * 4096);
+    cr_assert_eq(r.memory.groups[1].peak_held_bytes, 3u * 4 * 4096);
+    cr_assert_eq(r.memory.groups[0].blocks_released, 1);
+    cr_assert_eq(r.memory.groups[1].blocks_released, 0);
+    cr_assert_eq(r.alloc.backend_alloc_calls, 24);
+    cr_assert_eq(r.alloc.backend_free_calls, 24);
+    // vmm maps every token of both groups: three page groups each.
+    pkv_replay_params q = swa_params(PKV_POLICY_VMM);
+    q.vmm_page_bytes = 4096;
+    pkv_replay_report v = run_one(q, 0, NULL);
+    cr_assert_eq(v.memory.peak_reserved_bytes, 2u * 3 * 4 * 4096);
+    cr_assert_lt(r.memory.peak_reserved_bytes, v.memory.peak_reserved_bytes);
+}
+
+// A uniform model: hybrid-vmm is vmm without deferred reclamation (one FULL
+// group, the same buffers and pages): the same schedule, peaks and map calls.
+Test(replay_groups, uniform_model_hybrid_vmm_equals_vmm) {
+    pkv_trace_request rq[12];
+    for (uint32_t i = 0; i < 12; i++)
+        rq[i] = (pkv_trace_request){0.001 * i, 3 + i % 5, 2 + (i * 3) % 7, 1 + i % 3, -1, 0, 0};
+    pkv_trace *t = make_trace(rq, 12);
+    pkv_replay_params p = tiny_replay_params(PKV_POLICY_VMM, 48);
+    cr_assert_eq(pkv_model_preset("tiny", &p.model), PKV_OK);
+    p.kv_mem_bytes = 384u << 10;
+    p.vmm_page_bytes = 4096;
+    p.vmm_defer_reclaim = 0;
+    pkv_replay_report ref, r;
+    cr_assert_eq(pkv_replay_run(t, &p, &ref), PKV_OK, "%s", ref.failure);
+    p.policy = PKV_POLICY_HYBRID_VMM;
+    cr_assert_eq(pkv_replay_run(t, &p, &r), PKV_OK, "%s", r.failure);
+    cr_assert_eq(r.requests.completed, 12);
+    cr_assert_eq(r.requests.completed, ref.requests.completed);
+    cr_assert_eq(r.steps, ref.steps);
+    cr_assert_eq(r.preemptions, ref.preemptions);
+    cr_assert_eq(r.memory.peak_reserved_bytes, ref.memory.peak_reserved_bytes);
+    cr_assert_eq(r.memory.peak_used_bytes, ref.memory.peak_used_bytes);
+    cr_assert_eq(r.alloc.backend_alloc_calls, ref.alloc.backend_alloc_calls);
+    cr_assert_eq(r.alloc.backend_free_calls, ref.alloc.backend_free_calls);
+    pkv_trace_destroy(t);
+}

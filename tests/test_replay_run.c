@@ -79,7 +79,8 @@ static void assert_same_schedule(const steps *a, const steps *b, const char *nam
 
 static int per_call(pkv_policy k) {
     return k == PKV_POLICY_MALLOC_PER_REQUEST || k == PKV_POLICY_MALLOC_PER_TOKEN || k == PKV_POLICY_REALLOC_COPY ||
-           k == PKV_POLICY_VMM || k == PKV_POLICY_VMM_SYNC; // vmm: a map call per page and buffer
+           k == PKV_POLICY_VMM || k == PKV_POLICY_VMM_SYNC || // vmm: a map call per page and buffer
+           k == PKV_POLICY_HYBRID_VMM;
 }
 
 static void every_policy(int cuda) {
@@ -97,7 +98,8 @@ static void every_policy(int cuda) {
         pkv_replay_params pr = params(pol, PKV_REPLAY_RUN, ample);
         pr.run_cuda = cuda;
         pkv_replay_report run = replay(t, pr, &sr);
-        cr_assert_eq(run.requests.completed, 14, "%s", name);
+        cr_assert_eq(run.requests.completed, 14, "%s: %u completed (sim %u) %s", name,
+                     (unsigned)run.requests.completed, (unsigned)sim.requests.completed, run.failure);
         cr_assert_str_eq(run.mode, "run");
         assert_same_schedule(&ss, &sr, name);
         cr_assert_eq(run.memory.peak_used_bytes, sim.memory.peak_used_bytes, "%s", name);
@@ -119,7 +121,7 @@ static void every_policy(int cuda) {
         // Each policy on the layout it stands for, its copies executed on it.
         // The hybrid policies keep no seqset for the decoder: a per-token table.
         const int hybrid = pol == PKV_POLICY_HYBRID_PARTITION || pol == PKV_POLICY_HYBRID_SHARED_PAGE ||
-                           pol == PKV_POLICY_HYBRID_LCM;
+                           pol == PKV_POLICY_HYBRID_LCM || pol == PKV_POLICY_HYBRID_VMM;
         const char *layout = pol == PKV_POLICY_PAGED              ? "paged"
                              : pol == PKV_POLICY_MALLOC_PER_TOKEN || hybrid ? "token-table"
                              : pol == PKV_POLICY_VMM || pol == PKV_POLICY_VMM_SYNC ? "vmm"

@@ -23,8 +23,8 @@ TOOL = None
 ROOT = None
 # The built-in policies that --policy all runs: paged, contiguous-max, -pow2, -oracle,
 # malloc-per-request, malloc-per-token, realloc-copy, contiguous-pow2-grow, vmm, vmm-sync,
-# hybrid-partition, hybrid-shared-page, hybrid-lcm.
-NUM_POLICIES = 13
+# hybrid-partition, hybrid-shared-page, hybrid-lcm, hybrid-vmm.
+NUM_POLICIES = 14
 TMP = None
 FAILS = []
 

@@ -69,7 +69,9 @@ typedef enum pkv_policy {
     PKV_POLICY_HYBRID_PARTITION = 10,   // one static pool per group
     PKV_POLICY_HYBRID_SHARED_PAGE = 11, // one pool of equal pages (vLLM's hybrid manager)
     PKV_POLICY_HYBRID_LCM = 12,         // Jenga: LCM large pages carved per group
-    PKV_POLICY_COUNT = 13,
+    PKV_POLICY_HYBRID_VMM = 13,         // vmm per group: virtual buffers, pages mapped as
+                                        // they fill, unmapped outside a window
+    PKV_POLICY_COUNT = 14,
 } pkv_policy;
 
 // "paged", "contiguous-max", ... ("unknown" for a bad value).

@@ -78,7 +78,7 @@ def replay(trace, policies="paged", *, frame=False, **params):
     batching ('continuous'|'static'), chunked_prefill, load_scale, alloc_model (a
     built-in name such as "cuda-boyer" or "none", or a bench_alloc --calibrate file),
     (policies include the KV cache group layouts "hybrid-partition",
-    "hybrid-shared-page" and "hybrid-lcm"; ReplayReport.groups(policy) gives their
+    "hybrid-shared-page", "hybrid-lcm" and "hybrid-vmm"; ReplayReport.groups(policy) gives their
     per-group memory)
     alloc_call_us (a constant cost per backend call), prefix_sharing, run_cuda,
     run_threads, seed, validate. The replay runs in C with the GIL released."""

@@ -38,7 +38,7 @@ static void usage(FILE *f) {
         "                      contiguous-oracle, malloc-per-request, malloc-per-token,\n"
         "                      realloc-copy, contiguous-pow2-grow, vmm (vAttention), vmm-sync\n"
         "                      (vmm with every map in line), hybrid-partition, hybrid-shared-page,\n"
-        "                      hybrid-lcm (Jenga)\n"
+        "                      hybrid-lcm (Jenga), hybrid-vmm (vmm per group)\n"
         "                      (KV cache groups, window rules applied: docs/RESEARCH.md), all\n"
         "  --policy-plugin F   also replay the policy in shared object F (exports\n"
         "                      pkv_policy_plugin_entry, see docs/POLICIES.md); up to 8;\n"

@@ -18,6 +18,7 @@ static const char *const policy_names[PKV_POLICY_COUNT] = {
     "hybrid-partition",
     "hybrid-shared-page",
     "hybrid-lcm",
+    "hybrid-vmm",
 };
 
 const char *pkv_policy_name(pkv_policy policy) {
@@ -112,7 +113,8 @@ const char *pkvi_device_mem_label(const pkv_replay_params *p) {
     case PKV_POLICY_REALLOC_COPY: return pkv_device_mem_name(pkvi_device_mem_of(p));
     case PKV_POLICY_MALLOC_PER_TOKEN: return "token";
     case PKV_POLICY_VMM:
-    case PKV_POLICY_VMM_SYNC: return "vmm";
+    case PKV_POLICY_VMM_SYNC:
+    case PKV_POLICY_HYBRID_VMM: return "vmm";
     default: return "arena";
     }
 }

@@ -23,6 +23,7 @@ const pkv_policy_vtable *pkv_policy_builtin(int policy) {
     case PKV_POLICY_HYBRID_PARTITION: return &pkvi_policy_hybrid_partition_vtable;
     case PKV_POLICY_HYBRID_SHARED_PAGE: return &pkvi_policy_hybrid_shared_page_vtable;
     case PKV_POLICY_HYBRID_LCM: return &pkvi_policy_hybrid_lcm_vtable;
+    case PKV_POLICY_HYBRID_VMM: return &pkvi_policy_hybrid_vmm_vtable;
     default: return NULL;
     }
 }

@@ -26,7 +26,8 @@ static int params_ok(const pkv_replay_params *p) {
            pkv_alloc_call_cost_check(&p->alloc_model.free) == PKV_OK &&
            pkv_replay_sim_efficiency(p, &eff) == PKV_OK &&
            pkv_model_config_validate(&p->model) == PKV_OK &&
-           ((p->policy != PKV_POLICY_VMM && p->policy != PKV_POLICY_VMM_SYNC) ||
+           ((p->policy != PKV_POLICY_VMM && p->policy != PKV_POLICY_VMM_SYNC &&
+             p->policy != PKV_POLICY_HYBRID_VMM) ||
             (p->vmm_page_bytes >= 4096 && p->vmm_page_bytes % 4096 == 0));
 }
 

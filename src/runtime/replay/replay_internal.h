@@ -79,6 +79,7 @@ extern const pkv_policy_vtable pkvi_policy_vmm_sync_vtable; // its synchronous a
 extern const pkv_policy_vtable pkvi_policy_hybrid_partition_vtable;
 extern const pkv_policy_vtable pkvi_policy_hybrid_shared_page_vtable;
 extern const pkv_policy_vtable pkvi_policy_hybrid_lcm_vtable;
+extern const pkv_policy_vtable pkvi_policy_hybrid_vmm_vtable;
 
 // The device memory model a malloc-per-request / realloc-copy replay of p uses
 // (DEFAULT resolved; arena in run mode), and the label of p's allocator in

@@ -51,6 +51,7 @@
 // never below its length, so used <= reserved row by row.
 #include <stdlib.h>
 
+#include "src/runtime/replay/policies/vmm_common.h"
 #include "src/runtime/replay/replay_internal.h"
 
 typedef struct vmm {
@@ -90,6 +91,14 @@ static uint64_t unmapped(const vmm *v) { return v->groups_cap - v->groups_used -
 // Groups a map may use: unmapped ones and idle ones it may reclaim.
 static uint64_t available(const vmm *v) { return v->groups_cap - v->groups_used; }
 
+void pkvi_vmm_charge(const pkv_policy_host *host, int is_unmap, uint64_t page, uint64_t calls,
+                     int overlap) {
+    if (calls == 0) return;
+    const unsigned kind = (is_unmap ? PKV_BACKEND_CALL_FREE : PKV_BACKEND_CALL_ALLOC) |
+                          (overlap ? PKV_BACKEND_CALL_OVERLAPPED : 0);
+    host->backend_calls(host->ctx, (pkv_backend_call)kind, page, calls);
+}
+
 // Charge `groups` page groups of map (is_unmap 0) or unmap calls: one call per page
 // and buffer, each of page_bytes. `overlap`: issued by map-ahead's background thread.
 static void charge(vmm *v, int is_unmap, uint64_t groups, int overlap) {
@@ -98,10 +107,7 @@ static void charge(vmm *v, int is_unmap, uint64_t groups, int overlap) {
         v->unmap_calls += calls;
     else
         v->map_calls += calls;
-    if (calls == 0) return;
-    const unsigned kind = (is_unmap ? PKV_BACKEND_CALL_FREE : PKV_BACKEND_CALL_ALLOC) |
-                          (overlap ? PKV_BACKEND_CALL_OVERLAPPED : 0);
-    v->host.backend_calls(v->host.ctx, (pkv_backend_call)kind, v->page, calls);
+    pkvi_vmm_charge(&v->host, is_unmap, v->page, calls, overlap);
 }
 
 // Make k groups unmapped: unmap idle rows' groups (the most recent idle row
@@ -156,16 +162,24 @@ static uint64_t final_groups(const vmm *v, uint32_t final_len) {
     return g;
 }
 
+int pkvi_vmm_params(const pkv_policy_config *cfg, int sync, uint64_t *page, int *map_ahead,
+                    int *defer) {
+    const pkv_replay_params *p = cfg->params;
+    if (!p || p->vmm_page_bytes == 0) return -1;
+    *page = p->vmm_page_bytes;
+    *map_ahead = sync ? 0 : p->vmm_map_ahead;
+    *defer = sync ? 0 : p->vmm_defer_reclaim;
+    return 0;
+}
+
 // The replay's vmm parameters (the page, the 2 x layers buffers, map-ahead);
 // `sync`: the vmm-sync ablation, overlap and reuse off whatever params say.
 static int vmm_params(const pkv_policy_config *cfg, int sync, uint64_t *page, uint32_t *buffers,
                       int *map_ahead, int *defer) {
     const pkv_replay_params *p = cfg->params;
-    if (!p || p->model.num_layers == 0 || p->vmm_page_bytes == 0) return -1;
-    *page = p->vmm_page_bytes;
+    if (!p || p->model.num_layers == 0 || pkvi_vmm_params(cfg, sync, page, map_ahead, defer) != 0)
+        return -1;
     *buffers = 2 * p->model.num_layers;
-    *map_ahead = sync ? 0 : p->vmm_map_ahead;
-    *defer = sync ? 0 : p->vmm_defer_reclaim;
     return cfg->bytes_per_token % *buffers == 0 ? 0 : -1;
 }
 
