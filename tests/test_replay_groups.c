@@ -207,3 +207,68 @@ Test(replay_groups, uniform_model_hybrid_vmm_equals_vmm) {
     cr_assert_eq(r.alloc.backend_free_calls, ref.alloc.backend_free_calls);
     pkv_trace_destroy(t);
 }
+
+// What a prefill step needs: its own queries see a whole window before each of
+// them, so the sliding group's early prompt blocks are in use until the step ends
+// (not waste), and the chunked-prefill tokens no chunk has computed yet are
+// reservation. tiny-swa (window 16, block 4, 1024 bytes per token per group, 2048
+// per slot), one request of a 40-token prompt and 2 output tokens.
+typedef struct step_log {
+    uint64_t used[8], reservation[8], internal[8];
+    uint32_t n;
+} step_log;
+
+static void log_step(void *user, const pkv_replay_step *s) {
+    step_log *l = user;
+    if (l->n < 8) {
+        l->used[l->n] = s->used_bytes;
+        l->reservation[l->n] = s->reservation_bytes;
+        l->internal[l->n] = s->internal_frag_bytes;
+    }
+    l->n++;
+}
+
+static step_log run_prefill(pkv_policy policy, uint32_t chunk) {
+    pkv_replay_params p = swa_params(policy);
+    p.chunked_prefill = chunk;
+    step_log l = {0};
+    p.on_step = log_step;
+    p.user = &l;
+    const pkv_trace_request rq = {0, 40, 2, 1, -1, 0, 0};
+    pkv_trace *t = make_trace(&rq, 1);
+    pkv_replay_report r;
+    cr_assert_eq(pkv_replay_run(t, &p, &r), PKV_OK, "%s", r.failure);
+    pkv_trace_destroy(t);
+    return l;
+}
+
+// Whole prefill (step 0): queries 0..39 see every prompt token in both groups:
+// 80 KiB used, the 10 + 10 blocks held, nothing wasted. Step 1 (the decode at
+// p = 40) releases sliding blocks 0..5 (4j + 4 <= 25); it needs the window
+// 26..41 minus the token not yet written, kept(41) = 16, and all 41 full tokens:
+// 57 KiB, i.e. 28 slots of 2 KiB (rounded down); held 5 + 11 blocks = 64 KiB.
+Test(replay_groups, a_prefill_step_needs_what_its_queries_see) {
+    step_log l = run_prefill(PKV_POLICY_HYBRID_PARTITION, 0);
+    cr_assert_eq(l.n, 2);
+    cr_assert_eq(l.used[0], 40u * 2048, "%llu", (unsigned long long)l.used[0]);
+    cr_assert_eq(l.internal[0], 0, "%llu", (unsigned long long)l.internal[0]);
+    cr_assert_eq(l.used[1], 28u * 2048, "%llu", (unsigned long long)l.used[1]);
+    cr_assert_eq(l.internal[1], 64u * 1024 - 28u * 2048, "%llu", (unsigned long long)l.internal[1]);
+}
+
+// Chunks of 16: step 0 computes 0..15, step 1 16..31, step 2 32..39. The hybrid
+// policies allocate the whole prompt at admission (40 + 40 tokens, 80 KiB held),
+// so a step's used is what its chunk saw, the rest reservation or waste. Step 1:
+// its first query (16) sees 1..16, so the sliding group needs 1..31 (31 tokens)
+// and the full group 0..31 (32): 63 KiB, 31 slots; the 8 + 8 tokens no chunk has
+// computed are reservation (8 slots of 2 KiB; step 0: 24); the sliding block 0 no query sees any more is
+// internal fragmentation, with the rounding: 80 - 62 - 16 = 2 KiB.
+Test(replay_groups, a_prefill_chunk_needs_what_its_queries_see) {
+    step_log l = run_prefill(PKV_POLICY_HYBRID_PARTITION, 16);
+    cr_assert_eq(l.n, 4);
+    cr_assert_eq(l.used[0], 16u * 2048, "%llu", (unsigned long long)l.used[0]);
+    cr_assert_eq(l.reservation[0], 24u * 2048, "%llu", (unsigned long long)l.reservation[0]);
+    cr_assert_eq(l.used[1], 31u * 2048, "%llu", (unsigned long long)l.used[1]);
+    cr_assert_eq(l.reservation[1], 16u * 1024, "%llu", (unsigned long long)l.reservation[1]);
+    cr_assert_eq(l.internal[1], 2u * 1024, "%llu", (unsigned long long)l.internal[1]);
+}

@@ -423,8 +423,10 @@ typedef struct pkv_replay_report {
         // Per KV cache group (0.3.0, issue 23), only for a model with groups
         // (model.num_kv_groups > 0; num_groups 0 otherwise, so that a uniform
         // model's report is what it was). For such a model "used" (token states)
-        // is what the model needs: per group the tokens its next query can see
-        // (pkv_kv_group_tokens_kept; a forked request's prompt once), so that the
+        // is what the model needs: per group the keys the step's queries attend to
+        // (pkv_kv_group_tokens_kept of a decoded sequence; a prefill chunk's
+        // queries together see from their first one's window on; a forked
+        // request's prompt once), so that the
         // blocks a layout holds for tokens that left a window count as internal
         // fragmentation (waste), as Jenga counts them.
         uint32_t num_groups;

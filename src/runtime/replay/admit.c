@@ -57,6 +57,8 @@ static pkv_status prefill_chunk(engine *e, uint32_t r) {
     if (e->ex->needs_seqs &&
         pkvi_engine_push_seq(e, r, 0, (uint32_t)c, (uint32_t)(s->pf_done + c)) != 0)
         return PKV_ERR_OUT_OF_MEMORY;
+    s->pf_first = s->pf_done;
+    s->pf_step = e->steps + 1;
     s->pf_done += (uint32_t)c;
     if (s->pf_done == s->pf_len) {
         // The restored samples' own tokens go with the last chunk.

@@ -349,9 +349,16 @@ static pkv_status time_step(engine *e, double *dt_out) {
         if (s->prefilling) uncomputed += s->pf_len - s->pf_done + s->pf_extra;
         // What the model needs of it, group by group (forked samples share the prompt
         // in sim mode; run mode restores each sequence alone).
-        if (e->groups.hetero)
+        // A prefill chunk run in this step needs what its own queries see (a whole
+        // window before its first one): a sliding group's early prompt blocks are
+        // in use until the step ends, not waste.
+        const int shared = prm->mode == PKV_REPLAY_SIM;
+        if (e->groups.hetero && s->pf_step == e->steps + 1 && (s->fresh || s->prefilling))
+            need_bytes += pkvi_groups_chunk_bytes(&e->groups, s->nseq, len, prompt_of(e, r), shared,
+                                                  s->pf_first, s->prefilling ? s->pf_done : len, need_g);
+        else if (e->groups.hetero)
             need_bytes += pkvi_groups_needed_bytes(&e->groups, s->nseq, len, prompt_of(e, r),
-                                                   prm->mode == PKV_REPLAY_SIM, need_g);
+                                                   shared, need_g);
     }
     e->b.copy_bytes = (tot.copy_slots - e->copy_slots_seen) * e->bpt;
     e->copy_slots_seen = tot.copy_slots;
@@ -389,12 +396,21 @@ static pkv_status time_step(engine *e, double *dt_out) {
     if ((status = pkvi_policy_check_reservation(e->pol, &tot, reservation)) != PKV_OK) return status;
     // Chunked prefill: prompt tokens that no chunk has computed yet are held for the
     // tokens to come (reservation), not token states.
-    uint64_t used = tot.used - (uncomputed < tot.used ? uncomputed : tot.used);
     const uint64_t reserved = tot.reserved;
-    reservation += tot.used - used;
-    // A model with groups: token states are what the model needs (groups.c); what a
-    // layout holds beyond that (tokens out of every window) is internal fragmentation.
-    if (e->groups.hetero && need_bytes / e->bpt < used) used = need_bytes / e->bpt;
+    uint64_t used;
+    if (e->groups.hetero) {
+        // A model with groups: token states are what the model needs (groups.c: the
+        // step's queries and the next ones), whatever the policy thinks it keeps; what
+        // a layout holds beyond that (tokens out of every window) is internal
+        // fragmentation.
+        const uint64_t room = reserved > reservation ? reserved - reservation : 0;
+        const uint64_t pending = uncomputed < room ? uncomputed : room;
+        reservation += pending;
+        used = need_bytes / e->bpt < room - pending ? need_bytes / e->bpt : room - pending;
+    } else {
+        used = tot.used - (uncomputed < tot.used ? uncomputed : tot.used);
+        reservation += tot.used - used;
+    }
     if (used > e->peak_used) e->peak_used = used;
     if (reserved > e->peak_reserved) e->peak_reserved = reserved;
     const uint64_t ext = e->ext_frag < cap - reserved ? e->ext_frag : cap - reserved;

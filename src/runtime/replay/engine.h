@@ -24,6 +24,8 @@ typedef struct req_state {
     uint32_t pad_prompt, pad_output; // static batching: padded lengths (0: none)
     uint32_t pf_len;   // tokens sequence 0 holds once the prefill completes
     uint32_t pf_done;  // tokens of sequence 0 computed (or cached) so far
+    uint32_t pf_first; // the first position the latest prefill chunk computed
+    uint64_t pf_step;  // 1 + the step that ran that chunk (0: none yet)
     uint64_t pf_extra; // restored samples' own tokens, computed with the last chunk
     double pf_extra_pairs;
     uint64_t pf_extra_ctx;

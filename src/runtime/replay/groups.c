@@ -54,6 +54,30 @@ uint64_t pkvi_groups_needed_bytes(const pkvi_groups *G, uint32_t nseq, uint32_t 
     return total;
 }
 
+uint64_t pkvi_groups_chunk_bytes(const pkvi_groups *G, uint32_t nseq, uint32_t len,
+                                 uint32_t prompt, int shared, uint32_t first, uint32_t end,
+                                 uint64_t *per_group) {
+    uint64_t total = 0;
+    for (uint32_t g = 0; g < G->n; g++) {
+        uint64_t b;
+        if (G->g[g].kind == PKV_LAYER_STATE) {
+            b = (uint64_t)nseq * G->state_bytes[g];
+        } else {
+            // The chunk's first query (at `first`) sees the most of the past: the
+            // tokens_kept(first + 1) keys up to itself, then every position up to end.
+            const uint64_t seen = end > first ? (uint64_t)(end - first) - 1 +
+                                                    pkv_kv_group_tokens_kept(&G->g[g], (uint64_t)first + 1)
+                                              : 0;
+            // Done: the next query (and forked samples) may need more than the chunk saw.
+            const uint64_t next = end == len ? pkvi_groups_kept(G, g, nseq, len, prompt, shared) : 0;
+            b = (seen > next ? seen : next) * G->bpt[g];
+        }
+        if (per_group) per_group[g] += b;
+        total += b;
+    }
+    return total;
+}
+
 void pkvi_groups_decode_read(const pkvi_groups *G, uint32_t ctx, double *bytes,
                              double *layer_keys) {
     // As the uniform roofline counts a decode (ctx context tokens read, one new

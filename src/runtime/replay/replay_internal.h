@@ -127,6 +127,12 @@ uint64_t pkvi_groups_kept(const pkvi_groups *G, uint32_t g, uint32_t nseq, uint3
 // group's part is added to per_group[g] (optional, [n]).
 uint64_t pkvi_groups_needed_bytes(const pkvi_groups *G, uint32_t nseq, uint32_t len,
                                   uint32_t prompt, int shared, uint64_t *per_group);
+// The same for a request whose prefill computed positions [first, end) in this step
+// (end = len once the prompt is done): each windowed group needs, besides what
+// the next query sees, every token one of the chunk's queries saw.
+uint64_t pkvi_groups_chunk_bytes(const pkvi_groups *G, uint32_t nseq, uint32_t len,
+                                 uint32_t prompt, int shared, uint32_t first, uint32_t end,
+                                 uint64_t *per_group);
 // One decode of a sequence of ctx context tokens: adds the KV bytes its attention
 // reads and writes to *bytes and the (layer, key) pairs it scores to *layer_keys.
 void pkvi_groups_decode_read(const pkvi_groups *G, uint32_t ctx, double *bytes,
