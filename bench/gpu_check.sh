@@ -8,6 +8,8 @@
 #      are there (and sass_loads.py runs here if the build machine had no
 #      cuobjdump);
 #   2. pkv-check: every CUDA kernel and the CUDA decoder against the CPU (verdict);
+#      quant-check (the 8-bit cache write and decode that step 3 times) and
+#      window-check (sliding window, chunks, sinks, MLA), each --quick;
 #   3. decode attention bandwidth, bench_attention --gpu: MHA 32/32, GQA 32/8 and
 #      64/8; batch 1, 8, 64, 256; context 1k, 4k, 32k; fp16, then 8-bit (int8,
 #      fp8_e4m3); --max-mib 8192 (a point's K/V per layout);
@@ -32,7 +34,7 @@
 #                   the deadline, and the static step's output is checked. CI runs
 #                   it with pkg-config unable to find Criterion/OpenBLAS/jemalloc.
 #   --steps LIST    run only these steps (comma separated; a rerun of the failed
-#                   ones): pkv_check, bench_mha_fp16, bench_gqa_fp16,
+#                   ones): pkv_check, quant_check, window_check, bench_mha_fp16, bench_gqa_fp16,
 #                   bench_gqa64_fp16, bench_mha_8bit, bench_gqa_8bit,
 #                   bench_gqa64_8bit, ncu, memcheck, racecheck.
 # environment: DEADLINE_S (default 420); PKV_COMMIT, the commit when the tree
@@ -93,7 +95,7 @@ demangle() {
     if command -v c++filt >/dev/null 2>&1; then c++filt; else cat; fi
 }
 # The programs the GPU steps run: all that a prebuilt folder holds.
-progs="tools/pkv-check bench/bench_attention"
+progs="tools/pkv-check tests/quant-check tests/window-check bench/bench_attention"
 
 # setup_and_build BUILD_DIR LOG: an sm_90 build of the programs above, ptxas's
 # register / shared memory / spill lines kept in the log (--ptxas-options=-v).
@@ -106,7 +108,7 @@ setup_and_build() {
     if [ ! -f "$1/build.ninja" ]; then
         # shellcheck disable=SC2086
         NINJA="$n" $m setup "$1" -Dcuda=enabled -Dgpu_archs=90 -Dbuildtype=release \
-            -Ddefault_library=static -Dtests=false -Dcriterion=disabled -Dblas=disabled \
+            -Ddefault_library=static -Dtests=true -Dcriterion=disabled -Dblas=disabled \
             -Djemalloc=disabled -Dbench=true -Dpython=disabled -Dcuda_args=--ptxas-options=-v || return 1
     fi
     # Recompile the CUDA objects so that ptxas prints their resources again.
@@ -155,7 +157,7 @@ if [ $mode = prebuild ]; then
     {
         echo "built: $(date -u '+%Y-%m-%d %H:%M UTC') on $(uname -m), $(sed -n 's/^PRETTY_NAME=//p' /etc/os-release 2>/dev/null | tr -d '"')"
         echo "nvcc: $(nvcc --version | tail -1)"
-        echo "options: -Dgpu_archs=90 -Dbuildtype=release -Ddefault_library=static -Dtests=false"
+        echo "options: -Dgpu_archs=90 -Dbuildtype=release -Ddefault_library=static -Dtests=true -Dcriterion=disabled (only the programs below are built)"
     } >"$dir/BUILD_INFO"
     # Static step: ptxas's resources per kernel (always), and the SASS loads in
     # flight when this machine has cuobjdump (else the GPU machine runs it).
@@ -190,12 +192,13 @@ bindir=
 # up within the default deadline (checked below): pkv-check and the benchmarks
 # first, the sanitizers last, racecheck (the slowest per kernel) on one case.
 # (sass runs there only when the build machine had no cuobjdump.)
-plan="libs:10 sass:20 pkv_check:75 bench_mha_fp16:30 bench_gqa_fp16:30 bench_gqa64_fp16:30
-bench_mha_8bit:30 bench_gqa_8bit:30 bench_gqa64_8bit:30 ncu:45 memcheck:40 racecheck:40"
+plan="libs:10 sass:20 pkv_check:75 quant_check:25 window_check:15 bench_mha_fp16:25
+bench_gqa_fp16:25 bench_gqa64_fp16:25 bench_mha_8bit:25 bench_gqa_8bit:25 bench_gqa64_8bit:25
+ncu:45 memcheck:40 racecheck:35"
 if [ $mode = build ]; then # a build there takes its time from the later steps' share
-    plan="build:150 libs:10 sass:20 pkv_check:75 bench_mha_fp16:10 bench_gqa_fp16:10
-bench_gqa64_fp16:10 bench_mha_8bit:10 bench_gqa_8bit:10 bench_gqa64_8bit:10 ncu:30
-memcheck:30 racecheck:25"
+    plan="build:150 libs:10 sass:20 pkv_check:60 quant_check:15 window_check:10
+bench_mha_fp16:10 bench_gqa_fp16:10 bench_gqa64_fp16:10 bench_mha_8bit:10 bench_gqa_8bit:10
+bench_gqa64_8bit:10 ncu:25 memcheck:25 racecheck:20"
 fi
 limit_of() { echo "$plan" | tr ' ' '\n' | sed -n "s/^$1://p"; }
 for s in $(echo "$only" | tr ',' ' '); do
@@ -398,6 +401,8 @@ if [ $mode = prebuilt ]; then
         [ -x "$dir/${p##*/}" ] || die "$dir/${p##*/} missing: run bench/gpu_check.sh --build-prebuilt $dir first"
     done
     check="$dir/pkv-check"
+    qcheck="$dir/quant-check"
+    wcheck="$dir/window-check"
     battn="$dir/bench_attention"
     [ -f "$dir/ptxas.txt" ] && cp "$dir/ptxas.txt" "$work/ptxas.txt"
     [ -f "$dir/sass.txt" ] && cp "$dir/sass.txt" "$work/sass.txt"
@@ -406,6 +411,8 @@ else
     grep -E 'ptxas info *: (Compiling|Function properties|Used)|spill' "$work/build.log" \
         | sed 's/^.*ptxas info *: //' | demangle >"$work/ptxas.txt"
     check="$build/tools/pkv-check"
+    qcheck="$build/tests/quant-check"
+    wcheck="$build/tests/window-check"
     battn="$build/bench/bench_attention"
 fi
 # Runtime libraries of a build from another machine: the toolkit's and pip's.
@@ -416,7 +423,7 @@ for d in $(python3 -c 'import glob, site; print(" ".join(glob.glob(site.getsitep
     LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$d"
 done
 export LD_LIBRARY_PATH
-step libs "$0" --run-libs-check "$check" "$battn"
+step libs "$0" --run-libs-check "$check" "$qcheck" "$wcheck" "$battn"
 # The static step must have produced ptxas's resource lines for every build.
 if grep -q 'Used [0-9]* registers' "$work/ptxas.txt" 2>/dev/null; then
     record static "PASS ($(grep -c 'Used [0-9]* registers' "$work/ptxas.txt") kernels in ptxas.txt)" 0 0
@@ -439,6 +446,12 @@ fi
 # ---- 3. correctness first: a kernel that is wrong is not worth timing ----
 gpu pkv_check "$check"
 wanted pkv_check && section "pkv-check: CUDA against the CPU" "pkv-check" pkv_check.log
+gpu quant_check "$qcheck" --quick
+wanted quant_check && section "quant-check: the 8-bit kernels against the CPU" "quant-check --quick" \
+    quant_check.log
+gpu window_check "$wcheck" --quick
+wanted window_check && section "window-check: window, chunk, sink and MLA decode against the CPU" \
+    "window-check --quick" window_check.log
 
 # ---- 4. decode attention bandwidth ----
 grid="--gpu --batch 1,8,64,256 --context 1024,4096,32768 --max-mib 8192 --min-time 0.05"

@@ -268,8 +268,19 @@ int main(int argc, char **argv) {
     // --quick: one head dim per format; --sanitizer (sanitizer builds, tens of times
     // slower): also one query dtype and one GQA split-K case of up to 257 tokens, so
     // every path (both scale kinds, NHD, MQA, split-K, contiguous rows) still runs once.
-    int sanitizer = argc > 1 && strcmp(argv[1], "--sanitizer") == 0;
-    int quick = sanitizer || (argc > 1 && strcmp(argv[1], "--quick") == 0);
+    const char *opt = argc > 1 ? argv[1] : "";
+    if (strcmp(opt, "--help") == 0 || strcmp(opt, "-h") == 0) {
+        printf("usage: quant-check [--quick | --sanitizer]\n"
+               "The 8-bit KV kernels (cache write, decode, prefill) against the CPU calls.\n"
+               "exit: 0 pass, 1 mismatch or CUDA failure, 2 bad usage, 77 no CUDA device\n");
+        return 0;
+    }
+    if (argc > 2 || (argc == 2 && strcmp(opt, "--quick") != 0 && strcmp(opt, "--sanitizer") != 0)) {
+        fprintf(stderr, "quant-check: unknown argument '%s' (see --help)\n", argc > 2 ? argv[2] : opt);
+        return 2;
+    }
+    int sanitizer = strcmp(opt, "--sanitizer") == 0;
+    int quick = sanitizer || strcmp(opt, "--quick") == 0;
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
         printf("quant-check: no CUDA device: skipped\n");

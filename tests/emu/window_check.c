@@ -122,7 +122,18 @@ static void run_case(pkv_dtype dt, uint32_t H, uint32_t KVH, uint32_t D, uint32_
 }
 
 int main(int argc, char **argv) {
-    int quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
+    const char *opt = argc > 1 ? argv[1] : "";
+    if (strcmp(opt, "--help") == 0 || strcmp(opt, "-h") == 0) {
+        printf("usage: window-check [--quick]\n"
+               "The sliding-window, chunked, sink and MLA decode kernels against the CPU calls.\n"
+               "exit: 0 pass, 1 mismatch or CUDA failure, 2 bad usage, 77 no CUDA device\n");
+        return 0;
+    }
+    if (argc > 2 || (argc == 2 && strcmp(opt, "--quick") != 0)) {
+        fprintf(stderr, "window-check: unknown argument '%s' (see --help)\n", argc > 2 ? argv[2] : opt);
+        return 2;
+    }
+    int quick = strcmp(opt, "--quick") == 0;
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
         printf("window-check: no CUDA device: skipped\n");
