@@ -272,3 +272,48 @@ Test(replay_groups, a_prefill_chunk_needs_what_its_queries_see) {
     cr_assert_eq(l.reservation[1], 16u * 1024, "%llu", (unsigned long long)l.reservation[1]);
     cr_assert_eq(l.internal[1], 2u * 1024, "%llu", (unsigned long long)l.internal[1]);
 }
+
+// Sim mode, prefill: a query at q of a sliding layer scores min(q + 1, W) keys.
+// A 40-token prompt (one output token: no decode) scores, per sliding layer,
+// 1 + ... + 40 = 820 keys with a window past the prompt and 1 + ... + 16 + 24 x 16
+// = 520 with W = 16: 2 layers x 300 fewer, 4 x heads x head_dim flops each. In one
+// chunk the queries together read every prompt token either way; in chunks of 16,
+// the chunk at 16..31 reads from token 1 (one fewer) and the one at 32..39 from 17
+// (17 fewer than from 0): 18 tokens of 1024 bytes fewer.
+typedef struct work_sum {
+    double flops, bytes;
+} work_sum;
+
+static void sum_work(void *user, const pkv_replay_step *s) {
+    work_sum *w = user;
+    w->flops += s->work_flops;
+    w->bytes += s->work_bytes;
+}
+
+static work_sum prefill_work(uint32_t window, uint32_t chunk) {
+    pkv_replay_params p = swa_params(PKV_POLICY_HYBRID_PARTITION);
+    p.model.kv_groups[0].window = window;
+    p.chunked_prefill = chunk;
+    work_sum w = {0, 0};
+    p.on_step = sum_work;
+    p.user = &w;
+    const pkv_trace_request rq = {0, 40, 1, 1, -1, 0, 0};
+    pkv_trace *t = make_trace(&rq, 1);
+    pkv_replay_report r;
+    cr_assert_eq(pkv_replay_run(t, &p, &r), PKV_OK, "%s", r.failure);
+    pkv_trace_destroy(t);
+    return w;
+}
+
+Test(replay_groups, sim_prefill_scores_only_the_window) {
+    pkv_model_config m;
+    cr_assert_eq(pkv_model_preset("tiny-swa", &m), PKV_OK);
+    const double per_key = 4.0 * m.num_heads * m.head_dim;
+    for (uint32_t chunk = 0; chunk <= 16; chunk += 16) {
+        const work_sum narrow = prefill_work(16, chunk), wide = prefill_work(4096, chunk);
+        cr_assert_float_eq(wide.flops - narrow.flops, 600.0 * per_key, 1e-3, "chunk %u: %.1f", chunk,
+                           wide.flops - narrow.flops);
+        cr_assert_float_eq(wide.bytes - narrow.bytes, chunk ? 18.0 * 1024 : 0.0, 1e-6, "chunk %u: %.1f",
+                           chunk, wide.bytes - narrow.bytes);
+    }
+}

@@ -54,6 +54,9 @@ static pkv_status prefill_chunk(engine *e, uint32_t r) {
     e->b.prefill_tokens += c;
     e->b.prefill_attn_pairs += nc * done + nc * (nc + 1) / 2;
     e->b.prefill_ctx_tokens += s->pf_done + c;
+    if (e->groups.hetero)
+        pkvi_groups_prefill_read(&e->groups, s->pf_done, (uint32_t)c, &e->b.prefill_kv_bytes,
+                                 &e->b.prefill_layer_keys);
     if (e->ex->needs_seqs &&
         pkvi_engine_push_seq(e, r, 0, (uint32_t)c, (uint32_t)(s->pf_done + c)) != 0)
         return PKV_ERR_OUT_OF_MEMORY;
@@ -66,11 +69,14 @@ static pkv_status prefill_chunk(engine *e, uint32_t r) {
         e->b.prefill_tokens += s->pf_extra;
         e->b.prefill_attn_pairs += s->pf_extra_pairs;
         e->b.prefill_ctx_tokens += s->pf_extra_ctx;
-        if (e->ex->needs_seqs && s->pf_extra) {
-            const uint32_t own = (uint32_t)(s->pf_extra / (s->nseq - 1));
-            for (uint32_t ch = 1; ch < s->nseq; ch++)
-                if (pkvi_engine_push_seq(e, r, ch, own, s->pf_len) != 0)
-                    return PKV_ERR_OUT_OF_MEMORY;
+        // Each restored sample computes its own tokens, the last `own` positions.
+        const uint32_t own = s->pf_extra ? (uint32_t)(s->pf_extra / (s->nseq - 1)) : 0;
+        for (uint32_t ch = 1; own && ch < s->nseq; ch++) {
+            if (e->groups.hetero)
+                pkvi_groups_prefill_read(&e->groups, s->pf_len - own, own, &e->b.prefill_kv_bytes,
+                                         &e->b.prefill_layer_keys);
+            if (e->ex->needs_seqs && pkvi_engine_push_seq(e, r, ch, own, s->pf_len) != 0)
+                return PKV_ERR_OUT_OF_MEMORY;
         }
         s->prefilling = 0;
         s->fresh = 1;

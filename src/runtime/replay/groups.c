@@ -6,6 +6,7 @@
 // uses it for the per-group memory breakdown and for "used" (the token states
 // the model needs), the roofline for decode attention. Policy-independent: what
 // a layout holds comes from the policy's stats; what the model needs, from here.
+#include <math.h>
 #include <string.h>
 
 #include "replay_internal.h"
@@ -93,5 +94,40 @@ void pkvi_groups_decode_read(const pkvi_groups *G, uint32_t ctx, double *bytes,
         const double keys = (double)pkv_kv_group_tokens_kept(k, ctx);
         *bytes += (keys + 1) * (double)G->bpt[g];
         *layer_keys += keys * (double)k->num_layers;
+    }
+}
+
+// Keys the queries at positions 0 .. x - 1 see together in group k (each query its
+// tokens_kept(q + 1), itself included), in closed form: a full or MLA layer q + 1, a
+// sliding one min(q + 1, W), a chunked one (q mod C) + 1.
+static double keys_before(const pkv_kv_group *k, double x) {
+    const double w = (double)k->window;
+    switch (k->kind) {
+    case PKV_LAYER_SLIDING:
+        return x <= w ? x * (x + 1) / 2 : w * (w + 1) / 2 + (x - w) * w;
+    case PKV_LAYER_CHUNKED: {
+        const double whole = floor(x / w), r = x - whole * w;
+        return whole * w * (w + 1) / 2 + r * (r + 1) / 2;
+    }
+    default:
+        return x * (x + 1) / 2;
+    }
+}
+
+void pkvi_groups_prefill_read(const pkvi_groups *G, uint32_t first, uint32_t n, double *bytes,
+                              double *layer_keys) {
+    if (n == 0) return;
+    for (uint32_t g = 0; g < G->n; g++) {
+        const pkv_kv_group *k = &G->g[g];
+        if (k->kind == PKV_LAYER_STATE) { // the state read and written once per chunk
+            *bytes += 2.0 * (double)G->state_bytes[g];
+            continue;
+        }
+        // Read: from the first query's first key to the last query (n - 1 past the
+        // first query's kept keys); written: the n new tokens.
+        const double seen = (double)(n - 1) + (double)pkv_kv_group_tokens_kept(k, (uint64_t)first + 1);
+        *bytes += (seen + (double)n) * (double)G->bpt[g];
+        *layer_keys += (keys_before(k, (double)first + n) - keys_before(k, (double)first)) *
+                       (double)k->num_layers;
     }
 }

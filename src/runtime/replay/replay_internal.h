@@ -137,6 +137,11 @@ uint64_t pkvi_groups_chunk_bytes(const pkvi_groups *G, uint32_t nseq, uint32_t l
 // reads and writes to *bytes and the (layer, key) pairs it scores to *layer_keys.
 void pkvi_groups_decode_read(const pkvi_groups *G, uint32_t ctx, double *bytes,
                              double *layer_keys);
+// A prefill chunk of n queries at positions first .. first + n - 1: adds the KV bytes
+// its attention reads (the keys its queries see, each once) and writes (n tokens)
+// to *bytes, and the (layer, query, key) triples it scores to *layer_keys.
+void pkvi_groups_prefill_read(const pkvi_groups *G, uint32_t first, uint32_t n, double *bytes,
+                              double *layer_keys);
 
 // ---- step executors ----
 
@@ -158,6 +163,8 @@ typedef struct pkvi_step_batch {
     // Models with KV cache groups only (groups.c): the decodes' KV bytes read and
     // written and (layer, key) pairs scored, each group over the keys it sees.
     double decode_kv_bytes, decode_layer_keys;
+    // The same for the prefills: each query over the keys its group lets it see.
+    double prefill_kv_bytes, prefill_layer_keys;
     uint64_t swap_bytes;           // host <-> device bytes this step
     uint64_t copy_bytes;           // device copies this step (CoW and friends)
     // Only for executors with needs_seqs: the sequences (prefills first).

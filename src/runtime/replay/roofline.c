@@ -278,8 +278,11 @@ static double step_kernels(const roofline *m, const pkvi_step_batch *b, double *
         by += gb;
     }
     if (pt > 0) {
-        const double af = m->attn_flops_per_pair * b->prefill_attn_pairs;
-        const double ab = m->kv_bytes_per_token * ((double)b->prefill_ctx_tokens + pt);
+        // A model with groups: each group over the keys its queries see (groups.c).
+        const double af = m->hetero ? m->attn_flops_per_layer_key * b->prefill_layer_keys
+                                    : m->attn_flops_per_pair * b->prefill_attn_pairs;
+        const double ab = m->hetero ? b->prefill_kv_bytes
+                                    : m->kv_bytes_per_token * ((double)b->prefill_ctx_tokens + pt);
         t_pa = kernel(m, af, ab);
         f += af;
         by += ab;
