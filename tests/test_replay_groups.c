@@ -215,6 +215,7 @@ Test(replay_groups, uniform_model_hybrid_vmm_equals_vmm) {
 // per slot), one request of a 40-token prompt and 2 output tokens.
 typedef struct step_log {
     uint64_t used[8], reservation[8], internal[8];
+    uint64_t needed[8][2], held[8][2]; // per group: sliding, full
     uint32_t n;
 } step_log;
 
@@ -224,6 +225,11 @@ static void log_step(void *user, const pkv_replay_step *s) {
         l->used[l->n] = s->used_bytes;
         l->reservation[l->n] = s->reservation_bytes;
         l->internal[l->n] = s->internal_frag_bytes;
+        cr_assert_eq(s->num_groups, 2);
+        for (uint32_t g = 0; g < 2; g++) {
+            l->needed[l->n][g] = s->groups[g].needed_bytes;
+            l->held[l->n][g] = s->groups[g].held_bytes;
+        }
     }
     l->n++;
 }
@@ -254,6 +260,13 @@ Test(replay_groups, a_prefill_step_needs_what_its_queries_see) {
     cr_assert_eq(l.internal[0], 0, "%llu", (unsigned long long)l.internal[0]);
     cr_assert_eq(l.used[1], 28u * 2048, "%llu", (unsigned long long)l.used[1]);
     cr_assert_eq(l.internal[1], 64u * 1024 - 28u * 2048, "%llu", (unsigned long long)l.internal[1]);
+    // The step rows' per-group figures (the timeline's columns).
+    cr_assert_eq(l.needed[0][0], 40u * 1024);
+    cr_assert_eq(l.held[0][0], 40u * 1024);
+    cr_assert_eq(l.needed[1][0], 16u * 1024);
+    cr_assert_eq(l.held[1][0], 20u * 1024);
+    cr_assert_eq(l.needed[1][1], 41u * 1024);
+    cr_assert_eq(l.held[1][1], 44u * 1024);
 }
 
 // Chunks of 16: step 0 computes 0..15, step 1 16..31, step 2 32..39. The hybrid

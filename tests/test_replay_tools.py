@@ -561,6 +561,30 @@ def test_bad_usage():
     run("merge", expect=2)
 
 
+def test_timeline_groups():
+    # Issue 23: a model with KV cache groups adds each group's needed and held bytes
+    # to every timeline row; a group never needs more than it holds, and the needed
+    # bytes add up to the token states (which round them down to whole slots).
+    trace = os.path.join(ROOT, "traces", "conv_small.csv")
+    tl = tmp("grp_tl.csv")
+    run(trace, "--policy", "paged,hybrid-lcm", "--model", "gemma-3-27b", "--gpu", "h100-80g",
+        "-q", "--timeline", tl, "--timeline-rows", "0")
+    with open(tl, newline="") as f:
+        rows = list(csv.DictReader(f))
+    cols = ["g0_sliding_needed_bytes", "g0_sliding_held_bytes", "g1_full_needed_bytes",
+            "g1_full_held_bytes"]
+    check(rows and all(c in rows[0] for c in cols), "timeline groups: columns %s" % cols)
+    over = [r for r in rows for g in ("g0_sliding", "g1_full")
+            if int(r[g + "_needed_bytes"]) > int(r[g + "_held_bytes"])]
+    check(not over, "timeline groups: needed <= held on every row (%d not)" % len(over))
+    bpt = 425984 + 81920  # gemma-3-27b's bytes per token, both groups, fp16
+    off = [r for r in rows if not 0 <= sum(int(r[c]) for c in cols[::2]) - int(r["token_states_bytes"]) < bpt]
+    check(not off, "timeline groups: needed bytes sum to the token states (%d rows not)" % len(off))
+    check(any(int(r["g0_sliding_held_bytes"]) > int(r["g0_sliding_needed_bytes"]) for r in rows
+              if r["policy"] == "paged"),
+          "timeline groups: paged holds sliding blocks the model does not need")
+
+
 def main():
     global TOOL, ROOT, TMP
     TOOL, ROOT = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
@@ -570,7 +594,8 @@ def main():
                   test_stamp, test_sigint_partial, test_progress_line, test_plots,
                   test_cost_fields_and_failure, test_sim_efficiency, test_timeline_breakdown,
                   test_table_says_rejected_and_deviations,
-                  test_fixed_schedule_decodes_every_request, test_bad_usage):
+                  test_fixed_schedule_decodes_every_request, test_bad_usage,
+                  test_timeline_groups):
             print("--", t.__name__)
             t()
     print("%d failure(s)" % len(FAILS))

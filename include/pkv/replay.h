@@ -217,6 +217,15 @@ typedef struct pkv_replay_step {
     // The step's modelled work (the roofline's count, in both modes; for
     // calibration): flops and bytes moved.
     double work_flops, work_bytes;
+    // A model with KV cache groups (0.3.0; num_groups 0 for a uniform model): per
+    // group, what the model needs this step (the sum over groups is used_bytes
+    // before its rounding to whole slots) and what the layout holds for it (a
+    // group-unaware policy: every reserved slot at the group's bytes per token).
+    uint32_t num_groups;
+    struct pkv_replay_step_group {
+        uint64_t needed_bytes;
+        uint64_t held_bytes;
+    } groups[PKV_MAX_KV_GROUPS];
 } pkv_replay_step;
 
 // A recorded schedule (opaque): the admissions, preemptions and rejections a

@@ -815,7 +815,10 @@ int rt_replay_main(int argc, char **argv) {
         if (out_open(&o, "pkv-replay", timeline_path) != 0) {
             wrc = 1;
         } else {
-            rt_timeline_header(o.f);
+            const pkv_replay_report *first = NULL; // one model per invocation
+            for (size_t i = 0; i < mine && !first; i++)
+                if (results[i].ran) first = &results[i].report;
+            rt_timeline_header(o.f, first);
             for (size_t i = 0; i < mine; i++)
                 if (results[i].ran) rt_timeline_write(o.f, &results[i]);
             if (out_close(&o) != 0) wrc = 1;

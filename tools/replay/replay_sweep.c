@@ -208,7 +208,7 @@ void rt_timeline_free(rt_timeline *t) {
     memset(t, 0, sizeof *t);
 }
 
-void rt_timeline_header(FILE *f) {
+void rt_timeline_header(FILE *f, const pkv_replay_report *groups) {
     // The capacity breakdown of every step in bytes, the same five parts as the
     // report's memory.breakdown.* (token_states + reserved + internal_frag +
     // external_frag + free = capacity on every row; reserved is what is held for
@@ -216,8 +216,15 @@ void rt_timeline_header(FILE *f) {
     // load_scale tell the runs of a sweep apart.
     fputs("policy,step,time_s,running,waiting,token_states_bytes,reserved_bytes,"
           "internal_frag_bytes,external_frag_bytes,free_bytes,capacity_bytes,step_ms,alloc_ms,"
-          "point,block_size,load_scale\n",
+          "point,block_size,load_scale",
           f);
+    // A model with groups: group g's needed and held bytes, named by index and kind
+    // (g0_sliding_needed_bytes, ...).
+    const uint32_t ng = groups ? groups->memory.num_groups : 0;
+    for (uint32_t g = 0; g < ng; g++)
+        fprintf(f, ",g%u_%s_needed_bytes,g%u_%s_held_bytes", g, groups->memory.groups[g].kind, g,
+                groups->memory.groups[g].kind);
+    fputc('\n', f);
 }
 
 void rt_timeline_write(FILE *f, const rt_result *r) {
@@ -227,13 +234,17 @@ void rt_timeline_write(FILE *f, const rt_result *r) {
     const rt_point *p = &r->point;
     for (size_t i = 0; i < t->n; i++) {
         const pkv_replay_step *s = &t->rows[i];
-        fprintf(f, "%s,%llu,%.6f,%u,%u,%llu,%llu,%llu,%llu,%llu,%llu,%.6f,%.6f,%u,%u,%.9g\n",
+        fprintf(f, "%s,%llu,%.6f,%u,%u,%llu,%llu,%llu,%llu,%llu,%llu,%.6f,%.6f,%u,%u,%.9g",
                 rt_point_policy(p), (unsigned long long)s->index, s->time_s, s->running,
                 s->waiting, (unsigned long long)s->used_bytes,
                 (unsigned long long)s->reservation_bytes,
                 (unsigned long long)s->internal_frag_bytes, (unsigned long long)s->ext_frag_bytes,
                 (unsigned long long)s->idle_free_bytes, (unsigned long long)s->capacity_bytes,
                 s->step_s * 1e3, s->alloc_s * 1e3, p->index, r->report.block_size, p->load_scale);
+        for (uint32_t g = 0; g < s->num_groups; g++)
+            fprintf(f, ",%llu,%llu", (unsigned long long)s->groups[g].needed_bytes,
+                    (unsigned long long)s->groups[g].held_bytes);
+        fputc('\n', f);
     }
 }
 

@@ -103,7 +103,9 @@ typedef struct rt_timeline {
 } rt_timeline;
 void rt_timeline_add(rt_timeline *t, const pkv_replay_step *s);
 void rt_timeline_free(rt_timeline *t);
-void rt_timeline_header(FILE *f);
+// groups: a report of the runs (their model's KV cache groups add a needed and a
+// held column per group), or NULL.
+void rt_timeline_header(FILE *f, const pkv_replay_report *groups);
 void rt_timeline_write(FILE *f, const rt_result *r); // its timeline's rows
 
 // ---- replay_progress.c: the progress line and SIGINT/SIGTERM ----

@@ -304,12 +304,19 @@ static pkv_status decode(engine *e) {
 
 // Per-group figures of one step (models with groups): what each group needs and
 // holds; a group-unaware policy holds every reserved slot in every group.
+// Bytes group g's blocks hold: the policy's count, or for a group-unaware policy
+// every reserved slot at the group's bytes per token.
+static uint64_t group_held(const engine *e, const pkv_policy_stats *tot, uint64_t reserved,
+                           uint32_t g) {
+    return tot->num_groups ? tot->groups[g].bytes_held : reserved * e->groups.bpt[g];
+}
+
 static void group_sample(engine *e, const pkv_policy_stats *tot, uint64_t reserved,
                          const uint64_t *need_g, double dt) {
     accum *A = &e->acc;
     for (uint32_t g = 0; g < e->groups.n; g++) {
         const int own = tot->num_groups != 0;
-        const uint64_t held = own ? tot->groups[g].bytes_held : reserved * e->groups.bpt[g];
+        const uint64_t held = group_held(e, tot, reserved, g);
         const uint64_t tok = own ? tot->groups[g].tokens_held : reserved;
         A->g_need[g] += dt * (double)need_g[g];
         A->g_held[g] += dt * (double)held;
@@ -403,6 +410,16 @@ static pkv_status time_step(engine *e, double *dt_out) {
         // step's queries and the next ones), whatever the policy thinks it keeps; what
         // a layout holds beyond that (tokens out of every window) is internal
         // fragmentation.
+        // Requests sharing blocks (a prefix cache) are counted each: a group needs
+        // at most what it stores, its held bytes (a group-unaware policy: each
+        // distinct token slot it stores, at the group's bytes per token).
+        const uint64_t stored = tot.used - (uncomputed < tot.used ? uncomputed : tot.used);
+        need_bytes = 0;
+        for (uint32_t g = 0; g < e->groups.n; g++) {
+            const uint64_t cap_g = tot.num_groups ? tot.groups[g].bytes_held : stored * e->groups.bpt[g];
+            if (need_g[g] > cap_g) need_g[g] = cap_g;
+            need_bytes += need_g[g];
+        }
         const uint64_t room = reserved > reservation ? reserved - reservation : 0;
         const uint64_t pending = uncomputed < room ? uncomputed : room;
         reservation += pending;
@@ -472,6 +489,13 @@ static pkv_status time_step(engine *e, double *dt_out) {
         ps.prefill_tokens = (uint32_t)e->b.prefill_tokens;
         ps.work_flops = work_flops;
         ps.work_bytes = work_bytes;
+        if (e->groups.hetero) {
+            ps.num_groups = e->groups.n;
+            for (uint32_t g = 0; g < e->groups.n; g++) {
+                ps.groups[g].needed_bytes = need_g[g];
+                ps.groups[g].held_bytes = group_held(e, &tot, reserved, g);
+            }
+        }
         prm->on_step(prm->user, &ps);
     }
     *dt_out = dt;
