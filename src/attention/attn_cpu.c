@@ -111,11 +111,12 @@ typedef struct span {
     const float *sinks; // [group] or NULL
 } span;
 
-// Rows of kv head h: the head-0 row addresses r moved by h head strides.
-static inline void head_rows(const void *const *r, uint32_t n, size_t off, const void **out) {
-    for (uint32_t i = 0; i < n; i++) {
-        out[i] = (const char *)r[i] + off;
-    }
+// kv moved to the item's kv head h.
+static inline kv_view head_view(const kv_view *kv, uint32_t h) {
+    kv_view v = *kv;
+    v.k += h * kv->head_stride;
+    v.v += h * kv->head_stride;
+    return v;
 }
 
 // out[g] = softmax(q[g] . K[begin..end-1]) V for the heads * group query heads
@@ -142,9 +143,7 @@ PKVI_CLONES static void attend(const pkv_attn_shape *shape, const kv_view *kv, c
         w.m[g] = sp->sinks ? sp->sinks[g] : -INFINITY;
         w.l[g] = sp->sinks ? 1.0f : 0.0f;
     }
-    const void *k0[TILE_T]; // head 0's rows of this tile
-    const void *v0[TILE_T];
-    const void *kr[TILE_T]; // the current head's
+    const void *kr[TILE_T];
     const void *vr[TILE_T];
     const void *kn[TILE_T]; // the rows to prefetch
     const void *vn[TILE_T];
@@ -156,10 +155,9 @@ PKVI_CLONES static void attend(const pkv_attn_shape *shape, const kv_view *kv, c
     const size_t vrow_bytes = (size_t)dv * pkv_dtype_size(dt);
     for (uint32_t t0 = sp->begin; t0 < len; t0 += TILE_T) {
         const uint32_t n = len - t0 < TILE_T ? len - t0 : TILE_T;
-        row_addrs(kv, t0, n, k0, v0);
         for (uint32_t h = 0; h < heads; h++) {
-            head_rows(k0, n, h * kv->head_stride, kr);
-            head_rows(v0, n, h * kv->head_stride, vr);
+            const kv_view hv = head_view(kv, h);
+            row_addrs(&hv, t0, n, kr, vr);
             float *const qh = w.q + (size_t)h * group * d;
             float *const acc = w.acc + (size_t)h * group * dv;
             float (*const p)[TILE_T] = w.p + (size_t)h * group;
@@ -176,10 +174,9 @@ PKVI_CLONES static void attend(const pkv_attn_shape *shape, const kv_view *kv, c
             const uint32_t ps = h + PF_STEPS;
             const uint32_t tp = t0 + ps / heads * TILE_T;
             if (tp < len) {
+                const kv_view pv = head_view(kv, ps % heads);
                 nn = len - tp < TILE_T ? len - tp : TILE_T;
-                row_addrs(kv, tp, nn, kn, vn);
-                head_rows(kn, nn, ps % heads * kv->head_stride, kn);
-                head_rows(vn, nn, ps % heads * kv->head_stride, vn);
+                row_addrs(&pv, tp, nn, kn, vn);
             }
             uint32_t i = 0;
             // Rows four at a time while four converted rows fit the row buffer.
