@@ -36,8 +36,8 @@
 #endif
 
 typedef struct work_state {
-    float q[PKV_ATTN_CPU_MAX_HEAD_DIM];   // [group][head_dim], already scaled
-    float acc[PKV_ATTN_CPU_MAX_HEAD_DIM]; // [group][dv], unnormalized output (dv <= head_dim)
+    float q[PKV_ATTN_CPU_MAX_HEAD_DIM];   // [heads x group][head_dim], already scaled
+    float acc[PKV_ATTN_CPU_MAX_HEAD_DIM]; // [heads x group][dv], unnormalized (dv <= head_dim)
     float row[PKV_ATTN_CPU_MAX_HEAD_DIM]; // [4][head_dim] (or [head_dim]): K or V rows in fp32
     float p[MAX_GROUP][TILE_T];           // scores, then probabilities, of a tile
     float m[MAX_GROUP];                   // running max per query head

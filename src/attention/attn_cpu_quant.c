@@ -416,8 +416,8 @@ typedef struct qview {
 } qview;
 
 typedef struct qwork {
-    float q[PKV_ATTN_CPU_MAX_HEAD_DIM];   // [group][head_dim], scaled
-    float acc[PKV_ATTN_CPU_MAX_HEAD_DIM]; // [group][head_dim]
+    float q[PKV_ATTN_CPU_MAX_HEAD_DIM];   // [heads x group][head_dim], scaled
+    float acc[PKV_ATTN_CPU_MAX_HEAD_DIM]; // [heads x group][head_dim]
     float row[PKV_ATTN_CPU_MAX_HEAD_DIM]; // one widened row, or four ([4][head_dim], AVX2)
     float p[MAX_GROUP][TILE_T];
     float m[MAX_GROUP];
