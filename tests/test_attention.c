@@ -433,6 +433,74 @@ Test(attention_decode, thread_count_does_not_change_results) {
     free_case(&c);
 }
 
+// Decode (plain, or under `win` when not NULL) with sh.num_threads = nt.
+static void *decode_threads(pcase *c, uint32_t nt, const pkv_attn_window *win) {
+    void *out = xcalloc((size_t)c->num_seqs * c->sh.num_heads * c->sh.head_dim,
+                        pkv_dtype_size(c->sh.dtype));
+    c->sh.num_threads = nt;
+    pkv_status st = win ? pkv_attn_decode_paged_window_cpu(&c->sh, win, c->num_seqs, c->q,
+                                                           &c->kv, out)
+                        : pkv_attn_decode_paged_cpu(&c->sh, c->num_seqs, c->q, &c->kv, out);
+    cr_assert_eq(st, PKV_OK, "%s", pkv_status_str(st));
+    return out;
+}
+
+// A paged work item takes several adjacent kv heads when there are few threads
+// to feed (one thread: every head of a row, up to 64 KiB of rows per block; two
+// threads and one sequence: fewer), one head when there are as many threads as
+// (row, kv head) pairs. Each head's output is the same bits either way, and the
+// merged items match the reference: GQA 1, 4 and 8, kv head counts 3 and 6 (not
+// multiples of 2 or 4), both block layouts, block 5 and 16, lengths 1, 33 and 300,
+// and a sliding window with sinks over tables whose entries before the window are
+// PKV_BLOCK_NONE.
+Test(attention_decode, kv_heads_per_item_do_not_change_output) {
+    const int32_t lens[3] = {300, 1, 33};
+    const uint32_t shapes[][4] = {{8, 8, 64, 16}, {24, 6, 40, 5}, {12, 3, 13, 16}, {32, 4, 64, 16}};
+    float sinks[32];
+    for (int h = 0; h < 32; h++) {
+        sinks[h] = (float)(rng_unit() * 2.0);
+    }
+    const pkv_attn_window win = {PKV_ATTN_WINDOW_SLIDING, 50, sinks};
+    for (int di = 0; di < 3; di++) {
+        for (int sh = 0; sh < 4; sh++) {
+            for (int nhd = 0; nhd < 2; nhd++) {
+                for (uint32_t seqs = 1; seqs <= 3; seqs += 2) {
+                    const uint32_t *x = shapes[sh];
+                    pcase c = make_case(all_dtypes[di], x[0], x[1], x[2], x[3], seqs, lens, 0,
+                                        nhd, 1.0);
+                    const size_t bytes = (size_t)seqs * x[0] * x[2] * pkv_dtype_size(c.sh.dtype);
+                    char what[96];
+                    snprintf(what, sizeof what, "%s heads %u/%u dim %u block %u nhd %d seqs %u",
+                             pkv_dtype_name(all_dtypes[di]), x[0], x[1], x[2], x[3], nhd, seqs);
+                    for (int w = 0; w < 2; w++) {
+                        const pkv_attn_window *wp = w ? &win : NULL;
+                        void *a = decode_threads(&c, seqs * x[1], wp);
+                        void *b = decode_threads(&c, 1, wp);
+                        void *d = decode_threads(&c, 2, wp);
+                        cr_assert_eq(memcmp(a, b, bytes), 0, "%s window %d: 1 thread", what, w);
+                        cr_assert_eq(memcmp(a, d, bytes), 0, "%s window %d: 2 threads", what, w);
+                        if (w == 0) {
+                            check_decode(&c, b, what);
+                        }
+                        free(a);
+                        free(b);
+                        free(d);
+                        // Tokens before the window: their blocks are never read.
+                        for (uint32_t s = 0; s < seqs; s++) {
+                            int32_t first = lens[s] > 50 ? (lens[s] - 50) / (int32_t)x[3] : 0;
+                            for (int32_t blk = 0; blk < first; blk++) {
+                                c.tables[s * c.kv.max_blocks_per_seq + (uint32_t)blk] =
+                                    PKV_BLOCK_NONE;
+                            }
+                        }
+                    }
+                    free_case(&c);
+                }
+            }
+        }
+    }
+}
+
 // ---------------------------------------------------------------- contiguous twin
 
 // Copy the paged data into a contiguous [seq][kv_head][max_len][dim] cache (NaN

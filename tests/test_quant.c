@@ -889,3 +889,55 @@ Test(quant, runtime_generate) {
     free(lq);
     pkv_model_destroy(m);
 }
+
+// Decode with sh.num_threads = nt into a new buffer.
+static void *decode_threads(qcase *c, uint32_t nt) {
+    pkv_attn_paged_kv kv = paged_of(c);
+    size_t bytes = (size_t)c->num_seqs * c->sh.num_heads * c->sh.head_dim *
+                   pkv_dtype_size(c->sh.dtype);
+    void *out = calloc(1, bytes);
+    c->sh.num_threads = nt;
+    cr_assert_eq(pkv_attn_decode_paged_quant_cpu(&c->sh, &c->qz, c->num_seqs, c->qdt, &kv, out),
+                 PKV_OK);
+    return out;
+}
+
+// A paged work item takes several adjacent kv heads when there are few threads
+// to feed (one thread: every head of a row in one item, up to 64 KiB of rows per
+// block; two threads and one sequence: two heads), one head when there are as
+// many threads as (row, kv head) pairs. Each head's output is the same bits either
+// way: GQA 1, 4 and 8, kv head counts 3 and 6 (not multiples of 2 or 4), both
+// block layouts, block 5 and 16, lengths 1, 45 and 70.
+Test(quant, kv_heads_per_item_do_not_change_output) {
+    const int32_t lens[3] = {45, 1, 70};
+    const uint32_t shapes[][4] = {{8, 8, 32, 16}, {24, 6, 40, 5}, {12, 3, 13, 16}, {32, 4, 64, 16}};
+    for (int i = 0; i < 3; i++) {
+        for (int sh = 0; sh < 4; sh++) {
+            for (int layout = 0; layout < 2; layout++) {
+                for (uint32_t seqs = 1; seqs <= 3; seqs += 2) {
+                    qcase c;
+                    qcase_make(&c, qtypes[i], PKV_DTYPE_F16, shapes[sh][0], shapes[sh][1],
+                               shapes[sh][2], shapes[sh][3], seqs, lens,
+                               layout ? PKV_LAYOUT_NHD : PKV_LAYOUT_HND, 1);
+                    const uint32_t one_head = seqs * shapes[sh][1];
+                    void *a = decode_threads(&c, one_head);
+                    void *b = decode_threads(&c, 1);
+                    void *d = decode_threads(&c, 2);
+                    size_t bytes = (size_t)seqs * shapes[sh][0] * shapes[sh][2] * 2;
+                    cr_assert_eq(memcmp(a, b, bytes), 0, "%s shape %d layout %d seqs %u: 1 thread",
+                                 pkv_dtype_name(qtypes[i]), sh, layout, seqs);
+                    cr_assert_eq(memcmp(a, d, bytes), 0, "%s shape %d layout %d seqs %u: 2 threads",
+                                 pkv_dtype_name(qtypes[i]), sh, layout, seqs);
+                    if (sh == 2 && seqs == 3) { // the smallest reference
+                        c.sh.num_threads = 1;
+                        check_decode(&c, NULL); // and the merged items match the references
+                    }
+                    free(a);
+                    free(b);
+                    free(d);
+                    qcase_free(&c);
+                }
+            }
+        }
+    }
+}

@@ -27,7 +27,7 @@
 
 #define TILE_T 32u
 #define MAX_GROUP PKVI_ATTN_CPU_MAX_GROUP
-#define PF_TILES 2u // software prefetch distance, in tiles (as attn_cpu.c)
+#define PF_STEPS 2u // software prefetch distance, in (tile, kv head) steps (as attn_cpu.c)
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
 #include <immintrin.h>
@@ -409,13 +409,15 @@ typedef struct qview {
     size_t block_stride;    // bytes (rows and scales move together)
     size_t token_stride;    // bytes
     size_t scale_token;     // bytes between tokens' scales
+    size_t head_stride;     // bytes between kv heads' rows
+    size_t scale_head;      // bytes between kv heads' scales
     uint32_t block_size;
     int int8;
 } qview;
 
 typedef struct qwork {
-    float q[PKV_ATTN_CPU_MAX_HEAD_DIM];   // [group][head_dim], scaled
-    float acc[PKV_ATTN_CPU_MAX_HEAD_DIM]; // [group][head_dim]
+    float q[PKV_ATTN_CPU_MAX_HEAD_DIM];   // [heads x group][head_dim], scaled
+    float acc[PKV_ATTN_CPU_MAX_HEAD_DIM]; // [heads x group][head_dim]
     float row[PKV_ATTN_CPU_MAX_HEAD_DIM]; // one widened row, or four ([4][head_dim], AVX2)
     float p[MAX_GROUP][TILE_T];
     float m[MAX_GROUP];
@@ -500,22 +502,38 @@ static inline void prefetch_row(const uint8_t *p, size_t bytes) {
 }
 #endif
 
-// out[g] = softmax(q[g] . K) V for `group` consecutive query heads reading qv.
+// qv moved to kv head h of the item (rows and int8 scales).
+static qview head_view(const qview *qv, uint32_t h) {
+    qview v = *qv;
+    v.k += h * qv->head_stride;
+    v.v += h * qv->head_stride;
+    v.ks += h * qv->scale_head;
+    v.vs += h * qv->scale_head;
+    return v;
+}
+
+// out[g] = softmax(q[g] . K) V for heads * group consecutive query heads; query
+// heads h * group .. h * group + group - 1 read kv head h of qv. As attn_cpu.c's
+// attend: the tiles are walked once and, per tile, each kv head with its own
+// running max, sum and accumulator (the same operations per head as one head
+// per item), so a paged item reads a block's adjacent head rows back to back.
 static void attend_q(const pkv_attn_shape *shape, const pkv_attn_kv_quant *qz, const qview *qv,
-                     uint32_t len, const void *q, void *out, uint32_t group, int avx2) {
+                     uint32_t len, const void *q, void *out, uint32_t group, uint32_t heads,
+                     int avx2) {
     qwork w;
     const int kind = kind_of(qz->kv_dtype);
     const uint32_t d = shape->head_dim;
+    const uint32_t nq = heads * group;
     const float bias = kind == KIND_E4M3 ? 256.0f : 1.0f;
     const float kmul = qv->int8 ? 1.0f : qz->k_scale * bias;
     const float vmul = qv->int8 ? 1.0f : qz->v_scale * bias;
-    q_to_f32(shape->dtype, q, group * d, w.q);
+    q_to_f32(shape->dtype, q, nq * d, w.q);
     const float qs = shape->scale * kmul;
-    for (uint32_t i = 0; i < group * d; i++) {
+    for (uint32_t i = 0; i < nq * d; i++) {
         w.q[i] *= qs;
     }
-    memset(w.acc, 0, (size_t)group * d * sizeof(float));
-    for (uint32_t g = 0; g < group; g++) {
+    memset(w.acc, 0, (size_t)nq * d * sizeof(float));
+    for (uint32_t g = 0; g < nq; g++) {
         w.m[g] = -INFINITY;
         w.l[g] = 0.0f;
     }
@@ -529,105 +547,116 @@ static void attend_q(const pkv_attn_shape *shape, const pkv_attn_kv_quant *qz, c
     (void)widen;
     for (uint32_t t0 = 0; t0 < len; t0 += TILE_T) {
         const uint32_t n = len - t0 < TILE_T ? len - t0 : TILE_T;
-        rows_of(qv, t0, n, kr, vr, w.ksc, w.vsc);
-        uint32_t nn = 0;
-        const uint32_t tp = t0 + PF_TILES * TILE_T;
-        if (tp < len) {
-            nn = len - tp < TILE_T ? len - tp : TILE_T;
-            rows_of(qv, tp, nn, kn, vn, NULL, NULL);
-            prefetch_scales(qv, tp, nn);
-        }
-        uint32_t i = 0;
+        for (uint32_t h = 0; h < heads; h++) {
+            const qview hv = head_view(qv, h);
+            float *const qh = w.q + (size_t)h * group * d;
+            float *const acc = w.acc + (size_t)h * group * d;
+            float (*const p)[TILE_T] = w.p + (size_t)h * group;
+            float *const m = w.m + (size_t)h * group;
+            float *const l = w.l + (size_t)h * group;
+            rows_of(&hv, t0, n, kr, vr, w.ksc, w.vsc);
+            // Prefetch PF_STEPS (tile, kv head) steps ahead, as attn_cpu.c.
+            uint32_t nn = 0;
+            const uint32_t ps = h + PF_STEPS;
+            const uint32_t tp = t0 + ps / heads * TILE_T;
+            if (tp < len) {
+                const qview pv = head_view(qv, ps % heads);
+                nn = len - tp < TILE_T ? len - tp : TILE_T;
+                rows_of(&pv, tp, nn, kn, vn, NULL, NULL);
+                prefetch_scales(&pv, tp, nn);
+            }
+            uint32_t i = 0;
 #if QX86
-        for (; widen && i + 4 <= n; i += 4) {
-            for (uint32_t r = i; r < i + 4 && r < nn; r++) {
-                prefetch_row(kn[r], d);
-            }
-            widen4_avx2(kr + i, d, kind, w.row);
-            for (uint32_t g = 0; g < group; g++) {
-                float s4[4];
-                dot4_f32(w.q + (size_t)g * d, w.row, d, s4);
-                for (uint32_t r = 0; r < 4; r++) {
-                    w.p[g][i + r] = s4[r] * w.ksc[i + r];
+            for (; widen && i + 4 <= n; i += 4) {
+                for (uint32_t r = i; r < i + 4 && r < nn; r++) {
+                    prefetch_row(kn[r], d);
+                }
+                widen4_avx2(kr + i, d, kind, w.row);
+                for (uint32_t g = 0; g < group; g++) {
+                    float s4[4];
+                    dot4_f32(qh + (size_t)g * d, w.row, d, s4);
+                    for (uint32_t r = 0; r < 4; r++) {
+                        p[g][i + r] = s4[r] * w.ksc[i + r];
+                    }
                 }
             }
-        }
-        for (; avx2 && i + 4 <= n; i += 4) {
-            for (uint32_t r = i; r < i + 4 && r < nn; r++) {
-                prefetch_row(kn[r], d);
-            }
-            for (uint32_t g = 0; g < group; g++) {
-                float s4[4];
-                dot4_avx2(w.q + (size_t)g * d, kr + i, d, kind, s4);
-                for (uint32_t r = 0; r < 4; r++) {
-                    w.p[g][i + r] = s4[r] * w.ksc[i + r];
+            for (; avx2 && i + 4 <= n; i += 4) {
+                for (uint32_t r = i; r < i + 4 && r < nn; r++) {
+                    prefetch_row(kn[r], d);
+                }
+                for (uint32_t g = 0; g < group; g++) {
+                    float s4[4];
+                    dot4_avx2(qh + (size_t)g * d, kr + i, d, kind, s4);
+                    for (uint32_t r = 0; r < 4; r++) {
+                        p[g][i + r] = s4[r] * w.ksc[i + r];
+                    }
                 }
             }
-        }
 #endif
-        for (; i < n; i++) {
-            raw_row(kr[i], d, kind, w.row);
-            for (uint32_t g = 0; g < group; g++) {
-                w.p[g][i] = dot_f(w.q + (size_t)g * d, w.row, d) * w.ksc[i];
-            }
-        }
-        for (uint32_t g = 0; g < group; g++) {
-            float mx = w.m[g];
-            for (uint32_t j = 0; j < n; j++) {
-                mx = w.p[g][j] > mx ? w.p[g][j] : mx;
-            }
-            if (mx != w.m[g]) {
-                float alpha = expf(w.m[g] - mx); // 0 on the first tile
-                for (uint32_t j = 0; j < d; j++) {
-                    w.acc[(size_t)g * d + j] *= alpha;
+            for (; i < n; i++) {
+                raw_row(kr[i], d, kind, w.row);
+                for (uint32_t g = 0; g < group; g++) {
+                    p[g][i] = dot_f(qh + (size_t)g * d, w.row, d) * w.ksc[i];
                 }
-                w.l[g] *= alpha;
-                w.m[g] = mx;
             }
-            float sum = 0.0f;
-            for (uint32_t j = 0; j < n; j++) {
-                float e = expf(w.p[g][j] - mx);
-                sum += e;
-                w.p[g][j] = e * w.vsc[j]; // the row's V scale rides on its weight
+            for (uint32_t g = 0; g < group; g++) {
+                float mx = m[g];
+                for (uint32_t j = 0; j < n; j++) {
+                    mx = p[g][j] > mx ? p[g][j] : mx;
+                }
+                if (mx != m[g]) {
+                    float alpha = expf(m[g] - mx); // 0 on the first tile
+                    for (uint32_t j = 0; j < d; j++) {
+                        acc[(size_t)g * d + j] *= alpha;
+                    }
+                    l[g] *= alpha;
+                    m[g] = mx;
+                }
+                float sum = 0.0f;
+                for (uint32_t j = 0; j < n; j++) {
+                    float e = expf(p[g][j] - mx);
+                    sum += e;
+                    p[g][j] = e * w.vsc[j]; // the row's V scale rides on its weight
+                }
+                l[g] += sum;
             }
-            w.l[g] += sum;
-        }
-        i = 0;
+            i = 0;
 #if QX86
-        for (; widen && i + 4 <= n; i += 4) {
-            for (uint32_t r = i; r < i + 4 && r < nn; r++) {
-                prefetch_row(vn[r], d);
+            for (; widen && i + 4 <= n; i += 4) {
+                for (uint32_t r = i; r < i + 4 && r < nn; r++) {
+                    prefetch_row(vn[r], d);
+                }
+                widen4_avx2(vr + i, d, kind, w.row);
+                for (uint32_t g = 0; g < group; g++) {
+                    const float p4[4] = {p[g][i], p[g][i + 1], p[g][i + 2], p[g][i + 3]};
+                    axpy4_f32(acc + (size_t)g * d, p4, w.row, d);
+                }
             }
-            widen4_avx2(vr + i, d, kind, w.row);
-            for (uint32_t g = 0; g < group; g++) {
-                const float p4[4] = {w.p[g][i], w.p[g][i + 1], w.p[g][i + 2], w.p[g][i + 3]};
-                axpy4_f32(w.acc + (size_t)g * d, p4, w.row, d);
+            for (; avx2 && i + 4 <= n; i += 4) {
+                for (uint32_t r = i; r < i + 4 && r < nn; r++) {
+                    prefetch_row(vn[r], d);
+                }
+                for (uint32_t g = 0; g < group; g++) {
+                    const float p4[4] = {p[g][i], p[g][i + 1], p[g][i + 2], p[g][i + 3]};
+                    axpy4_avx2(acc + (size_t)g * d, p4, vr + i, d, kind);
+                }
             }
-        }
-        for (; avx2 && i + 4 <= n; i += 4) {
-            for (uint32_t r = i; r < i + 4 && r < nn; r++) {
-                prefetch_row(vn[r], d);
-            }
-            for (uint32_t g = 0; g < group; g++) {
-                const float p4[4] = {w.p[g][i], w.p[g][i + 1], w.p[g][i + 2], w.p[g][i + 3]};
-                axpy4_avx2(w.acc + (size_t)g * d, p4, vr + i, d, kind);
-            }
-        }
 #endif
-        for (; i < n; i++) {
-            raw_row(vr[i], d, kind, w.row);
-            for (uint32_t g = 0; g < group; g++) {
-                axpy_f(w.acc + (size_t)g * d, w.p[g][i], w.row, d);
+            for (; i < n; i++) {
+                raw_row(vr[i], d, kind, w.row);
+                for (uint32_t g = 0; g < group; g++) {
+                    axpy_f(acc + (size_t)g * d, p[g][i], w.row, d);
+                }
             }
         }
     }
-    for (uint32_t g = 0; g < group; g++) {
+    for (uint32_t g = 0; g < nq; g++) {
         const float f = vmul / w.l[g];
         for (uint32_t j = 0; j < d; j++) {
             w.acc[(size_t)g * d + j] *= f;
         }
     }
-    q_from_f32(shape->dtype, w.acc, group * d, out);
+    q_from_f32(shape->dtype, w.acc, nq * d, out);
 }
 
 static qview paged_qview(const pkv_attn_kv_quant *qz, const pkv_attn_paged_kv *kv, uint32_t s,
@@ -643,6 +672,8 @@ static qview paged_qview(const pkv_attn_kv_quant *qz, const pkv_attn_paged_kv *k
     v.block_stride = kv->block_stride;
     v.token_stride = kv->token_stride;
     v.scale_token = qz->scale_token_stride * sizeof(float);
+    v.head_stride = kv->head_stride;
+    v.scale_head = qz->scale_head_stride * sizeof(float);
     v.block_size = kv->block_size;
     v.int8 = qz->kv_dtype == PKV_DTYPE_INT8;
     return v;
@@ -662,20 +693,26 @@ static qview contig_qview(const pkv_attn_kv_quant *qz, const pkv_attn_contig_kv 
     v.block_stride = 0;
     v.token_stride = kv->token_stride;
     v.scale_token = qz->scale_token_stride * sizeof(float);
+    v.head_stride = kv->head_stride;
+    v.scale_head = qz->scale_head_stride * sizeof(float);
     v.block_size = 1;
     v.int8 = qz->kv_dtype == PKV_DTYPE_INT8;
     return v;
 }
 
-// One work item per (row, kv head, query sub-group). rows = sequences (decode) or
-// packed prompt rows (prefill, q_indptr != NULL).
+// One work item per (row, kv heads, query sub-group). rows = sequences (decode) or
+// packed prompt rows (prefill, q_indptr != NULL). A paged item takes the adjacent
+// kv heads of pkvi_attn_cpu_item_heads (attn_cpu.c), a contiguous one a single head.
 static void run_items(const pkv_attn_shape *shape, const pkv_attn_kv_quant *qz, uint32_t num_seqs, const int32_t *q_indptr,
                       uint64_t rows, const void *q, const pkv_attn_paged_kv *pkv,
                       const pkv_attn_contig_kv *ckv, void *out) {
     const size_t es = pkv_dtype_size(shape->dtype);
     const uint32_t group = pkvi_attn_cpu_item_group(shape);
     const uint32_t subs = shape->num_heads / shape->num_kv_heads / group;
-    const uint64_t items = rows * shape->num_kv_heads * subs;
+    const size_t run = pkv ? pkvi_attn_cpu_head_run(pkv, 1, shape->head_dim) : 0;
+    const uint32_t heads = pkvi_attn_cpu_item_heads(shape, group, rows, run);
+    const uint32_t kv_items = shape->num_kv_heads / heads;
+    const uint64_t items = rows * kv_items * subs;
     const int nt = pkvi_attn_cpu_thread_count(shape, items);
     const int avx2 = cpu_has_avx2();
     (void)nt;
@@ -684,8 +721,8 @@ static void run_items(const pkv_attn_shape *shape, const pkv_attn_kv_quant *qz, 
 #endif
     for (int64_t it = 0; it < (int64_t)items; it++) {
         uint32_t sub = (uint32_t)((uint64_t)it % subs);
-        uint32_t kvh = (uint32_t)((uint64_t)it / subs % shape->num_kv_heads);
-        uint64_t r = (uint64_t)it / subs / shape->num_kv_heads;
+        uint32_t kvh = (uint32_t)((uint64_t)it / subs % kv_items) * heads;
+        uint64_t r = (uint64_t)it / subs / kv_items;
         uint32_t s = (uint32_t)r;
         uint32_t len;
         if (q_indptr != NULL) {
@@ -699,7 +736,8 @@ static void run_items(const pkv_attn_shape *shape, const pkv_attn_kv_quant *qz, 
         uint32_t h0 = kvh * (shape->num_heads / shape->num_kv_heads) + sub * group;
         size_t off = ((size_t)r * shape->num_heads + h0) * shape->head_dim * es;
         qview v = pkv ? paged_qview(qz, pkv, s, kvh) : contig_qview(qz, ckv, s, kvh);
-        attend_q(shape, qz, &v, len, (const char *)q + off, (char *)out + off, group, avx2);
+        attend_q(shape, qz, &v, len, (const char *)q + off, (char *)out + off, group, heads,
+                 avx2);
     }
 }
 

@@ -84,6 +84,14 @@ pkv_status pkvi_attn_check_quant(const pkv_attn_kv_quant *quant);
 // Query heads one work item computes: the whole GQA group when its scratch fits
 // (PKV_ATTN_CPU_MAX_HEAD_DIM floats per head), else the largest divisor that does.
 uint32_t pkvi_attn_cpu_item_group(const pkv_attn_shape *shape);
+// Bytes one kv head of a paged cache reads in place before jumping to another
+// block (es: bytes per element), or 0 when adjacent heads' runs are not back to back.
+size_t pkvi_attn_cpu_head_run(const pkv_attn_paged_kv *kv, size_t es, uint32_t head_dim);
+// Adjacent kv heads per work item, so that short per-head runs become one long run
+// (1 when run_bytes is 0, the group is cut into sub-groups, or threads need items).
+#define PKVI_ATTN_CPU_RUN_BYTES 65536u
+uint32_t pkvi_attn_cpu_item_heads(const pkv_attn_shape *shape, uint32_t group, uint64_t rows,
+                                  size_t run_bytes);
 // OpenMP threads for `items` work items: shape->num_threads (0 = all), at most items.
 int pkvi_attn_cpu_thread_count(const pkv_attn_shape *shape, uint64_t items);
 
