@@ -11,7 +11,9 @@ shift || true
 if [[ -x /usr/local/cuda/bin/nvcc ]]; then export PATH="$PATH:/usr/local/cuda/bin"; fi
 if [[ ! -f "$build/build.ninja" ]]; then meson setup "$build" "$@"; fi
 ninja -C "$build"
-meson test -C "$build" --print-errorlogs --num-processes 2
+# PKV_TIMEOUT_MULTIPLIER: sanitizer builds run several times slower (.ci/run sets it).
+meson test -C "$build" --print-errorlogs --num-processes 2 \
+    --timeout-multiplier "${PKV_TIMEOUT_MULTIPLIER:-1}"
 # The Python package and its pytest suite (python/run_tests.sh); PKV_SKIP_PYTHON=1 skips it.
 # PKV_REPLAY: the tool just built, which pagedkv.sweep's reports must match byte for byte.
 if [[ "${PKV_SKIP_PYTHON:-0}" != 1 ]]; then
