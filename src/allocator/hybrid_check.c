@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: MIT
 // What the hybrid KV manager holds, counted from its tables (stats per group) and
 // checked against its pools (validate): every pool reference is a live table
-// entry, a queued copy's pin or a sequence's state slot, and nothing else. Both
+// entry, a queued copy's pin, a prefix cache's entry or a sequence's state slot,
+// and nothing else. Both
 // walk every live sequence, so they are O(capacity + blocks held), not for a hot
 // path.
 #include <stdlib.h>
@@ -57,6 +58,17 @@ pkv_status pkv_hybrid_group_stats_get(const pkv_hybrid *h, uint32_t g,
         stats->padding_bytes =
             stats->blocks_held * (hg->page_bytes - hg->block_size * hg->bytes_per_token);
     stats->blocks_released = hg->released;
+    const pkvi_hgroup *owner = &h->groups[pkvi_hybrid_owner(h, g)];
+    if (owner->cache) { // a PAGED alias shows the one table's cache
+        pkvi_hcache_stats cs;
+        pkvi_hcache_get_stats(owner->cache, &cs);
+        stats->cached_blocks = cs.entries;
+        stats->cached_evictable = cs.evictable;
+        stats->prefix_hit_blocks = cs.hit_blocks;
+        stats->prefix_hit_tokens = cs.hit_blocks * owner->block_size;
+        stats->prefix_inserts = cs.inserts;
+        stats->prefix_evictions = cs.evictions;
+    }
     pkvi_hybrid_lcm_group_stats(h, g, stats);
     return PKV_OK;
 }
@@ -88,6 +100,7 @@ static pkv_status check_pool(const pkv_hybrid *h, const pkv_pool *pool) {
     for (uint32_t g = 0; g < h->num_groups; g++) {
         const pkvi_hgroup *hg = &h->groups[g];
         if (hg->pool == pool && (hg->owns_set || !hg->set)) count_refs(h, g, refs, NULL);
+        if (hg->pool == pool && hg->cache) pkvi_hcache_count_refs(hg->cache, refs);
     }
     pkv_status st = PKV_OK;
     for (uint32_t b = 0; b < capacity && st == PKV_OK; b++)
@@ -116,6 +129,8 @@ pkv_status pkv_hybrid_validate(const pkv_hybrid *h) {
                              pkv_seqset_live_count(hg->set) != live))
             st = PKV_ERR_CORRUPT;
     }
+    for (uint32_t g = 0; g < h->num_groups && st == PKV_OK; g++)
+        if (h->groups[g].cache) st = pkvi_hcache_validate(h->groups[g].cache);
     for (uint32_t p = 0; p < h->num_pools && st == PKV_OK; p++) st = check_pool(h, h->pools[p]);
     if (st == PKV_OK) st = pkvi_hybrid_lcm_validate(h);
     return st;
