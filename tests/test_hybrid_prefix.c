@@ -131,6 +131,10 @@ Test(hybrid_prefix, sliding_group_shares_only_the_window_with_holes_before) {
     cr_assert_eq(holes, 3);
     cr_assert(tb[0] == PKV_BLOCK_NONE && tb[2] == PKV_BLOCK_NONE);
     cr_assert(tb[3] == a3 && tb[4] == a4);
+    // Visible tokens counted once: a's last token (11) sees 8..11, b's (9) 6..9;
+    // blocks 3 (6-7), 4 (8-9, shared) and 5 (10-11): 2 + 2 + 2.
+    cr_assert_eq(pkv_hybrid_group_stats_get(h, 0, &st), PKV_OK);
+    cr_assert_eq(st.tokens_visible, 6);
     // a decodes: the query at 12 sees 9..12, blocks 0..3 die; 0..2 become cache
     // only (b does not hold them), 3 stays shared with b.
     cr_assert_eq(pkv_hybrid_append(h, a, 1, NULL), PKV_OK);

@@ -359,6 +359,11 @@ typedef struct pkv_hybrid_group_stats {
                                // sequences and queued copies of the group
     uint64_t blocks_released;  // blocks released by the window rule since create
     uint64_t tokens_held;      // sum over live sequences of tokens in live blocks
+    uint64_t tokens_visible;   // tokens the last token of some live sequence sees
+                               // (the window rule at its length - 1; every token for
+                               // FULL/MLA), a block shared by several sequences
+                               // (fork, prefix hit) counted once: per distinct block,
+                               // the most any holder sees in it
     // Prefix cache (0 without one; a PAGED alias shows the one table's cache):
     uint64_t cached_blocks;    // blocks the cache holds now
     uint64_t cached_evictable; // of those, held by the cache alone (reclaimable)

@@ -37,6 +37,32 @@ static void count_refs(const pkv_hybrid *h, uint32_t g, uint32_t *refs, uint64_t
     for (uint32_t i = 0; i < nc; i++) refs[c[i].src]++, refs[c[i].dst]++;
 }
 
+// Token group g: per distinct live block, the most tokens a holder's last token
+// sees in it (fill[], the pool's capacity), summed.
+static uint64_t visible_tokens(const pkv_hybrid *h, uint32_t g, uint32_t *fill) {
+    const pkvi_hgroup *hg = &h->groups[g];
+    const uint32_t B = hg->block_size;
+    uint64_t sum = 0;
+    for (uint32_t i = 0; i < h->cap_recs; i++) {
+        const pkvi_hrecord *r = &h->recs[i];
+        const pkv_block_id *t;
+        uint32_t n, holes;
+        if (!r->live || r->len == 0 || pkv_seq_block_table(hg->set, r->gid[g], &t, &n) != PKV_OK ||
+            pkv_seq_released_blocks(hg->set, r->gid[g], &holes) != PKV_OK)
+            continue;
+        const uint32_t first = pkvi_hybrid_first_live(hg, r->len - 1);
+        for (uint32_t j = holes > first / B ? holes : first / B; j < n; j++) {
+            const uint32_t lo = j * B > first ? j * B : first;
+            const uint32_t hi = (j + 1) * B < r->len ? (j + 1) * B : r->len;
+            if (hi - lo > fill[t[j]]) {
+                sum += hi - lo - fill[t[j]];
+                fill[t[j]] = hi - lo;
+            }
+        }
+    }
+    return sum;
+}
+
 pkv_status pkv_hybrid_group_stats_get(const pkv_hybrid *h, uint32_t g,
                                       pkv_hybrid_group_stats *stats) {
     if (!h || !stats || g >= h->num_groups) return PKV_ERR_INVALID_ARG;
@@ -47,6 +73,10 @@ pkv_status pkv_hybrid_group_stats_get(const pkv_hybrid *h, uint32_t g,
     memset(stats, 0, sizeof *stats);
     count_refs(h, g, refs, &stats->tokens_held);
     for (uint32_t b = 0; b < capacity; b++) stats->blocks_held += refs[b] > 0;
+    if (hg->set) {
+        memset(refs, 0, (size_t)capacity * sizeof *refs);
+        stats->tokens_visible = visible_tokens(h, g, refs);
+    }
     free(refs);
     stats->kind = hg->desc.kind;
     stats->block_size = hg->block_size;
