@@ -1,10 +1,11 @@
 // SPDX-License-Identifier: MIT
 // The hybrid KV manager's prefix cache (pkv/hybrid.h, "Prefix cache"): hand-computed
 // hits per group kind (full, sliding with its holes before the window, chunked,
-// MLA, a state model that never hits), the n - 1 rule, the probe, eviction under
-// pressure (leaf first for full groups, oldest first for sliding ones, LCM large
-// pages) with pkv_hybrid_validate after every step, a randomized test against a
-// token-level reference, and a sweep over the four layouts.
+// MLA, a state model: hits only where a state is cached), the n - 1 rule, the
+// probe, eviction under pressure (leaf first for full groups, oldest first for
+// sliding ones, LCM large pages, cached states giving way to sequences) with
+// pkv_hybrid_validate after every step, a randomized test against a token-level
+// reference (states included), and a sweep over the four layouts.
 #include <criterion/criterion.h>
 #include <stdlib.h>
 #include <string.h>
@@ -235,19 +236,100 @@ Test(hybrid_prefix, mla_and_full_groups_cap_a_sliding_group) {
     pkv_hybrid_destroy(h);
 }
 
-Test(hybrid_prefix, a_model_with_a_state_group_never_hits) {
+// The state group's queued copies (take them all): *n of them into c.
+static uint32_t state_copies(pkv_hybrid *h, uint32_t g, pkv_block_copy *c) {
+    uint32_t n = 0;
+    cr_assert_eq(pkv_hybrid_take_copies(h, g, c, 8, &n), PKV_OK);
+    return n;
+}
+
+Test(hybrid_prefix, a_state_model_hits_only_where_a_state_is_cached) {
+    // Full (B = 2) + state: the state interval is 2. a appends 8 tokens and caches
+    // its state there (a copy from its slot into the snapshot's), then 2 more
+    // tokens and offers all 10 (5 full blocks).
     pkv_kv_group gs[2] = {group(PKV_LAYER_FULL, 1, 0), group(PKV_LAYER_STATE, 1, 0)};
     pkv_hybrid *h = make_cached(gs, 2, PKV_HYBRID_PARTITION, 1 << 13, 2, 64);
+    cr_assert_eq(pkv_hybrid_state_interval(h), 2);
     pkv_seq_id a;
     cr_assert_eq(pkv_hybrid_seq_create(h, &a), PKV_OK);
-    cr_assert_eq(pkv_hybrid_append(h, a, 10, NULL), PKV_OK);
-    uint32_t inserted = 7;
+    cr_assert_eq(pkv_hybrid_append(h, a, 8, NULL), PKV_OK);
+    int32_t a_slot;
+    cr_assert_eq(pkv_hybrid_state_slot(h, a, 1, &a_slot), PKV_OK);
+    uint32_t snaps = 0;
+    cr_assert_eq(pkv_hybrid_cache_state(h, a, prompt, 7, &snaps), PKV_ERR_INVALID_ARG, "n != length");
+    cr_assert_eq(pkv_hybrid_cache_state(h, a, prompt, 8, &snaps), PKV_OK);
+    cr_assert_eq(snaps, 1);
+    pkv_block_copy c[8];
+    cr_assert_eq(state_copies(h, 1, c), 1);
+    cr_assert_eq(c[0].src, a_slot);
+    const pkv_block_id snap = c[0].dst;
+    cr_assert_neq(snap, a_slot);
+    ok(h);
+    cr_assert_eq(pkv_hybrid_append(h, a, 2, NULL), PKV_OK);
+    uint32_t inserted = 0;
     cr_assert_eq(pkv_hybrid_cache_prefix(h, a, prompt, 10, &inserted), PKV_OK);
-    cr_assert_eq(inserted, 0, "the state after a prefix is not cached");
+    cr_assert_eq(inserted, 5, "the full group's blocks");
+    ok(h);
+    // 10 tokens: L <= 9; 8 is the largest boundary with both blocks and a state.
     pkv_seq_id b;
-    cr_assert_eq(hit_of(h, prompt, 10, &b), 0);
-    int32_t slot;
-    cr_assert_eq(pkv_hybrid_state_slot(h, b, 1, &slot), PKV_OK);
+    cr_assert_eq(hit_of(h, prompt, 10, &b), 8);
+    int32_t b_slot;
+    cr_assert_eq(pkv_hybrid_state_slot(h, b, 1, &b_slot), PKV_OK);
+    cr_assert_eq(state_copies(h, 1, c), 1, "b's state starts as the cached one");
+    cr_assert(c[0].src == snap && c[0].dst == b_slot);
+    pkv_hybrid_group_stats st;
+    cr_assert_eq(pkv_hybrid_group_stats_get(h, 1, &st), PKV_OK);
+    cr_assert_eq(st.cached_blocks, 1);
+    cr_assert_eq(st.prefix_hit_blocks, 1);
+    cr_assert_eq(st.prefix_hit_tokens, 8);
+    // 8 tokens: L <= 7 -> 6 has blocks but no state, 4 and 2 neither: no hit.
+    pkv_seq_id d;
+    cr_assert_eq(hit_of(h, prompt, 8, &d), 0);
+    cr_assert_eq(state_copies(h, 1, c), 0);
+    pkv_hybrid_destroy(h);
+}
+
+Test(hybrid_prefix, cached_states_give_way_to_sequences) {
+    // Two state slots (max_seqs 2): a holds one, its snapshot the other. A second
+    // sequence needs a slot: the snapshot (left to the cache once its copy ran) is
+    // evicted; with both slots held by sequences nothing is cached.
+    pkv_kv_group gs[2] = {group(PKV_LAYER_FULL, 1, 0), group(PKV_LAYER_STATE, 1, 0)};
+    pkv_hybrid_params p;
+    pkv_hybrid_params_default(&p);
+    p.groups = gs;
+    p.num_groups = 2;
+    p.elem_bytes = 1;
+    p.layout = PKV_HYBRID_LCM;
+    p.budget_bytes = 2 * 100 + 256;
+    p.block_size = 2;
+    p.max_seqs = 2;
+    p.prefix_cache_blocks = 8;
+    pkv_hybrid *h = NULL;
+    cr_assert_eq(pkv_hybrid_create(&p, &h), PKV_OK);
+    pkv_seq_id a, b, c;
+    cr_assert_eq(pkv_hybrid_seq_create(h, &a), PKV_OK);
+    cr_assert_eq(pkv_hybrid_append(h, a, 4, NULL), PKV_OK);
+    uint32_t snaps = 0;
+    cr_assert_eq(pkv_hybrid_cache_state(h, a, prompt, 4, &snaps), PKV_OK);
+    cr_assert_eq(snaps, 1);
+    ok(h);
+    // Its copy has not run: the snapshot is pinned, no slot for b.
+    cr_assert_eq(pkv_hybrid_seq_create(h, &b), PKV_ERR_OUT_OF_BLOCKS);
+    pkv_block_copy cp[8];
+    cr_assert_eq(state_copies(h, 1, cp), 1);
+    ok(h);
+    pkv_hybrid_group_stats st;
+    cr_assert_eq(pkv_hybrid_group_stats_get(h, 1, &st), PKV_OK);
+    cr_assert_eq(st.cached_evictable, 1);
+    cr_assert_eq(pkv_hybrid_seq_create(h, &b), PKV_OK);
+    ok(h);
+    cr_assert_eq(pkv_hybrid_group_stats_get(h, 1, &st), PKV_OK);
+    cr_assert_eq(st.cached_blocks, 0);
+    cr_assert_eq(st.prefix_evictions, 1);
+    cr_assert_eq(pkv_hybrid_cache_state(h, a, prompt, 4, &snaps), PKV_OK);
+    cr_assert_eq(snaps, 0, "every slot is a sequence's");
+    cr_assert_eq(pkv_hybrid_seq_create(h, &c), PKV_ERR_OUT_OF_BLOCKS);
+    ok(h);
     pkv_hybrid_destroy(h);
 }
 
@@ -393,10 +475,20 @@ Test(hybrid_prefix, lcm_eviction_empties_a_large_page_for_another_group) {
 }
 
 // ---- randomized: hits against a token-level reference ----
+// Random groups (full, sliding, chunked, MLA, sometimes a state group) under every
+// layout; prompts cut from three base texts, sometimes diverged; random appends,
+// frees, offers (cache_prefix, and cache_state at state-interval boundaries). A
+// simulated memory per group receives each token through the slot mappings and
+// each state group a running hash per slot (copies run as an engine runs them,
+// before the next append): every live block must hold its sequence's tokens and
+// every slot its sequence's state, so a wrong shared block or a missed state copy
+// is caught. Without eviction the hit must equal a token-level reference: the
+// largest L <= n - 1, a multiple of every block size (and of the state interval),
+// such that every group has cached what its rule needs for L.
 
 #define R_MAX_LEN 40
 #define R_MAX_SEQS 6
-#define R_MAX_KEYS 2048
+#define R_MAX_KEYS 4096
 
 typedef struct rkey {
     uint32_t g, len;
@@ -406,18 +498,16 @@ typedef struct rkey {
 typedef struct rworld {
     uint64_t rng;
     pkv_hybrid *h;
-    uint32_t ng;
+    uint32_t ng, S;  // S: the state interval (0: no state group)
     pkv_kv_group groups[3];
-    uint32_t bs[3];
-    int32_t *mem[3]; // [pool blocks * B]: the token written in each slot
-    uint32_t cap[3];
+    uint32_t bs[3];  // 0 for a state group
+    int32_t *mem[3]; // token group: [ids * B] the token in each slot; state: [slots]
     rkey *keys;      // the reference cache: (group, prefix) pairs cached
     uint32_t nkeys;
     pkv_seq_id ids[R_MAX_SEQS];
     int32_t tok[R_MAX_SEQS][R_MAX_LEN];
     uint32_t len[R_MAX_SEQS];
     int live[R_MAX_SEQS];
-    int evicting;    // 1: eviction may remove keys, the reference is an upper bound
 } rworld;
 
 static uint32_t rnd(rworld *w, uint32_t n) {
@@ -427,12 +517,30 @@ static uint32_t rnd(rworld *w, uint32_t n) {
     return (uint32_t)(w->rng % n);
 }
 
+static int is_state_group(const rworld *w, uint32_t g) { return w->groups[g].kind == PKV_LAYER_STATE; }
+
+// The state after tokens[0..n-1]: a running hash from 0.
+static int32_t state_after(const int32_t *tok, uint32_t n) {
+    uint32_t x = 0;
+    for (uint32_t i = 0; i < n; i++) x = (x ^ (uint32_t)tok[i]) * 16777619u;
+    return (int32_t)x; // the bits, as an engine stores them
+}
+
 static int has_key(const rworld *w, uint32_t g, const int32_t *tok, uint32_t len) {
     for (uint32_t i = 0; i < w->nkeys; i++)
         if (w->keys[i].g == g && w->keys[i].len == len &&
             memcmp(w->keys[i].tok, tok, len * sizeof *tok) == 0)
             return 1;
     return 0;
+}
+
+static void add_key(rworld *w, uint32_t g, const int32_t *tok, uint32_t len) {
+    if (has_key(w, g, tok, len)) return;
+    cr_assert_lt(w->nkeys, R_MAX_KEYS);
+    rkey *k = &w->keys[w->nkeys++];
+    k->g = g;
+    k->len = len;
+    memcpy(k->tok, tok, len * sizeof *k->tok);
 }
 
 // First token a query at p sees in group g (the window rule, written again).
@@ -445,6 +553,7 @@ static uint32_t ref_first(const pkv_kv_group *k, uint32_t p) {
 static uint32_t ref_hit(const rworld *w, const int32_t *tok, uint32_t n) {
     uint32_t align = 1;
     for (uint32_t g = 0; g < w->ng; g++) {
+        if (is_state_group(w, g)) continue;
         uint32_t a = align, b = w->bs[g];
         while (b) {
             uint32_t t = a % b;
@@ -456,6 +565,10 @@ static uint32_t ref_hit(const rworld *w, const int32_t *tok, uint32_t n) {
     for (uint32_t L = n ? (n - 1) / align * align : 0; L > 0; L -= align) {
         int all = 1;
         for (uint32_t g = 0; g < w->ng && all; g++) {
+            if (is_state_group(w, g)) {
+                all = has_key(w, g, tok, L);
+                continue;
+            }
             const uint32_t B = w->bs[g];
             for (uint32_t i = ref_first(&w->groups[g], L) / B; i < L / B && all; i++)
                 all = has_key(w, g, tok, (i + 1) * B);
@@ -465,16 +578,51 @@ static uint32_t ref_hit(const rworld *w, const int32_t *tok, uint32_t n) {
     return 0;
 }
 
-static void write_slots(rworld *w, uint32_t s, uint32_t from, uint32_t n, const int64_t *slots) {
-    for (uint32_t g = 0; g < w->ng; g++)
-        for (uint32_t t = 0; t < n; t++) w->mem[g][slots[g * n + t]] = w->tok[s][from + t];
+static int32_t *state_of(rworld *w, uint32_t s, uint32_t g) {
+    int32_t slot;
+    cr_assert_eq(pkv_hybrid_state_slot(w->h, w->ids[s], g, &slot), PKV_OK);
+    return &w->mem[g][slot];
 }
 
-// Every live block of every sequence holds the sequence's tokens.
+// Sequence s grew by n tokens from `from`: its tokens through the slots, its states.
+static void write_slots(rworld *w, uint32_t s, uint32_t from, uint32_t n, const int64_t *slots) {
+    for (uint32_t g = 0; g < w->ng; g++) {
+        if (is_state_group(w, g)) {
+            int32_t *st = state_of(w, s, g);
+            uint32_t x = (uint32_t)*st;
+            for (uint32_t t = 0; t < n; t++) x = (x ^ (uint32_t)w->tok[s][from + t]) * 16777619u;
+            *st = (int32_t)x;
+            continue;
+        }
+        for (uint32_t t = 0; t < n; t++) w->mem[g][slots[g * n + t]] = w->tok[s][from + t];
+    }
+}
+
+// Run every group's queued copies, as an engine does before its next append.
+static void run_copies(rworld *w) {
+    for (uint32_t g = 0; g < w->ng; g++) {
+        uint32_t nc = 0;
+        pkv_block_copy c[64];
+        const pkv_status tst = pkv_hybrid_take_copies(w->h, g, c, 64, &nc);
+        cr_assert_eq(tst, PKV_OK, "take_copies group %u: %s", g, pkv_status_str(tst));
+        const size_t unit = is_state_group(w, g) ? 1 : w->bs[g];
+        for (uint32_t i = 0; i < nc; i++)
+            memcpy(w->mem[g] + (size_t)c[i].dst * unit, w->mem[g] + (size_t)c[i].src * unit,
+                   unit * sizeof *w->mem[g]);
+    }
+}
+
+// Every live block of every sequence holds the sequence's tokens, every state
+// slot its state.
 static void check_data(rworld *w) {
     for (uint32_t s = 0; s < R_MAX_SEQS; s++) {
         if (!w->live[s]) continue;
         for (uint32_t g = 0; g < w->ng; g++) {
+            if (is_state_group(w, g)) {
+                cr_assert_eq(*state_of(w, s, g), state_after(w->tok[s], w->len[s]),
+                             "seq %u state group %u at %u", s, g, w->len[s]);
+                continue;
+            }
             uint32_t nb, holes;
             const pkv_block_id *t = table(w->h, w->ids[s], g, &nb, &holes);
             for (uint32_t p = holes * w->bs[g]; p < w->len[s]; p++)
@@ -486,6 +634,7 @@ static void check_data(rworld *w) {
 
 static void ref_insert(rworld *w, uint32_t s, uint32_t n) {
     for (uint32_t g = 0; g < w->ng; g++) {
+        if (is_state_group(w, g)) continue;
         uint32_t nb, holes;
         table(w->h, w->ids[s], g, &nb, &holes);
         const int chained = w->groups[g].kind == PKV_LAYER_FULL || w->groups[g].kind == PKV_LAYER_MLA;
@@ -496,33 +645,41 @@ static void ref_insert(rworld *w, uint32_t s, uint32_t n) {
                 if (chained) break;
                 continue;
             }
-            cr_assert_lt(w->nkeys, R_MAX_KEYS);
-            rkey *k = &w->keys[w->nkeys++];
-            k->g = g;
-            k->len = len;
-            memcpy(k->tok, w->tok[s], len * sizeof *k->tok);
+            add_key(w, g, w->tok[s], len);
         }
     }
 }
 
-// Over a whole randomized test: hits seen, tokens hit, evictions (the test checks
-// that it exercised them).
-static uint64_t seen_hits, seen_windowed_holes, seen_evictions;
+// Over a whole randomized test: hits seen, holes in hit tables, state hits,
+// evictions (the test checks that it exercised them).
+static uint64_t seen_hits, seen_windowed_holes, seen_state_hits, seen_evictions;
+
+// Offer sequence s (length n) to the cache, and its state at a state boundary.
+static void offer(rworld *w, uint32_t s, uint32_t n) {
+    ref_insert(w, s, n); // under eviction: a superset of the cache
+    cr_assert_eq(pkv_hybrid_cache_prefix(w->h, w->ids[s], w->tok[s], n, NULL), PKV_OK);
+    if (!w->S || n % w->S || n == 0) return;
+    uint32_t snaps = 0;
+    cr_assert_eq(pkv_hybrid_cache_state(w->h, w->ids[s], w->tok[s], n, &snaps), PKV_OK);
+    for (uint32_t g = 0; g < w->ng; g++)
+        if (is_state_group(w, g)) add_key(w, g, w->tok[s], n);
+    run_copies(w);
+}
 
 static void run_random(pkv_hybrid_layout layout, uint64_t seed, int evicting) {
     rworld w = {.rng = seed * 2654435761u + 1};
     w.keys = calloc(R_MAX_KEYS, sizeof *w.keys);
-    w.evicting = evicting;
     w.ng = 1 + rnd(&w, 3);
     const uint32_t base_bs = 1 + rnd(&w, 3);
     pkv_hybrid_params p;
     pkv_hybrid_params_default(&p);
     for (uint32_t g = 0; g < w.ng; g++) {
-        const uint32_t kind = g == 0 ? rnd(&w, 2) * 3 : rnd(&w, 4); // group 0: full or MLA
-        const pkv_layer_kind kinds[4] = {PKV_LAYER_FULL, PKV_LAYER_SLIDING, PKV_LAYER_CHUNKED,
-                                         PKV_LAYER_MLA};
+        // Group 0: full or MLA; a state group only last.
+        const uint32_t kind = g == 0 ? rnd(&w, 2) * 3 : rnd(&w, g + 1 == w.ng ? 5 : 4);
+        const pkv_layer_kind kinds[5] = {PKV_LAYER_FULL, PKV_LAYER_SLIDING, PKV_LAYER_CHUNKED,
+                                         PKV_LAYER_MLA, PKV_LAYER_STATE};
         w.groups[g] = group(kinds[kind], 1 + rnd(&w, 2), 2 + rnd(&w, 6));
-        if (layout == PKV_HYBRID_PARTITION || layout == PKV_HYBRID_LCM)
+        if ((layout == PKV_HYBRID_PARTITION || layout == PKV_HYBRID_LCM) && kind != 4)
             p.block_sizes[g] = base_bs * (1 + rnd(&w, 2));
     }
     p.groups = w.groups;
@@ -531,6 +688,8 @@ static void run_random(pkv_hybrid_layout layout, uint64_t seed, int evicting) {
     p.layout = layout;
     p.block_size = base_bs;
     p.budget_bytes = evicting ? 600 : 1 << 16;
+    p.max_seqs = evicting ? R_MAX_SEQS + 2 : 1024; // evicting: few spare state slots
+    p.budget_bytes += (uint64_t)p.max_seqs * 100 * 2; // the state slots, if any
     p.prefix_cache_blocks = evicting ? 1 + rnd(&w, 30) : 4096;
     p.prefix_hash = PKV_HASH_FNV1A_64;
     pkv_hybrid *h = NULL;
@@ -539,15 +698,16 @@ static void run_random(pkv_hybrid_layout layout, uint64_t seed, int evicting) {
         return;
     }
     w.h = h;
+    w.S = pkv_hybrid_state_interval(h);
     for (uint32_t g = 0; g < w.ng; g++) {
         pkv_hybrid_group_stats st;
         pkv_hybrid_group_info(h, g, NULL, &w.bs[g]);
         pkv_hybrid_group_stats_get(h, g, &st);
-        w.cap[g] = (uint32_t)(st.capacity_bytes / st.page_bytes) + 64;
-        if (layout == PKV_HYBRID_LCM) w.cap[g] = 4096; // chunked ids run past the capacity
-        w.mem[g] = calloc((size_t)w.cap[g] * w.bs[g], sizeof *w.mem[g]);
-        // In PAGED every group is treated as full attention.
-        if (layout == PKV_HYBRID_PAGED) w.groups[g].kind = PKV_LAYER_FULL;
+        uint32_t cap = (uint32_t)(st.capacity_bytes / st.page_bytes) + 64;
+        if (layout == PKV_HYBRID_LCM) cap = 4096; // chunked ids run past the capacity
+        w.mem[g] = calloc((size_t)cap * (w.bs[g] ? w.bs[g] : 1), sizeof *w.mem[g]);
+        // In PAGED every token group is treated as full attention.
+        if (layout == PKV_HYBRID_PAGED && !is_state_group(&w, g)) w.groups[g].kind = PKV_LAYER_FULL;
     }
     // Prompts from three base texts over a small alphabet, cut and diverged.
     int32_t base[3][R_MAX_LEN];
@@ -565,6 +725,10 @@ static void run_random(pkv_hybrid_layout layout, uint64_t seed, int evicting) {
             cr_assert_eq(pkv_hybrid_prefix_match_get(h, w.tok[s], n, &m), PKV_OK);
             uint32_t cached;
             pkv_status st = pkv_hybrid_seq_create_cached(h, w.tok[s], n, &w.ids[s], &cached);
+            if (st == PKV_ERR_OUT_OF_BLOCKS) { // every state slot held by a sequence
+                cr_assert(evicting && w.S);
+                continue;
+            }
             cr_assert_eq(st, PKV_OK);
             cr_assert_eq(cached, m.cached_tokens, "the probe agrees");
             if (evicting) cr_assert_leq(cached, expect, "never more than was cached");
@@ -572,25 +736,42 @@ static void run_random(pkv_hybrid_layout layout, uint64_t seed, int evicting) {
             w.live[s] = 1;
             w.len[s] = cached;
             seen_hits += cached > 0;
+            seen_state_hits += cached > 0 && w.S;
             for (uint32_t g = 0; g < w.ng; g++) {
                 uint32_t nb, holes;
+                if (is_state_group(&w, g)) {
+                    *state_of(&w, s, g) = 0; // a new state, unless the hit's copy fills it
+                    continue;
+                }
                 table(h, w.ids[s], g, &nb, &holes);
                 seen_windowed_holes += holes;
             }
-            check_data(&w); // the shared blocks hold this prompt's tokens
-            st = pkv_hybrid_append(h, w.ids[s], n - cached, slots);
+            run_copies(&w);
+            check_data(&w); // the shared blocks and states hold this prompt's
+            // An engine chunks its prefill at a state boundary to cache the state there.
+            uint32_t at = cached;
+            if (w.S && rnd(&w, 2) && n / w.S * w.S > cached) {
+                at = n / w.S * w.S;
+                if (pkv_hybrid_append(h, w.ids[s], at - cached, slots) != PKV_OK) {
+                    cr_assert(evicting);
+                    cr_assert_eq(pkv_hybrid_seq_free(h, w.ids[s]), PKV_OK);
+                    w.live[s] = 0;
+                    continue;
+                }
+                write_slots(&w, s, cached, at - cached, slots);
+                w.len[s] = at;
+                offer(&w, s, at);
+            }
+            st = pkv_hybrid_append(h, w.ids[s], n - at, slots);
             if (st == PKV_ERR_OUT_OF_BLOCKS) {
                 cr_assert(evicting);
                 cr_assert_eq(pkv_hybrid_seq_free(h, w.ids[s]), PKV_OK);
                 w.live[s] = 0;
             } else {
                 cr_assert_eq(st, PKV_OK);
-                write_slots(&w, s, cached, n - cached, slots);
+                write_slots(&w, s, at, n - at, slots);
                 w.len[s] = n;
-                if (rnd(&w, 4)) {
-                    ref_insert(&w, s, n); // evicting: a superset of the cache
-                    cr_assert_eq(pkv_hybrid_cache_prefix(h, w.ids[s], w.tok[s], n, NULL), PKV_OK);
-                }
+                if (rnd(&w, 4)) offer(&w, s, n);
             }
         } else if (rnd(&w, 3) == 0) {
             cr_assert_eq(pkv_hybrid_seq_free(h, w.ids[s]), PKV_OK);
@@ -606,14 +787,7 @@ static void run_random(pkv_hybrid_layout layout, uint64_t seed, int evicting) {
                 cr_assert(evicting && st == PKV_ERR_OUT_OF_BLOCKS);
             }
         }
-        for (uint32_t g = 0; g < w.ng; g++) {
-            uint32_t nc = 0;
-            pkv_block_copy c[64];
-            cr_assert_eq(pkv_hybrid_take_copies(h, g, c, 64, &nc), PKV_OK);
-            for (uint32_t i = 0; i < nc; i++)
-                memcpy(w.mem[g] + (size_t)c[i].dst * w.bs[g], w.mem[g] + (size_t)c[i].src * w.bs[g],
-                       w.bs[g] * sizeof *w.mem[g]);
-        }
+        run_copies(&w);
         cr_assert_eq(pkv_hybrid_validate(h), PKV_OK, "step %u", step);
         check_data(&w);
     }
@@ -630,17 +804,18 @@ static void run_random(pkv_hybrid_layout layout, uint64_t seed, int evicting) {
 Test(hybrid_prefix, randomized_hits_match_a_token_level_reference, .timeout = 300) {
     const pkv_hybrid_layout layouts[4] = {PKV_HYBRID_PAGED, PKV_HYBRID_PARTITION,
                                           PKV_HYBRID_SHARED_PAGE, PKV_HYBRID_LCM};
-    for (uint64_t seed = 1; seed <= 40; seed++) run_random(layouts[seed % 4], seed, 0);
-    cr_log_info("hits %llu, holes %llu", (unsigned long long)seen_hits,
-                (unsigned long long)seen_windowed_holes);
+    for (uint64_t seed = 1; seed <= 60; seed++) run_random(layouts[seed % 4], seed, 0);
+    cr_log_info("hits %llu, holes %llu, state hits %llu", (unsigned long long)seen_hits,
+                (unsigned long long)seen_windowed_holes, (unsigned long long)seen_state_hits);
     cr_assert_gt(seen_hits, 500, "the test must exercise hits");
-    cr_assert_gt(seen_windowed_holes, 100, "... and windowed hits with holes");
+    cr_assert_gt(seen_windowed_holes, 100, "... windowed hits with holes");
+    cr_assert_gt(seen_state_hits, 50, "... and hits with a cached state");
 }
 
 Test(hybrid_prefix, randomized_under_pressure_loses_no_block, .timeout = 300) {
     const pkv_hybrid_layout layouts[4] = {PKV_HYBRID_PAGED, PKV_HYBRID_PARTITION,
                                           PKV_HYBRID_SHARED_PAGE, PKV_HYBRID_LCM};
-    for (uint64_t seed = 1; seed <= 40; seed++) run_random(layouts[seed % 4], seed, 1);
+    for (uint64_t seed = 1; seed <= 60; seed++) run_random(layouts[seed % 4], seed, 1);
     cr_log_info("hits %llu, evictions %llu", (unsigned long long)seen_hits,
                 (unsigned long long)seen_evictions);
     cr_assert_gt(seen_hits, 100, "the test must exercise hits");

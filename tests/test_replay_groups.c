@@ -288,3 +288,34 @@ Test(replay_groups, uniform_model_hybrid_hits_equal_paged) {
     cr_assert_gt(roomy.prefix_cached_tokens, r.prefix_cached_tokens);
     pkv_trace_destroy(t);
 }
+
+// tiny-hybrid (full, sliding W = 16, chunked C = 32, MLA, state; B = 4 in every
+// group): request 0 (prompt 40, 36 shared) has its state cached at 36 (the
+// shared prefix, a multiple of the state interval 4) on the way through its
+// prompt, and offers its blocks when its prefill ends (the window rule has already
+// released sliding blocks 0..4 and chunked 0..7 at the append past 36: what a hit
+// at 36 needs is still there). Request 1, the same prompt, hits L = 36: full and
+// MLA share 9 blocks (36 tokens), sliding the blocks of 21..35 (5..8: 16 tokens),
+// chunked its chunk 32..35 (block 8: 4 tokens), the state group the state at 36.
+Test(replay_groups, prefix_hits_with_a_state_group) {
+    const pkv_trace_request rq[2] = {{0, 40, 4, 1, 0, 36, 0}, {1.0, 40, 4, 1, 0, 36, 1}};
+    const pkv_policy hy[] = {PKV_POLICY_HYBRID_PARTITION, PKV_POLICY_HYBRID_LCM};
+    for (size_t i = 0; i < 2; i++) {
+        pkv_trace *t = make_trace(rq, 2);
+        pkv_replay_params p = swa_params(hy[i]);
+        cr_assert_eq(pkv_model_preset("tiny-hybrid", &p.model), PKV_OK);
+        p.kv_mem_bytes = 64u << 20; // 256 state slots of 64 KiB, and pages
+        p.prefix_sharing = 1;
+        pkv_replay_report r;
+        cr_assert_eq(pkv_replay_run(t, &p, &r), PKV_OK, "%s", r.failure);
+        cr_assert_eq(r.requests.completed, 2);
+        cr_assert_eq(r.memory.num_groups, 5);
+        cr_assert_str_eq(r.memory.groups[4].kind, "state");
+        cr_assert_eq(r.prefix_cached_tokens, 36, "%s", r.policy);
+        const uint64_t want[5] = {36, 16, 4, 36, 36};
+        for (uint32_t g = 0; g < 5; g++)
+            cr_assert_eq(r.memory.groups[g].cached_tokens, want[g], "%s group %u: %llu", r.policy, g,
+                         (unsigned long long)r.memory.groups[g].cached_tokens);
+        pkv_trace_destroy(t);
+    }
+}

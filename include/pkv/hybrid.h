@@ -73,9 +73,18 @@
 //   of every token group's block size. Each group's table starts with the blocks
 //   it needs (shared, refcount + 1) after leading holes for the ones it does not
 //   (PKV_BLOCK_NONE: exactly the blocks the window rule would have released, so
-//   the tables look as after appending L tokens). Models with a state group never
-//   hit (L = 0): the state after token L-1 is not cached (a recurrent state cannot
-//   be rebuilt from blocks), and cache_prefix caches nothing for them.
+//   the tables look as after appending L tokens).
+// - States (a model with a state group): a recurrent state cannot be rebuilt from
+//   blocks, so a hit at L also needs the state after token L-1 cached. States are
+//   cached at multiples of the state interval S = the LCM of the token groups'
+//   block sizes (pkv_hybrid_state_interval; 0 above 2^20: then such a model never
+//   hits): pkv_hybrid_cache_state, called when a sequence's length is such a
+//   boundary (an engine chunks its prefill there), snapshots each state group's
+//   state into a slot of the group's own pool held by the cache (a queued state
+//   copy {the sequence's slot, the snapshot's}, as fork queues one). A hit at L
+//   gives the new sequence's slot a queued copy {the snapshot's slot, its slot}.
+//   Snapshots use state slots no sequence holds (max_seqs of them) and are evicted,
+//   oldest first, when a sequence needs a slot or the cache is full.
 // - Eviction: a block only the cache holds (its sequences are gone or released
 //   it) is evictable. When an append (or a batch) does not fit, the manager
 //   evicts before it fails: for each short pool, the least recently released
@@ -307,26 +316,42 @@ pkv_status pkv_hybrid_take_copies(pkv_hybrid *h, uint32_t g, pkv_block_copy *cop
 // ids, n <= its length) of live sequence `id` to every token group's cache, once
 // their K/V is written. Blocks already cached are refreshed, released ones
 // skipped; a full cache evicts its oldest evictable block or stops (not an
-// error). *inserted (optional): new entries over all groups. Nothing is cached
-// for a model with a state group. PKV_ERR_UNSUPPORTED without a cache;
+// error). *inserted (optional): new entries over all token groups (states:
+// pkv_hybrid_cache_state). PKV_ERR_UNSUPPORTED without a cache;
 // PKV_ERR_INVALID_ARG for n > length; PKV_ERR_LIMIT if a block's refcount cannot
 // take the cache's reference (the entries added before it stay).
 pkv_status pkv_hybrid_cache_prefix(pkv_hybrid *h, pkv_seq_id id, const int32_t *tokens,
                                    uint32_t n, uint32_t *inserted);
 
+// Snapshot every state group's state of live sequence `id`, whose length n is a
+// multiple of pkv_hybrid_state_interval (> 0), as the state after tokens[0..n-1]
+// (borrowed): once the queued state copies run (pkv_hybrid_take_copies, before the
+// next append), the cache holds it for hits at n. A prefix cached already is
+// refreshed; no slot to spare (every slot held by a sequence or a pinned state)
+// caches nothing (not an error). *cached (optional): snapshots taken. Without a
+// state group: nothing (PKV_OK when n is the length). PKV_ERR_UNSUPPORTED without a
+// cache; PKV_ERR_INVALID_ARG for n != length or not a multiple of the interval;
+// PKV_ERR_OUT_OF_MEMORY (host) for the copy queue.
+pkv_status pkv_hybrid_cache_state(pkv_hybrid *h, pkv_seq_id id, const int32_t *tokens, uint32_t n,
+                                  uint32_t *cached);
+
+// The state interval S (the rules at the top): 0 without a prefix cache, without a
+// state group, or when S would pass 2^20 (then nothing hits).
+uint32_t pkv_hybrid_state_interval(const pkv_hybrid *h);
+
 // What pkv_hybrid_seq_create_cached would find (plain data, caller-owned).
 typedef struct pkv_hybrid_prefix_match {
     uint32_t cached_tokens;                       // the hit L
-    uint32_t hit_blocks[PKV_MAX_KV_GROUPS];       // blocks group g would share (0 for
-                                                  // state groups; a PAGED alias
-                                                  // repeats the one table's figure)
+    uint32_t hit_blocks[PKV_MAX_KV_GROUPS];       // blocks group g would share (a state
+                                                  // group: 1, the cached state, when
+                                                  // L > 0; a PAGED alias repeats the
+                                                  // one table's figure)
     uint32_t evictable_hit[PKV_MAX_KV_GROUPS];    // of those, held by the cache alone
                                                   // now: the hit makes them unreclaimable
 } pkv_hybrid_prefix_match;
 
 // Side-effect-free admission probe for tokens[0..n-1] (borrowed): no reference,
-// no statistic, no LRU change. Without a cache (or with a state group) the hit is
-// 0. An admission check adds evictable blocks (stats) less evictable_hit to the
+// no statistic, no LRU change. Without a cache the hit is 0. An admission check adds evictable blocks (stats) less evictable_hit to the
 // free blocks of each pool.
 pkv_status pkv_hybrid_prefix_match_get(const pkv_hybrid *h, const int32_t *tokens, uint32_t n,
                                        pkv_hybrid_prefix_match *match);
@@ -334,7 +359,9 @@ pkv_status pkv_hybrid_prefix_match_get(const pkv_hybrid *h, const int32_t *token
 // Create a sequence that starts with the longest cached prefix of tokens[0..n-1]
 // (borrowed) in every group: *cached_tokens = L (a multiple of every token group's
 // block size, <= n - 1, 0 without a cache), the tables as described at the top,
-// the length L. The caller then appends and prefills tokens L..n-1. Errors as
+// the length L, and per state group a queued copy of the cached state into the
+// sequence's slot (take it with pkv_hybrid_take_copies before the next append).
+// The caller then appends and prefills tokens L..n-1. Errors as
 // pkv_hybrid_seq_create (nothing changed), PKV_ERR_LIMIT if a block's refcount
 // cannot grow.
 pkv_status pkv_hybrid_seq_create_cached(pkv_hybrid *h, const int32_t *tokens, uint32_t n,
@@ -365,10 +392,11 @@ typedef struct pkv_hybrid_group_stats {
                                // (fork, prefix hit) counted once: per distinct block,
                                // the most any holder sees in it
     // Prefix cache (0 without one; a PAGED alias shows the one table's cache):
-    uint64_t cached_blocks;    // blocks the cache holds now
+    uint64_t cached_blocks;    // blocks (state group: states) the cache holds now
     uint64_t cached_evictable; // of those, held by the cache alone (reclaimable)
     uint64_t prefix_hit_blocks; // since create: blocks shared by create_cached
-    uint64_t prefix_hit_tokens; // since create: tokens in those blocks
+    uint64_t prefix_hit_tokens; // since create: tokens in those blocks (state group:
+                               // the hit length of each cached state used)
     uint64_t prefix_inserts;   // since create: blocks added to the cache
     uint64_t prefix_evictions; // since create: blocks evicted from it
 } pkv_hybrid_group_stats;

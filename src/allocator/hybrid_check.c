@@ -95,7 +95,7 @@ pkv_status pkv_hybrid_group_stats_get(const pkv_hybrid *h, uint32_t g,
         stats->cached_blocks = cs.entries;
         stats->cached_evictable = cs.evictable;
         stats->prefix_hit_blocks = cs.hit_blocks;
-        stats->prefix_hit_tokens = cs.hit_blocks * owner->block_size;
+        stats->prefix_hit_tokens = cs.hit_tokens;
         stats->prefix_inserts = cs.inserts;
         stats->prefix_evictions = cs.evictions;
     }

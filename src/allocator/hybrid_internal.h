@@ -84,10 +84,12 @@ struct pkv_hybrid {
     pkvi_hrecord *recs;                       // [cap_recs]
     uint32_t cap_recs;
     // Prefix cache (hybrid_prefix.c): the block hasher (NULL: no cache), the clock
-    // every group's cache takes its LRU ticks from, and whether a state group
-    // exists (then nothing hits: pkv/hybrid.h).
+    // every group's cache takes its LRU ticks from, and the state interval S (the
+    // LCM of the token groups' block sizes: states are cached at multiples of it;
+    // 0: no state caching, then a model with a state group never hits).
     pkv_hasher *hasher;
     uint64_t clock;
+    uint32_t state_interval;
     int has_state;
     // Batch scratch: per-sequence lengths before the append, [cap_scratch].
     uint32_t *old_len;
@@ -132,6 +134,12 @@ pkv_status pkvi_hybrid_reserve_scratch(pkv_hybrid *h, uint32_t k);
 // Tell the layout that blocks went back to the pools.
 void pkvi_hybrid_released(pkv_hybrid *h);
 
+// ---- hybrid_seq.c ----
+// Room in every state group's copy queue for one more copy.
+pkv_status pkvi_hybrid_reserve_state_copies(pkv_hybrid *h);
+// Queue state group g's copy {src, dst} (room reserved), pinning both slots.
+void pkvi_hybrid_queue_state_copy(pkv_hybrid *h, uint32_t g, pkv_block_id src, pkv_block_id dst);
+
 // ---- hybrid_prefix.c ----
 // Create the caches after the layout built the sets (nothing when
 // prefix_cache_blocks is 0). On error the caller destroys h.
@@ -144,11 +152,17 @@ void pkvi_hybrid_prefix_teardown(pkv_hybrid *h);
 int pkvi_hybrid_prefix_evict_for(pkv_hybrid *h, const int64_t *need);
 // Cache-only blocks (evictable) of every cache on `pool`.
 uint64_t pkvi_hybrid_prefix_evictable(const pkv_hybrid *h, const pkv_pool *pool);
+// A free state slot of state group g in *slot, evicting a cached state when none is
+// free. PKV_ERR_OUT_OF_BLOCKS when none can be had.
+pkv_status pkvi_hybrid_take_slot(pkv_hybrid *h, uint32_t g, pkv_block_id *slot);
+// State group g's queued copies released their pins on src and dst: tell its cache
+// about a cached state left to it alone.
+void pkvi_hybrid_prefix_unpinned(pkv_hybrid *h, uint32_t g, pkv_block_id src, pkv_block_id dst);
 
 // ---- hybrid_prefix_cache.c: one group's cache of full blocks (see the file) ----
 typedef struct pkvi_hcache_stats {
     uint32_t entries, evictable;
-    uint64_t hit_blocks, inserts, evictions;
+    uint64_t hit_blocks, hit_tokens, inserts, evictions;
 } pkvi_hcache_stats;
 // A cache over `pool` (borrowed) of at most max_entries blocks (clamped to the
 // pool's capacity); chained: FULL/MLA (leaf-first eviction). clock: borrowed.
@@ -171,6 +185,11 @@ pkv_status pkvi_hcache_insert(pkvi_hcache *c, const pkv_block_hash *key, pkv_blo
                               int32_t parent, int32_t *entry);
 // A hit: sequence `id` of `set` adopts the entry's block (pkvi_seq_adopt_block).
 pkv_status pkvi_hcache_adopt(pkvi_hcache *c, int32_t entry, pkv_seqset *set, pkv_seq_id id);
+// Take a reference on the entry's block (a hit about to use it): the entry leaves
+// the eviction order. PKV_ERR_LIMIT: its refcount is full.
+pkv_status pkvi_hcache_hold(pkvi_hcache *c, int32_t entry);
+// Count a hit of `tokens` tokens in the statistics.
+void pkvi_hcache_count_hit(pkvi_hcache *c, uint32_t tokens);
 // Evict the least recently used evictable entry other than `keep`; 0 if none.
 int pkvi_hcache_evict_oldest(pkvi_hcache *c, int32_t keep);
 // The last use of the entry evict_oldest(-1) would take, UINT64_MAX if none.

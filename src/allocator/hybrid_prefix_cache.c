@@ -258,16 +258,31 @@ pkv_block_id pkvi_hcache_block(const pkvi_hcache *c, int32_t entry) { return c->
 
 int pkvi_hcache_is_evictable(const pkvi_hcache *c, int32_t entry) { return is_unused(c, entry); }
 
-pkv_status pkvi_hcache_adopt(pkvi_hcache *c, int32_t entry, pkv_seqset *set, pkv_seq_id id) {
+pkv_status pkvi_hcache_hold(pkvi_hcache *c, int32_t entry) {
+    const pkv_block_id b = c->e[entry].block;
     const int was_unused = is_unused(c, entry);
-    pkv_status st = pkvi_seq_adopt_block(set, id, c->e[entry].block);
-    if (st != PKV_OK) return st;
-    if (was_unused) {
+    pkv_status st = pkv_pool_retain(c->pool, b);
+    if (st == PKV_OK && was_unused) { // not evictable while held
         c->unused--;
         heap_del(c, entry);
     }
+    return st;
+}
+
+void pkvi_hcache_count_hit(pkvi_hcache *c, uint32_t tokens) {
     c->stats.hit_blocks++;
-    return PKV_OK;
+    c->stats.hit_tokens += tokens;
+}
+
+pkv_status pkvi_hcache_adopt(pkvi_hcache *c, int32_t entry, pkv_seqset *set, pkv_seq_id id) {
+    const pkv_block_id b = c->e[entry].block;
+    pkv_status st = pkvi_hcache_hold(c, entry); // the hold becomes the table's reference
+    if (st != PKV_OK) return st;
+    pkv_pool_release(c->pool, b);
+    st = pkvi_seq_adopt_block(set, id, b);
+    if (st != PKV_OK && is_unused(c, entry)) pkvi_hcache_block_unused(c, b); // undone
+    if (st == PKV_OK) pkvi_hcache_count_hit(c, pkv_seqset_block_size(set));
+    return st;
 }
 
 void pkvi_hcache_get_stats(const pkvi_hcache *c, pkvi_hcache_stats *s) {

@@ -27,7 +27,9 @@
 // trace's declared shared prefix (prefix_tokens) when its prefill ends. The hit
 // is the common one (a multiple of every group's block size); a group's
 // cached_tokens counts the tokens of the blocks it shared (a sliding group only
-// its window's). Cache-only blocks count as free, in neither used nor reserved;
+// its window's; a state group the hit, whose state it copied). A model with a
+// state group caches its state where the declared shared prefix ends
+// (append_prompt), so that later requests of the group can hit there. Cache-only blocks count as free, in neither used nor reserved;
 // used is then the manager's tokens_visible per group (a block shared across
 // requests counted once, as paged's fill does), which without a cache equals
 // the per-request count above. Run mode keeps the K/V in the per-token table
@@ -336,14 +338,38 @@ static pkv_status create_first(hybrid_policy *p, uint32_t r, const pkv_policy_ad
     return pkv_hybrid_seq_create_cached(p->h, tok, a->prompt, id, cached);
 }
 
+// Append the prompt's tokens from `cached` on to the request's first sequence. A
+// model with a state group caches its state where the trace's shared prefix ends
+// (rounded down to the state interval): the prompt is appended up to there, the
+// state snapshot queued (pkv_hybrid_cache_state), then the rest, as an engine
+// that chunks its prefill at that boundary would (the step's cost is not split).
+static pkv_status append_prompt(hybrid_policy *p, uint32_t r, pkv_seq_id id, uint32_t cached,
+                                uint32_t prompt) {
+    const uint32_t S = p->cache ? pkv_hybrid_state_interval(p->h) : 0;
+    uint32_t at = cached;
+    if (S && may_share(p, r)) {
+        const uint32_t shared = p->trace->reqs[r].prefix_tokens;
+        const uint32_t b = (shared < prompt ? shared : prompt) / S * S;
+        const int32_t *tok = b > cached ? prompt_tokens(p, r, b) : NULL;
+        if (tok) {
+            pkv_status st = pkv_hybrid_append(p->h, id, b - cached, NULL);
+            if (st != PKV_OK) return st;
+            at = b;
+            (void)pkv_hybrid_cache_state(p->h, id, tok, b, NULL); // no spare slot: no cache
+        }
+    }
+    return pkv_hybrid_append(p->h, id, prompt - at, NULL);
+}
+
 // Count a successful admission's hit per group: right after create_cached a
 // group's table is its hit, holes (before a window) and the blocks it shares.
 // (The manager's own counters also count lookups of admissions refused later.)
-static void count_hit(hybrid_policy *p, pkv_seq_id id) {
+static void count_hit(hybrid_policy *p, pkv_seq_id id, uint32_t hit) {
     for (uint32_t g = 0; g < p->groups.n; g++) {
         const pkv_block_id *t;
         uint32_t nb = 0, holes = 0;
-        if (p->B[g] && pkv_hybrid_block_table(p->h, id, g, &t, &nb, &holes) == PKV_OK)
+        if (!p->B[g]) p->group_cached[g] += hit; // a state group: the cached state's
+        else if (pkv_hybrid_block_table(p->h, id, g, &t, &nb, &holes) == PKV_OK)
             p->group_cached[g] += (uint64_t)(nb - holes) * p->B[g];
     }
 }
@@ -367,15 +393,16 @@ static pkv_status hybrid_admit(void *pp, uint32_t r, const pkv_policy_admit *a, 
             if ((st = i ? pkv_hybrid_seq_create(p->h, &s[i]) : create_first(p, r, a, &s[i], &hit)) != PKV_OK)
                 break;
             p->nseq[r]++;
-            if (i == 0 && hit) cached = hit, count_hit(p, s[0]);
-            st = pkv_hybrid_append(p->h, s[i], a->len - hit, NULL);
+            if (i == 0 && hit) cached = hit, count_hit(p, s[0], hit);
+            st = i == 0 && a->len == a->prompt ? append_prompt(p, r, s[0], hit, a->prompt)
+                                               : pkv_hybrid_append(p->h, s[i], a->len - hit, NULL);
         }
     } else {
         // The prompt once, the samples forked from it, then each sample's own tokens.
         if ((st = create_first(p, r, a, &s[0], &cached)) == PKV_OK) {
-            if (cached) count_hit(p, s[0]);
+            if (cached) count_hit(p, s[0], cached);
             p->nseq[r] = 1;
-            st = pkv_hybrid_append(p->h, s[0], a->prompt - cached, NULL);
+            st = append_prompt(p, r, s[0], cached, a->prompt);
         }
         for (uint32_t i = 1; i < a->nseq && st == PKV_OK; i++)
             if ((st = pkv_hybrid_seq_fork(p->h, s[0], &s[i])) == PKV_OK) p->nseq[r]++;
