@@ -67,6 +67,8 @@ typedef struct hybrid_policy {
     uint32_t tokens_cap;
     uint64_t cached_tokens; // prompt tokens served from the cache (sum of hits)
     uint64_t group_cached[PKV_MAX_KV_GROUPS]; // per group: tokens of the blocks shared
+    uint32_t blocked_r;      // with a cache: the last request refused admission, and
+    uint64_t blocked_avail;  // free + evictable bytes then (skip identical retries)
 } hybrid_policy;
 
 static uint64_t ceil_div64(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
@@ -172,6 +174,7 @@ static pkv_status hybrid_create(const pkv_policy_config *cfg, pkv_hybrid_layout 
     if (cfg->params && cfg->params->max_batch) hp.max_seqs = cfg->params->max_batch;
     p->trace = cfg->trace;
     p->cache = cfg->prefix_sharing && cfg->trace;
+    p->blocked_r = UINT32_MAX;
     if (p->cache) {
         hp.prefix_cache_blocks = UINT32_MAX; // as many as the pools hold
         // A fast hash when this build has it: replays hash every prompt of a prefix
@@ -374,11 +377,31 @@ static void count_hit(hybrid_policy *p, pkv_seq_id id, uint32_t hit) {
     }
 }
 
+// Free and cache-only bytes of every pool (a shared pool's free bytes once): what
+// an admission may use.
+static uint64_t avail_bytes(const hybrid_policy *p) {
+    uint64_t sum = 0;
+    int token_seen = 0;
+    for (uint32_t g = 0; g < p->groups.n; g++) {
+        pkv_hybrid_group_stats gs;
+        pkv_hybrid_group_stats_get(p->h, g, &gs);
+        const int state = p->groups.g[g].kind == PKV_LAYER_STATE;
+        if (state || !is_shared_pool(p->layout) || !token_seen) sum += gs.free_bytes;
+        token_seen |= !state;
+        sum += gs.cached_evictable * gs.page_bytes;
+    }
+    return sum;
+}
+
 static pkv_status hybrid_admit(void *pp, uint32_t r, const pkv_policy_admit *a, uint64_t wm,
                                uint64_t *ext_frag, uint32_t *cached_out) {
     hybrid_policy *p = pp;
     *ext_frag = 0;   // fixed-size pages: any free page serves
     *cached_out = 0;
+    // As paged: the head of the queue retries every step; with a cache, skip the
+    // prompt's hashing while nothing was freed since its last refusal.
+    if (p->cache && p->blocked_r == r && p->blocked_avail == avail_bytes(p))
+        return PKV_ERR_OUT_OF_BLOCKS;
     pkv_seq_id *s = &p->seqs[p->seq_base[r]];
     pkv_status st = PKV_OK;
     uint32_t cached = 0;
@@ -416,6 +439,7 @@ static pkv_status hybrid_admit(void *pp, uint32_t r, const pkv_policy_admit *a, 
         free_request(p, r);
         memcpy(p->group_cached, counted, sizeof counted);
         pkv_status d = drain_copies(p);
+        if (p->cache && st == PKV_ERR_OUT_OF_BLOCKS) p->blocked_r = r, p->blocked_avail = avail_bytes(p);
         return st == PKV_ERR_OUT_OF_BLOCKS && d == PKV_OK ? PKV_ERR_OUT_OF_BLOCKS
                : st == PKV_ERR_OUT_OF_BLOCKS ? d : st;
     }
@@ -423,6 +447,7 @@ static pkv_status hybrid_admit(void *pp, uint32_t r, const pkv_policy_admit *a, 
     recount(p, r);
     *cached_out = cached;
     p->cached_tokens += cached;
+    p->blocked_r = UINT32_MAX;
     return PKV_OK;
 }
 
