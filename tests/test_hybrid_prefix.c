@@ -22,8 +22,9 @@ static pkv_kv_group group(pkv_layer_kind kind, uint32_t layers, uint32_t window)
     return g;
 }
 
-static pkv_hybrid *make_cached(const pkv_kv_group *groups, uint32_t n, pkv_hybrid_layout layout,
-                               uint64_t budget, uint32_t block_size, uint32_t cache_blocks) {
+// Parameters at elem 1 and max_seqs 16; tests change what they need before create.
+static pkv_hybrid_params params_for(const pkv_kv_group *groups, uint32_t n, pkv_hybrid_layout layout,
+                                    uint64_t budget, uint32_t block_size, uint32_t cache_blocks) {
     pkv_hybrid_params p;
     pkv_hybrid_params_default(&p);
     p.groups = groups;
@@ -34,6 +35,12 @@ static pkv_hybrid *make_cached(const pkv_kv_group *groups, uint32_t n, pkv_hybri
     p.block_size = block_size;
     p.max_seqs = 16;
     p.prefix_cache_blocks = cache_blocks;
+    return p;
+}
+
+static pkv_hybrid *make_cached(const pkv_kv_group *groups, uint32_t n, pkv_hybrid_layout layout,
+                               uint64_t budget, uint32_t block_size, uint32_t cache_blocks) {
+    const pkv_hybrid_params p = params_for(groups, n, layout, budget, block_size, cache_blocks);
     pkv_hybrid *h = NULL;
     cr_assert_eq(pkv_hybrid_create(&p, &h), PKV_OK, "create %s", pkv_hybrid_layout_name(layout));
     return h;
@@ -207,16 +214,8 @@ Test(hybrid_prefix, mla_and_full_groups_cap_a_sliding_group) {
     // full caches 2 blocks (0-7), MLA 5, sliding 5. n = 10: L = 8.
     pkv_kv_group gs[3] = {group(PKV_LAYER_FULL, 1, 0), group(PKV_LAYER_MLA, 1, 0),
                           group(PKV_LAYER_SLIDING, 1, 4)};
-    pkv_hybrid_params p;
-    pkv_hybrid_params_default(&p);
-    p.groups = gs;
-    p.num_groups = 3;
-    p.elem_bytes = 1;
-    p.layout = PKV_HYBRID_LCM;
-    p.budget_bytes = 1 << 12;
-    p.block_size = 2;
+    pkv_hybrid_params p = params_for(gs, 3, PKV_HYBRID_LCM, 1 << 12, 2, 64);
     p.block_sizes[0] = 4;
-    p.prefix_cache_blocks = 64;
     pkv_hybrid *h = NULL;
     cr_assert_eq(pkv_hybrid_create(&p, &h), PKV_OK);
     computed(h, prompt, 10);
@@ -294,16 +293,8 @@ Test(hybrid_prefix, cached_states_give_way_to_sequences) {
     // sequence needs a slot: the snapshot (left to the cache once its copy ran) is
     // evicted; with both slots held by sequences nothing is cached.
     pkv_kv_group gs[2] = {group(PKV_LAYER_FULL, 1, 0), group(PKV_LAYER_STATE, 1, 0)};
-    pkv_hybrid_params p;
-    pkv_hybrid_params_default(&p);
-    p.groups = gs;
-    p.num_groups = 2;
-    p.elem_bytes = 1;
-    p.layout = PKV_HYBRID_LCM;
-    p.budget_bytes = 2 * 100 + 256;
-    p.block_size = 2;
+    pkv_hybrid_params p = params_for(gs, 2, PKV_HYBRID_LCM, 2 * 100 + 256, 2, 8);
     p.max_seqs = 2;
-    p.prefix_cache_blocks = 8;
     pkv_hybrid *h = NULL;
     cr_assert_eq(pkv_hybrid_create(&p, &h), PKV_OK);
     pkv_seq_id a, b, c;
@@ -358,12 +349,7 @@ Test(hybrid_prefix, bad_arguments) {
     uint32_t c;
     cr_assert_eq(pkv_hybrid_seq_create_cached(h, NULL, 3, &a, &c), PKV_ERR_INVALID_ARG);
     cr_assert_eq(pkv_hybrid_prefix_match_get(h, prompt, 3, NULL), PKV_ERR_INVALID_ARG);
-    pkv_hybrid_params p;
-    pkv_hybrid_params_default(&p);
-    p.groups = gs;
-    p.num_groups = 1;
-    p.budget_bytes = 1 << 12;
-    p.prefix_cache_blocks = 4;
+    pkv_hybrid_params p = params_for(gs, 1, PKV_HYBRID_PARTITION, 1 << 12, 2, 4);
     p.prefix_hash = (pkv_hash_algo)7;
     pkv_hybrid *bad = NULL;
     cr_assert_eq(pkv_hybrid_create(&p, &bad), PKV_ERR_INVALID_ARG);

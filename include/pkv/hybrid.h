@@ -351,8 +351,8 @@ typedef struct pkv_hybrid_prefix_match {
 } pkv_hybrid_prefix_match;
 
 // Side-effect-free admission probe for tokens[0..n-1] (borrowed): no reference,
-// no statistic, no LRU change. Without a cache the hit is 0. An admission check adds evictable blocks (stats) less evictable_hit to the
-// free blocks of each pool.
+// no statistic, no LRU change. Without a cache the hit is 0. An admission check
+// adds the evictable blocks (stats) less evictable_hit to each pool's free blocks.
 pkv_status pkv_hybrid_prefix_match_get(const pkv_hybrid *h, const int32_t *tokens, uint32_t n,
                                        pkv_hybrid_prefix_match *match);
 

@@ -239,20 +239,9 @@ static PyObject *Hybrid_truncate(HybridObject *self, PyObject *args) {
 
 // ---- prefix cache ----
 
-// tokens as a contiguous int32 vector (new reference), NULL with the error set.
-static PyArrayObject *tokens_arg(PyObject *obj, const char *what) {
-    PyArrayObject *t = pkvpy_int_vector(obj, NPY_INT32, what);
-    if (t && PyArray_DIM(t, 0) > (npy_intp)UINT32_MAX) {
-        Py_DECREF(t);
-        pkvpy_raise(PKV_ERR_INVALID_ARG, what, "more than 2**32 - 1 tokens");
-        return NULL;
-    }
-    return t;
-}
-
 static PyObject *Hybrid_create_cached(HybridObject *self, PyObject *arg) {
     if (ready(self, "HybridKV.create_cached") < 0) return NULL;
-    PyArrayObject *t = tokens_arg(arg, "HybridKV.create_cached(tokens)");
+    PyArrayObject *t = pkvpy_tokens(arg, "HybridKV.create_cached(tokens)");
     if (!t) return NULL;
     pkv_seq_id id;
     uint32_t cached = 0;
@@ -269,7 +258,7 @@ static PyObject *offer(HybridObject *self, PyObject *args, int state, const char
     pkv_seq_id id;
     if (ready(self, what) < 0 || !PyArg_ParseTuple(args, "OO", &ido, &tok) || seq_from(ido, &id, what) < 0)
         return NULL;
-    PyArrayObject *t = tokens_arg(tok, what);
+    PyArrayObject *t = pkvpy_tokens(tok, what);
     if (!t) return NULL;
     uint32_t n = 0;
     const uint32_t len = (uint32_t)PyArray_DIM(t, 0);
@@ -299,7 +288,7 @@ static PyObject *u32_list(const uint32_t *v, uint32_t n) {
 
 static PyObject *Hybrid_prefix_match(HybridObject *self, PyObject *arg) {
     if (ready(self, "HybridKV.prefix_match") < 0) return NULL;
-    PyArrayObject *t = tokens_arg(arg, "HybridKV.prefix_match(tokens)");
+    PyArrayObject *t = pkvpy_tokens(arg, "HybridKV.prefix_match(tokens)");
     if (!t) return NULL;
     pkv_hybrid_prefix_match m;
     pkv_status st = pkv_hybrid_prefix_match_get(self->h, PyArray_DATA(t), (uint32_t)PyArray_DIM(t, 0), &m);
