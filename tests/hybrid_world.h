@@ -20,6 +20,14 @@
 // state. pkv_hybrid_validate checks every pool's refcounts exactly (no block lost
 // or leaked, no block in two groups' tables), and a refused append must have been
 // short (its blocks_needed above some pool's free count) and changed nothing.
+//
+// Half the worlds have a prefix cache (pkv/hybrid.h, "Prefix cache"): sequences
+// are also created from a live sequence's prefix (pkv_hybrid_seq_create_cached:
+// the hit's blocks must hold the source's tokens, the holes be where the rule
+// puts them, the state be the source's state at the hit once the queued copy
+// ran) and offered (cache_prefix, cache_state at a state boundary). Blocks only
+// the cache holds count as free for the fit checks (an append evicts them), and
+// at the end every block is free or the cache's.
 #ifndef PKV_TEST_HYBRID_WORLD_H
 #define PKV_TEST_HYBRID_WORLD_H
 
@@ -57,6 +65,8 @@ typedef struct world {
     uint32_t cap[MAX_G];  // blocks (or slots) of the group's pool
     int32_t *mem[MAX_G];  // token groups: [cap * bs] token values; state: [cap] states
     int has_state;
+    int cache;            // 1: the manager has a prefix cache
+    uint32_t state_interval;
     ref_seq seqs[MAX_SEQS];
     int32_t next_tok;
 } world;
@@ -124,9 +134,13 @@ static void random_world(world *w, uint64_t seed) {
         for (uint32_t g = 0; g < w->ng; g++)
             if (!is_state(w, g)) p.block_sizes[g] = rnd(w, 5);
     w->max_seqs = p.max_seqs = 4 + rnd(w, MAX_SEQS - 3);
+    w->cache = (int)rnd(w, 2);
+    p.prefix_cache_blocks = w->cache ? 1 + rnd(w, 40) : 0;
+    p.prefix_hash = PKV_HASH_FNV1A_64;
     // Roughly 20..80 blocks of every token group, whatever the layout.
     p.budget_bytes = states * p.max_seqs + sum_bpt * 5 * (20 + rnd(w, 60));
     HW_CHECK(pkv_hybrid_create(&p, &w->h) == PKV_OK, "seed %llu", (unsigned long long)seed);
+    w->state_interval = pkv_hybrid_state_interval(w->h);
     for (uint32_t g = 0; g < w->ng; g++) {
         pkv_hybrid_group_stats st;
         HW_CHECK(pkv_hybrid_group_info(w->h, g, NULL, &w->bs[g]) == PKV_OK, "");
@@ -256,12 +270,28 @@ static void op_fork(world *w) {
     run_copies(w);
 }
 
-// Free blocks of each token group's pool (groups on one pool see the same).
+// Of the groups sharing g's pool, what `field` of their stats adds up to: the
+// prefix cache's blocks of every cache on the pool (PAGED: the one table's, which
+// every token group repeats; SHARED_PAGE: each token group's own cache).
+static uint64_t pool_cached(world *w, uint32_t g, int evictable_only) {
+    uint64_t sum = 0;
+    for (uint32_t o = 0; o < w->ng; o++) {
+        if (o != g && (is_state(w, g) || is_state(w, o) || w->layout != PKV_HYBRID_SHARED_PAGE))
+            continue;
+        pkv_hybrid_group_stats st;
+        HW_CHECK(pkv_hybrid_group_stats_get(w->h, o, &st) == PKV_OK, "");
+        sum += evictable_only ? st.cached_evictable : st.cached_blocks;
+    }
+    return sum;
+}
+
+// Free blocks of each token group's pool (groups on one pool see the same), with
+// the blocks only the prefix cache holds (an append evicts them).
 static void free_blocks(world *w, uint64_t *out) {
     for (uint32_t g = 0; g < w->ng; g++) {
         pkv_hybrid_group_stats st;
         HW_CHECK(pkv_hybrid_group_stats_get(w->h, g, &st) == PKV_OK, "");
-        out[g] = st.free_bytes / st.page_bytes;
+        out[g] = st.free_bytes / st.page_bytes + pool_cached(w, g, 1);
     }
 }
 
@@ -374,6 +404,63 @@ static void op_truncate(world *w) {
     if (want == PKV_OK) run_copies(w);
 }
 
+// The state after tokens[0..n-1] as op_append computes it.
+static int64_t state_after(const int32_t *tok, uint32_t n) {
+    int64_t s = 0;
+    for (uint32_t i = 0; i < n; i++) s = (s * 31 + tok[i]) % 1000003;
+    return s;
+}
+
+// A new sequence from a live one's first n tokens: the longest cached prefix.
+static void op_create_cached(world *w) {
+    ref_seq *src = pick_live(w), *c = free_ref(w);
+    if (!w->cache || !src || !c) return;
+    const uint32_t n = rnd(w, 2) ? src->len : rnd(w, src->len + 1);
+    pkv_hybrid_prefix_match m;
+    HW_CHECK(pkv_hybrid_prefix_match_get(w->h, src->tok, n, &m) == PKV_OK, "");
+    pkv_seq_id id;
+    uint32_t hit = 0;
+    pkv_status st = pkv_hybrid_seq_create_cached(w->h, src->tok, n, &id, &hit);
+    if (w->has_state && live_count(w) == w->max_seqs) {
+        HW_CHECK(st == PKV_ERR_OUT_OF_BLOCKS, "no state slot left");
+        return;
+    }
+    HW_CHECK(st == PKV_OK, "");
+    HW_CHECK(hit == m.cached_tokens, "the probe agrees");
+    HW_CHECK(hit == 0 || hit < n, "the last prompt token is computed");
+    const ref_seq *s = src; // c may alias nothing live; copy the prefix first
+    memset(c->holes, 0, sizeof c->holes);
+    memmove(c->tok, s->tok, hit * sizeof *c->tok);
+    c->live = 1;
+    c->id = id;
+    c->len = hit;
+    c->state = state_after(c->tok, hit);
+    for (uint32_t g = 0; g < w->ng; g++) {
+        if (is_state(w, g)) { // a fresh slot: zero, unless the hit's copy fills it
+            int32_t slot;
+            pkv_hybrid_state_slot(w->h, id, g, &slot);
+            w->mem[g][slot] = 0;
+            continue;
+        }
+        HW_CHECK(hit % w->bs[g] == 0, "a hit ends on a block boundary");
+        c->holes[g] = dead_blocks(w, g, hit); // the tables look as after appending hit
+    }
+    run_copies(w);
+}
+
+// Offer a live sequence's first tokens to the cache, and its state at a boundary.
+static void op_offer(world *w) {
+    ref_seq *s = pick_live(w);
+    if (!w->cache || !s) return;
+    const uint32_t n = rnd(w, 2) ? s->len : rnd(w, s->len + 1);
+    HW_CHECK(pkv_hybrid_cache_prefix(w->h, s->id, s->tok, n, NULL) == PKV_OK, "");
+    const uint32_t S = w->state_interval;
+    if (S && s->len && s->len % S == 0) {
+        HW_CHECK(pkv_hybrid_cache_state(w->h, s->id, s->tok, s->len, NULL) == PKV_OK, "");
+        run_copies(w);
+    }
+}
+
 static void op_free(world *w) {
     ref_seq *s = pick_live(w);
     if (!s) return;
@@ -391,22 +478,25 @@ static void run_world(const uint8_t *in, size_t in_len, uint64_t seed, uint32_t 
     w.in_len = in_len;
     random_world(&w, seed);
     for (uint32_t i = 0; i < ops && (!in || w.in_pos < in_len); i++) {
-        uint32_t r = rnd(&w, 20);
+        uint32_t r = rnd(&w, w.cache ? 24 : 20);
         if (r < 3) op_create(&w);
         else if (r < 13) op_append(&w);
         else if (r < 15) op_fork(&w);
         else if (r < 18) op_truncate(&w);
-        else op_free(&w);
+        else if (r < 20) op_free(&w);
+        else if (r < 22) op_create_cached(&w);
+        else op_offer(&w);
         check_all(&w);
     }
     for (uint32_t i = 0; i < MAX_SEQS; i++)
         if (w.seqs[i].live) HW_CHECK(pkv_hybrid_seq_free(w.h, w.seqs[i].id) == PKV_OK, "");
     for (uint32_t i = 0; i < MAX_SEQS; i++) w.seqs[i].live = 0;
     check_all(&w);
-    for (uint32_t g = 0; g < w.ng; g++) { // no block lost
+    for (uint32_t g = 0; g < w.ng; g++) { // no block lost: free, or the cache's
         pkv_hybrid_group_stats st;
         HW_CHECK(pkv_hybrid_group_stats_get(w.h, g, &st) == PKV_OK, "");
-        HW_CHECK(st.free_bytes == st.capacity_bytes, "seed %llu group %u", (unsigned long long)seed, g);
+        HW_CHECK(st.free_bytes + pool_cached(&w, g, 0) * st.page_bytes == st.capacity_bytes,
+                 "seed %llu group %u", (unsigned long long)seed, g);
         free(w.mem[g]);
     }
     pkv_hybrid_destroy(w.h);

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: MIT
 // Replay of models with KV cache groups (issue 23 item 7): the hybrid policies'
 // window release, the per-group breakdown, the JSON's memory.groups, sim mode
-// reading only a sliding group's window, and the hybrid policies on a uniform
-// model equal to paged without a prefix cache. Expectations computed by hand.
+// reading only a sliding group's window, the hybrid policies on a uniform model
+// equal to paged (without and with prefix sharing), and per-group prefix hits
+// (issue 23 item 4). Expectations computed by hand.
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <string.h>
@@ -328,5 +329,114 @@ Test(replay_groups, sim_prefill_scores_only_the_window) {
                            wide.flops - narrow.flops);
         cr_assert_float_eq(wide.bytes - narrow.bytes, chunk ? 18.0 * 1024 : 0.0, 1e-6, "chunk %u: %.1f",
                            chunk, wide.bytes - narrow.bytes);
+
+// Prefix sharing per group (issue 23 item 4) on tiny-swa (sliding W = 16 and full,
+// B = 4): request 0 (prompt 24, prefix group 0, 20 shared tokens) offers its first
+// 20 tokens when its prefill ends, five blocks per group. Request 1, the same
+// prompt, arrives later: its hit L <= 23 is capped by the full group's five blocks
+// at 20; the sliding group's next query (at 20) sees 5..20, so it shares blocks 1..4
+// (16 tokens), the full group blocks 0..4 (20 tokens). paged (every layer full, one
+// table) finds the same 20.
+static pkv_replay_report run_shared(pkv_policy policy) {
+    const pkv_trace_request rq[2] = {{0, 24, 4, 1, 0, 20, 0}, {1.0, 24, 4, 1, 0, 20, 1}};
+    pkv_trace *t = make_trace(rq, 2);
+    pkv_replay_params p = swa_params(policy);
+    p.prefix_sharing = 1;
+    pkv_replay_report r;
+    cr_assert_eq(pkv_replay_run(t, &p, &r), PKV_OK, "%s", r.failure);
+    cr_assert_eq(r.requests.completed, 2);
+    pkv_trace_destroy(t);
+    return r;
+}
+
+Test(replay_groups, prefix_hits_per_group) {
+    const pkv_policy hy[] = {PKV_POLICY_HYBRID_PARTITION, PKV_POLICY_HYBRID_SHARED_PAGE,
+                             PKV_POLICY_HYBRID_LCM};
+    for (size_t i = 0; i < 3; i++) {
+        pkv_replay_report r = run_shared(hy[i]);
+        cr_assert_eq(r.prefix_cached_tokens, 20, "%s", r.policy);
+        cr_assert_eq(r.memory.groups[0].cached_tokens, 16, "%s: the sliding group", r.policy);
+        cr_assert_eq(r.memory.groups[1].cached_tokens, 20, "%s: the full group", r.policy);
+    }
+    pkv_replay_report pg = run_shared(PKV_POLICY_PAGED);
+    cr_assert_eq(pg.prefix_cached_tokens, 20);
+    // Without prefix sharing nothing is cached.
+    const pkv_trace_request rq[2] = {{0, 24, 4, 1, 0, 20, 0}, {1.0, 24, 4, 1, 0, 20, 1}};
+    pkv_trace *t = make_trace(rq, 2);
+    pkv_replay_params p = swa_params(PKV_POLICY_HYBRID_LCM);
+    p.prefix_sharing = 0;
+    pkv_replay_report r;
+    cr_assert_eq(pkv_replay_run(t, &p, &r), PKV_OK, "%s", r.failure);
+    cr_assert_eq(r.prefix_cached_tokens, 0);
+    cr_assert_eq(r.memory.groups[1].cached_tokens, 0);
+    pkv_trace_destroy(t);
+}
+
+// A uniform model (one full group) under memory pressure (8 blocks of 4 tokens,
+// so cached prefixes are evicted) with three prefix groups: hybrid-lcm's cache
+// finds what paged's finds (one pool of B-token blocks, the same token ids, the
+// same offers, leaf-first LRU eviction), so the hits, the schedule and the peaks
+// agree.
+Test(replay_groups, uniform_model_hybrid_hits_equal_paged) {
+    pkv_trace_request rq[24];
+    for (uint32_t i = 0; i < 24; i++)
+        rq[i] = (pkv_trace_request){0.0005 * i, 8 + i % 4, 2 + (i * 3) % 4, 1 + i % 2,
+                                    i % 4 == 3 ? -1 : (int64_t)(i % 3), 8, i};
+    pkv_trace *t = make_trace(rq, 24);
+    pkv_replay_params p = tiny_replay_params(PKV_POLICY_PAGED, 32);
+    p.prefix_sharing = 1;
+    pkv_replay_report ref;
+    cr_assert_eq(pkv_replay_run(t, &p, &ref), PKV_OK, "%s", ref.failure);
+    cr_log_info("paged: hits %llu, preemptions %llu, steps %llu, completed %llu",
+                (unsigned long long)ref.prefix_cached_tokens, (unsigned long long)ref.preemptions,
+                (unsigned long long)ref.steps, (unsigned long long)ref.requests.completed);
+    cr_assert_gt(ref.prefix_cached_tokens, 0);
+    p.policy = PKV_POLICY_HYBRID_LCM;
+    pkv_replay_report r;
+    cr_assert_eq(pkv_replay_run(t, &p, &r), PKV_OK, "%s", r.failure);
+    cr_assert_eq(r.requests.completed, ref.requests.completed);
+    cr_assert_eq(r.prefix_cached_tokens, ref.prefix_cached_tokens, "%llu vs %llu",
+                 (unsigned long long)r.prefix_cached_tokens,
+                 (unsigned long long)ref.prefix_cached_tokens);
+    cr_assert_eq(r.steps, ref.steps);
+    cr_assert_eq(r.preemptions, ref.preemptions);
+    cr_assert_eq(r.memory.peak_reserved_bytes, ref.memory.peak_reserved_bytes);
+    // The budget (8 blocks) is what makes it a test of eviction: with 12 blocks
+    // both keep more of their caches and hit more.
+    p.kv_mem_bytes = 48 * 4;
+    pkv_replay_report roomy;
+    cr_assert_eq(pkv_replay_run(t, &p, &roomy), PKV_OK, "%s", roomy.failure);
+    cr_assert_gt(roomy.prefix_cached_tokens, r.prefix_cached_tokens);
+    pkv_trace_destroy(t);
+}
+
+// tiny-hybrid (full, sliding W = 16, chunked C = 32, MLA, state; B = 4 in every
+// group): request 0 (prompt 40, 36 shared) has its state cached at 36 (the
+// shared prefix, a multiple of the state interval 4) on the way through its
+// prompt, and offers its blocks when its prefill ends (the window rule has already
+// released sliding blocks 0..4 and chunked 0..7 at the append past 36: what a hit
+// at 36 needs is still there). Request 1, the same prompt, hits L = 36: full and
+// MLA share 9 blocks (36 tokens), sliding the blocks of 21..35 (5..8: 16 tokens),
+// chunked its chunk 32..35 (block 8: 4 tokens), the state group the state at 36.
+Test(replay_groups, prefix_hits_with_a_state_group) {
+    const pkv_trace_request rq[2] = {{0, 40, 4, 1, 0, 36, 0}, {1.0, 40, 4, 1, 0, 36, 1}};
+    const pkv_policy hy[] = {PKV_POLICY_HYBRID_PARTITION, PKV_POLICY_HYBRID_LCM};
+    for (size_t i = 0; i < 2; i++) {
+        pkv_trace *t = make_trace(rq, 2);
+        pkv_replay_params p = swa_params(hy[i]);
+        cr_assert_eq(pkv_model_preset("tiny-hybrid", &p.model), PKV_OK);
+        p.kv_mem_bytes = 64u << 20; // 256 state slots of 64 KiB, and pages
+        p.prefix_sharing = 1;
+        pkv_replay_report r;
+        cr_assert_eq(pkv_replay_run(t, &p, &r), PKV_OK, "%s", r.failure);
+        cr_assert_eq(r.requests.completed, 2);
+        cr_assert_eq(r.memory.num_groups, 5);
+        cr_assert_str_eq(r.memory.groups[4].kind, "state");
+        cr_assert_eq(r.prefix_cached_tokens, 36, "%s", r.policy);
+        const uint64_t want[5] = {36, 16, 4, 36, 36};
+        for (uint32_t g = 0; g < 5; g++)
+            cr_assert_eq(r.memory.groups[g].cached_tokens, want[g], "%s group %u: %llu", r.policy, g,
+                         (unsigned long long)r.memory.groups[g].cached_tokens);
+        pkv_trace_destroy(t);
     }
 }

@@ -52,6 +52,57 @@
 // {src slot, dst slot} (fork) for state groups; the caller runs them and takes them
 // as with pkv_seqset_take_copies.
 //
+// Prefix cache (optional: params.prefix_cache_blocks > 0). Each token group that
+// owns a table (PAGED: the one table, under the rule of a full group) keeps a
+// cache of full blocks keyed by the chained block hash of its own block size
+// (block_hash.h, no extra keys, algorithm params.prefix_hash: SHA-256 by default,
+// and the cache trusts the hash as vLLM and the prefix pool do, so pick a
+// collision-resistant one where prompts may be adversarial). A cached block holds
+// one pool reference. Blocks are looked up one hash at a time, so a windowed group
+// that lost (or never cached) its early blocks can still hit.
+// - Insert (pkv_hybrid_cache_prefix): the full blocks of tokens 0..n-1 of a live
+//   sequence, once their K/V is written. Call it right after the prompt's append:
+//   the window rule releases a windowed group's dead blocks only at the next
+//   append, so the prompt's blocks are still there to cache; blocks already
+//   released (holes) are skipped. FULL and MLA groups (and PAGED) cache a chain:
+//   block i only if block i-1 is cached, so eviction can go leaf first.
+// - Hit (pkv_hybrid_seq_create_cached): the longest L <= n - 1 (the last prompt
+//   token is always computed: its logits start generation) that every group
+//   accepts under hybrid_hit.h's rules (FULL/MLA every block before L, SLIDING the
+//   blocks of tokens L-W+1..L-1, CHUNKED those of L's chunk up to L-1), a multiple
+//   of every token group's block size. Each group's table starts with the blocks
+//   it needs (shared, refcount + 1) after leading holes for the ones it does not
+//   (PKV_BLOCK_NONE: exactly the blocks the window rule would have released, so
+//   the tables look as after appending L tokens).
+// - States (a model with a state group): a recurrent state cannot be rebuilt from
+//   blocks, so a hit at L also needs the state after token L-1 cached. States are
+//   cached at multiples of the state interval S = the LCM of the token groups'
+//   block sizes (pkv_hybrid_state_interval; 0 above 2^20: then such a model never
+//   hits): pkv_hybrid_cache_state, called when a sequence's length is such a
+//   boundary (an engine chunks its prefill there), snapshots each state group's
+//   state into a slot of the group's own pool held by the cache (a queued state
+//   copy {the sequence's slot, the snapshot's}, as fork queues one). A hit at L
+//   gives the new sequence's slot a queued copy {the snapshot's slot, its slot}.
+//   Snapshots use state slots no sequence holds (max_seqs of them) and are evicted,
+//   oldest first, when a sequence needs a slot or the cache is full.
+// - Eviction: a block only the cache holds (its sequences are gone or released
+//   it) is evictable. When an append (or a batch) does not fit, the manager
+//   evicts before it fails: for each short pool, the least recently released
+//   evictable blocks of the groups drawing on it, oldest first across those groups
+//   (one clock for the manager, so the groups' hit lengths shrink together, as
+//   Jenga asks: the shortest group hit is the hit). A windowed group's old blocks
+//   leave before its recent ones (they were released earlier); a FULL/MLA group
+//   evicts leaf first (a block whose successor is cached stays; it becomes a leaf
+//   under its own last use), so no cached block is ever unreachable. LCM: evicting
+//   a group's small pages may empty a large page that another group then takes;
+//   a short group evicts from its own cache first, then the oldest blocks of any
+//   group until the large pages fit. A refused append may leave blocks evicted
+//   (the sequences and their blocks are unchanged; the cache lost entries it
+//   could not have kept anyway). An insert into a group whose cache is full
+//   evicts that group's oldest evictable block, or stops.
+// - Accounting: a cache-only block is in neither blocks_held nor free_bytes of
+//   pkv_hybrid_group_stats; cached_evictable counts it.
+//
 // Ownership: the manager owns its pools, sets and state pool; every pointer it
 // returns points into it (borrowed, valid until the next call that changes it).
 // Arrays passed in are borrowed for the call.
@@ -63,6 +114,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "pkv/block_hash.h"
 #include "pkv/model_config.h"
 #include "pkv/pool.h"
 #include "pkv/seq.h"
@@ -103,10 +155,14 @@ typedef struct pkv_hybrid_params {
                                 // 0 = block_size; must be 0 for PAGED and SHARED_PAGE
     uint32_t max_seqs;          // state slots per state group (live sequences with a
                                 // state); default 256; ignored without state groups
+    uint32_t prefix_cache_blocks; // 0: no prefix cache (default); else the most blocks
+                                // the cache may hold per token group (clamped to the
+                                // blocks of the group's pool)
+    pkv_hash_algo prefix_hash;  // the cache's block hash; default PKV_HASH_SHA256
 } pkv_hybrid_params;
 
 // Defaults: no groups, elem_bytes 2, PAGED, budget 0, block_size 16, block_sizes
-// all 0, max_seqs 256.
+// all 0, max_seqs 256, no prefix cache, prefix_hash SHA-256.
 void pkv_hybrid_params_default(pkv_hybrid_params *params);
 
 // Build a manager. *out is owned by the caller (pkv_hybrid_destroy).
@@ -118,6 +174,8 @@ void pkv_hybrid_params_default(pkv_hybrid_params *params);
 // slots plus one page in every pool (or so large that a pool would pass
 // PKV_POOL_MAX_BLOCKS; LCM: a budget below one large page). PKV_ERR_LIMIT (LCM):
 // the large page, the LCM of the token groups' page bytes, would pass 1 GiB.
+// PKV_ERR_UNSUPPORTED: prefix_hash is an algorithm this build lacks (with the
+// cache on); PKV_ERR_INVALID_ARG for an unknown one.
 pkv_status pkv_hybrid_create(const pkv_hybrid_params *params, pkv_hybrid **out);
 
 // Release everything. NULL does nothing.
@@ -252,6 +310,63 @@ uint32_t pkv_hybrid_pending_copies(const pkv_hybrid *h, uint32_t g);
 pkv_status pkv_hybrid_take_copies(pkv_hybrid *h, uint32_t g, pkv_block_copy *copies,
                                   uint32_t cap, uint32_t *n);
 
+// ---- prefix cache (params.prefix_cache_blocks > 0; the rules at the top) ----
+
+// Offer the full blocks of tokens[0..n-1] (borrowed; the sequence's first n token
+// ids, n <= its length) of live sequence `id` to every token group's cache, once
+// their K/V is written. Blocks already cached are refreshed, released ones
+// skipped; a full cache evicts its oldest evictable block or stops (not an
+// error). *inserted (optional): new entries over all token groups (states:
+// pkv_hybrid_cache_state). PKV_ERR_UNSUPPORTED without a cache;
+// PKV_ERR_INVALID_ARG for n > length; PKV_ERR_LIMIT if a block's refcount cannot
+// take the cache's reference (the entries added before it stay).
+pkv_status pkv_hybrid_cache_prefix(pkv_hybrid *h, pkv_seq_id id, const int32_t *tokens,
+                                   uint32_t n, uint32_t *inserted);
+
+// Snapshot every state group's state of live sequence `id`, whose length n is a
+// multiple of pkv_hybrid_state_interval (> 0), as the state after tokens[0..n-1]
+// (borrowed): once the queued state copies run (pkv_hybrid_take_copies, before the
+// next append), the cache holds it for hits at n. A prefix cached already is
+// refreshed; no slot to spare (every slot held by a sequence or a pinned state)
+// caches nothing (not an error). *cached (optional): snapshots taken. Without a
+// state group: nothing (PKV_OK when n is the length). PKV_ERR_UNSUPPORTED without a
+// cache; PKV_ERR_INVALID_ARG for n != length or not a multiple of the interval;
+// PKV_ERR_OUT_OF_MEMORY (host) for the copy queue.
+pkv_status pkv_hybrid_cache_state(pkv_hybrid *h, pkv_seq_id id, const int32_t *tokens, uint32_t n,
+                                  uint32_t *cached);
+
+// The state interval S (the rules at the top): 0 without a prefix cache, without a
+// state group, or when S would pass 2^20 (then nothing hits).
+uint32_t pkv_hybrid_state_interval(const pkv_hybrid *h);
+
+// What pkv_hybrid_seq_create_cached would find (plain data, caller-owned).
+typedef struct pkv_hybrid_prefix_match {
+    uint32_t cached_tokens;                       // the hit L
+    uint32_t hit_blocks[PKV_MAX_KV_GROUPS];       // blocks group g would share (a state
+                                                  // group: 1, the cached state, when
+                                                  // L > 0; a PAGED alias repeats the
+                                                  // one table's figure)
+    uint32_t evictable_hit[PKV_MAX_KV_GROUPS];    // of those, held by the cache alone
+                                                  // now: the hit makes them unreclaimable
+} pkv_hybrid_prefix_match;
+
+// Side-effect-free admission probe for tokens[0..n-1] (borrowed): no reference,
+// no statistic, no LRU change. Without a cache the hit is 0. An admission check
+// adds the evictable blocks (stats) less evictable_hit to each pool's free blocks.
+pkv_status pkv_hybrid_prefix_match_get(const pkv_hybrid *h, const int32_t *tokens, uint32_t n,
+                                       pkv_hybrid_prefix_match *match);
+
+// Create a sequence that starts with the longest cached prefix of tokens[0..n-1]
+// (borrowed) in every group: *cached_tokens = L (a multiple of every token group's
+// block size, <= n - 1, 0 without a cache), the tables as described at the top,
+// the length L, and per state group a queued copy of the cached state into the
+// sequence's slot (take it with pkv_hybrid_take_copies before the next append).
+// The caller then appends and prefills tokens L..n-1. Errors as
+// pkv_hybrid_seq_create (nothing changed), PKV_ERR_LIMIT if a block's refcount
+// cannot grow.
+pkv_status pkv_hybrid_seq_create_cached(pkv_hybrid *h, const int32_t *tokens, uint32_t n,
+                                        pkv_seq_id *id, uint32_t *cached_tokens);
+
 // A snapshot of one group's memory (plain data, caller-owned).
 typedef struct pkv_hybrid_group_stats {
     pkv_layer_kind kind;
@@ -271,6 +386,19 @@ typedef struct pkv_hybrid_group_stats {
                                // sequences and queued copies of the group
     uint64_t blocks_released;  // blocks released by the window rule since create
     uint64_t tokens_held;      // sum over live sequences of tokens in live blocks
+    uint64_t tokens_visible;   // tokens the last token of some live sequence sees
+                               // (the window rule at its length - 1; every token for
+                               // FULL/MLA), a block shared by several sequences
+                               // (fork, prefix hit) counted once: per distinct block,
+                               // the most any holder sees in it
+    // Prefix cache (0 without one; a PAGED alias shows the one table's cache):
+    uint64_t cached_blocks;    // blocks (state group: states) the cache holds now
+    uint64_t cached_evictable; // of those, held by the cache alone (reclaimable)
+    uint64_t prefix_hit_blocks; // since create: blocks shared by create_cached
+    uint64_t prefix_hit_tokens; // since create: tokens in those blocks (state group:
+                               // the hit length of each cached state used)
+    uint64_t prefix_inserts;   // since create: blocks added to the cache
+    uint64_t prefix_evictions; // since create: blocks evicted from it
 } pkv_hybrid_group_stats;
 
 // Fill *stats for group g. O(capacity + blocks held) (it counts distinct blocks).
@@ -278,8 +406,8 @@ pkv_status pkv_hybrid_group_stats_get(const pkv_hybrid *h, uint32_t g,
                                       pkv_hybrid_group_stats *stats);
 
 // Full check: every pool and set (pkv_seqset_validate), every pool's refcounts
-// equal to the references of the sets and copies that use it (no block lost or
-// leaked), every live sequence of the same length in every group with holes only
+// equal to the references of the sets, copies and prefix caches that use it (no
+// block lost or leaked), each cache's table, eviction order and chains, every live sequence of the same length in every group with holes only
 // where the window rule allows, every state slot held once (plus pins).
 // PKV_OK, PKV_ERR_CORRUPT or PKV_ERR_OUT_OF_MEMORY.
 pkv_status pkv_hybrid_validate(const pkv_hybrid *h);

@@ -65,7 +65,8 @@ typedef enum pkv_policy {
     PKV_POLICY_VMM_SYNC = 9,     // ablation: the same pages mapped and unmapped in line,
                                  // each call stalling its step, no reuse of mappings
     // KV cache groups (0.3.0, issue 23; pkv/hybrid.h), each group's window rule
-    // applied; for a uniform model each behaves as paged without a prefix cache.
+    // applied; for a uniform model each behaves as paged (partition, shared-page,
+    // lcm: with the manager's per-group prefix cache; vmm: without one).
     PKV_POLICY_HYBRID_PARTITION = 10,   // one static pool per group
     PKV_POLICY_HYBRID_SHARED_PAGE = 11, // one pool of equal pages (vLLM's hybrid manager)
     PKV_POLICY_HYBRID_LCM = 12,         // Jenga: LCM large pages carved per group
@@ -340,8 +341,9 @@ typedef struct pkv_replay_params {
                                    // step, long prompts split across steps
     double load_scale;             // arrivals divided by this (> 0, and every scaled arrival
                                    // finite, else PKV_ERR_INVALID_ARG), default 1
-    int prefix_sharing;            // paged, sim mode: prefix cache over the trace's shared
-                                   // prefixes (prefix_group, Mooncake hash_ids); default 1
+    int prefix_sharing;            // paged, hybrid-partition / -shared-page / -lcm, sim
+                                   // mode: prefix cache over the trace's shared prefixes
+                                   // (prefix_group, Mooncake hash_ids); default 1
     uint64_t vmm_page_bytes;       // vmm: physical page per layer buffer (K or V of one
                                    // layer), a multiple of 4 KiB; default 2 MiB
     int vmm_map_ahead;             // vmm: map the next page during the step before it is

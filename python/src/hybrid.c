@@ -83,13 +83,13 @@ static int group_from(PyObject *d, Py_ssize_t g, pkv_kv_group *out) {
 
 static int Hybrid_init(HybridObject *self, PyObject *args, PyObject *kw) {
     static char *kwlist[] = {"groups", "budget_bytes", "layout", "block_size", "block_sizes",
-                             "elem_bytes", "max_seqs", NULL};
+                             "elem_bytes", "max_seqs", "prefix_cache_blocks", NULL};
     PyObject *gobj, *sizes = Py_None;
     unsigned long long budget = 0;
     const char *layout = "shared-page";
-    unsigned int block_size = 16, elem_bytes = 2, max_seqs = 256;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|$KsIOII:HybridKV", kwlist, &gobj, &budget, &layout,
-                                     &block_size, &sizes, &elem_bytes, &max_seqs))
+    unsigned int block_size = 16, elem_bytes = 2, max_seqs = 256, cache_blocks = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|$KsIOIII:HybridKV", kwlist, &gobj, &budget, &layout,
+                                     &block_size, &sizes, &elem_bytes, &max_seqs, &cache_blocks))
         return -1;
     if (budget == 0) {
         pkvpy_raise(PKV_ERR_INVALID_ARG, "HybridKV", "budget_bytes (keyword, > 0) is required");
@@ -134,6 +134,7 @@ static int Hybrid_init(HybridObject *self, PyObject *args, PyObject *kw) {
     prm.budget_bytes = budget;
     prm.block_size = block_size;
     prm.max_seqs = max_seqs;
+    prm.prefix_cache_blocks = cache_blocks;
     pkv_status st = pkv_hybrid_create(&prm, &self->h);
     if (st != PKV_OK) {
         pkvpy_raise(st, "HybridKV", "layout %s, %zd groups, budget %llu bytes, block_size %u, elem_bytes "
@@ -234,6 +235,68 @@ static PyObject *Hybrid_truncate(HybridObject *self, PyObject *args) {
         return pkvpy_raise(st, "HybridKV.truncate", "sequence %d to %u tokens (a window group may have "
                            "released what the next query sees; a state cannot be rolled back)", id, len);
     Py_RETURN_NONE;
+}
+
+// ---- prefix cache ----
+
+static PyObject *Hybrid_create_cached(HybridObject *self, PyObject *arg) {
+    if (ready(self, "HybridKV.create_cached") < 0) return NULL;
+    PyArrayObject *t = pkvpy_tokens(arg, "HybridKV.create_cached(tokens)");
+    if (!t) return NULL;
+    pkv_seq_id id;
+    uint32_t cached = 0;
+    pkv_status st = pkv_hybrid_seq_create_cached(self->h, PyArray_DATA(t), (uint32_t)PyArray_DIM(t, 0),
+                                                 &id, &cached);
+    Py_DECREF(t);
+    if (st != PKV_OK) return pkvpy_raise(st, "HybridKV.create_cached", "no free state slot or sequence id");
+    return Py_BuildValue("(iI)", id, cached);
+}
+
+// cache_prefix / cache_state: (id, tokens) -> count.
+static PyObject *offer(HybridObject *self, PyObject *args, int state, const char *what) {
+    PyObject *ido, *tok;
+    pkv_seq_id id;
+    if (ready(self, what) < 0 || !PyArg_ParseTuple(args, "OO", &ido, &tok) || seq_from(ido, &id, what) < 0)
+        return NULL;
+    PyArrayObject *t = pkvpy_tokens(tok, what);
+    if (!t) return NULL;
+    uint32_t n = 0;
+    const uint32_t len = (uint32_t)PyArray_DIM(t, 0);
+    pkv_status st = state ? pkv_hybrid_cache_state(self->h, id, PyArray_DATA(t), len, &n)
+                          : pkv_hybrid_cache_prefix(self->h, id, PyArray_DATA(t), len, &n);
+    Py_DECREF(t);
+    if (st != PKV_OK)
+        return pkvpy_raise(st, what, "sequence %d, %u tokens (no prefix cache: prefix_cache_blocks=0; "
+                           "more tokens than the sequence holds; cache_state: not its length or not a "
+                           "multiple of state_interval)", id, len);
+    return PyLong_FromUnsignedLong(n);
+}
+
+static PyObject *Hybrid_cache_prefix(HybridObject *self, PyObject *args) {
+    return offer(self, args, 0, "HybridKV.cache_prefix");
+}
+
+static PyObject *Hybrid_cache_state(HybridObject *self, PyObject *args) {
+    return offer(self, args, 1, "HybridKV.cache_state");
+}
+
+static PyObject *u32_list(const uint32_t *v, uint32_t n) {
+    PyObject *l = PyList_New(n);
+    for (uint32_t i = 0; l && i < n; i++) PyList_SET_ITEM(l, i, PyLong_FromUnsignedLong(v[i]));
+    return l;
+}
+
+static PyObject *Hybrid_prefix_match(HybridObject *self, PyObject *arg) {
+    if (ready(self, "HybridKV.prefix_match") < 0) return NULL;
+    PyArrayObject *t = pkvpy_tokens(arg, "HybridKV.prefix_match(tokens)");
+    if (!t) return NULL;
+    pkv_hybrid_prefix_match m;
+    pkv_status st = pkv_hybrid_prefix_match_get(self->h, PyArray_DATA(t), (uint32_t)PyArray_DIM(t, 0), &m);
+    Py_DECREF(t);
+    if (st != PKV_OK) return pkvpy_raise(st, "HybridKV.prefix_match", "lookup failed");
+    return Py_BuildValue("{s:I,s:N,s:N}", "cached_tokens", m.cached_tokens, "hit_blocks",
+                         u32_list(m.hit_blocks, self->num_groups), "evictable_hit",
+                         u32_list(m.evictable_hit, self->num_groups));
 }
 
 static PyObject *Hybrid_block_table(HybridObject *self, PyObject *args) {
@@ -403,14 +466,28 @@ static PyObject *Hybrid_group_stats(HybridObject *self, PyObject *arg) {
     pkv_hybrid_group_stats s;
     pkv_status st = pkv_hybrid_group_stats_get(self->h, g, &s);
     if (st != PKV_OK) return pkvpy_raise(st, "HybridKV.group_stats", "group %u", g);
-    return Py_BuildValue("{s:s,s:I,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "kind", kind_names[s.kind],
-                         "block_size", s.block_size, "page_bytes", (unsigned long long)s.page_bytes,
-                         "capacity_bytes", (unsigned long long)s.capacity_bytes, "used_bytes",
-                         (unsigned long long)s.used_bytes, "free_bytes", (unsigned long long)s.free_bytes,
-                         "padding_bytes", (unsigned long long)s.padding_bytes, "blocks_held",
-                         (unsigned long long)s.blocks_held, "blocks_released",
-                         (unsigned long long)s.blocks_released, "tokens_held",
-                         (unsigned long long)s.tokens_held);
+    PyObject *d = Py_BuildValue("{s:s,s:I,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "kind", kind_names[s.kind],
+                                "block_size", s.block_size, "page_bytes", (unsigned long long)s.page_bytes,
+                                "capacity_bytes", (unsigned long long)s.capacity_bytes, "used_bytes",
+                                (unsigned long long)s.used_bytes, "free_bytes", (unsigned long long)s.free_bytes,
+                                "padding_bytes", (unsigned long long)s.padding_bytes, "blocks_held",
+                                (unsigned long long)s.blocks_held, "blocks_released",
+                                (unsigned long long)s.blocks_released, "tokens_held",
+                                (unsigned long long)s.tokens_held);
+    // The prefix cache's figures (0 without one).
+    const struct {
+        const char *key;
+        uint64_t v;
+    } more[] = {{"tokens_visible", s.tokens_visible},       {"cached_blocks", s.cached_blocks},
+                {"cached_evictable", s.cached_evictable},   {"prefix_hit_blocks", s.prefix_hit_blocks},
+                {"prefix_hit_tokens", s.prefix_hit_tokens}, {"prefix_inserts", s.prefix_inserts},
+                {"prefix_evictions", s.prefix_evictions}};
+    for (size_t i = 0; d && i < sizeof more / sizeof more[0]; i++) {
+        PyObject *v = PyLong_FromUnsignedLongLong(more[i].v);
+        if (!v || PyDict_SetItemString(d, more[i].key, v) < 0) Py_CLEAR(d);
+        Py_XDECREF(v);
+    }
+    return d;
 }
 
 static PyObject *Hybrid_validate(HybridObject *self, PyObject *unused) {
@@ -441,6 +518,9 @@ static PyObject *Hybrid_get_kinds(HybridObject *self, void *c) {
 static PyObject *Hybrid_get_live(HybridObject *self, void *c) {
     return PyLong_FromUnsignedLong(pkv_hybrid_live_count(self->h));
 }
+static PyObject *Hybrid_get_state_interval(HybridObject *self, void *c) {
+    return PyLong_FromUnsignedLong(pkv_hybrid_state_interval(self->h));
+}
 
 static PyMethodDef hybrid_methods[] = {
     {"create", (PyCFunction)Hybrid_create, METH_NOARGS, "create() -> id of a new empty sequence."},
@@ -460,6 +540,19 @@ static PyMethodDef hybrid_methods[] = {
      "group_stats(group) -> dict: kind, block_size, page/capacity/used/free/padding bytes,\n"
      "blocks held and released, tokens held."},
     {"validate", (PyCFunction)Hybrid_validate, METH_NOARGS, "validate(): raise CorruptError if inconsistent."},
+    {"create_cached", (PyCFunction)Hybrid_create_cached, METH_O,
+     "create_cached(tokens) -> (id, cached_tokens). A new sequence starting with the longest\n"
+     "prefix of tokens every group has cached (<= len - 1; per-group rules, pkv/hybrid.h):\n"
+     "holes before a window, shared blocks, a state copy (see step().copies)."},
+    {"cache_prefix", (PyCFunction)Hybrid_cache_prefix, METH_VARARGS,
+     "cache_prefix(id, tokens) -> blocks added: offer the full blocks of the sequence's first\n"
+     "len(tokens) tokens (call it right after the prompt's step)."},
+    {"cache_state", (PyCFunction)Hybrid_cache_state, METH_VARARGS,
+     "cache_state(id, tokens) -> states cached: the sequence's length is len(tokens), a multiple\n"
+     "of state_interval; snapshot its state groups' states (a copy, see step().copies)."},
+    {"prefix_match", (PyCFunction)Hybrid_prefix_match, METH_O,
+     "prefix_match(tokens) -> dict: cached_tokens, hit_blocks and evictable_hit per group;\n"
+     "changes nothing."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -469,6 +562,8 @@ static PyGetSetDef hybrid_getset[] = {
     {"block_sizes", (getter)Hybrid_get_block_sizes, NULL, "tokens per block of each group (0: state)", NULL},
     {"kinds", (getter)Hybrid_get_kinds, NULL, "each group's layer kind", NULL},
     {"live", (getter)Hybrid_get_live, NULL, "live sequences", NULL},
+    {"state_interval", (getter)Hybrid_get_state_interval, NULL,
+     "tokens between cached states (0: no prefix cache or no state group)", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

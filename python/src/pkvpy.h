@@ -159,6 +159,11 @@ extern PyMethodDef pkvpy_sweep_functions[];
 // TRACE_DTYPE (the structured dtype of pkv_trace_request), added to the module.
 int pkvpy_trace_init(PyObject *module);
 
+// ---- prefix.c ----
+// Token ids as a 1-D int32 array (pkvpy_int_vector) of at most 2**32 - 1 entries.
+// New reference, or NULL with an exception set.
+PyArrayObject *pkvpy_tokens(PyObject *obj, const char *what);
+
 // ---- prefix_pool.c ----
 
 // PrefixPool, BlockHasher and HASH_ALGOS, added to the module. 0 on success.

@@ -40,7 +40,7 @@ static void Prefix_dealloc(PrefixObject *self) {
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-static PyArrayObject *tokens_arg(PyObject *obj, const char *what) {
+PyArrayObject *pkvpy_tokens(PyObject *obj, const char *what) {
     PyArrayObject *t = pkvpy_int_vector(obj, NPY_INT32, what);
     if (t && PyArray_DIM(t, 0) > (npy_intp)UINT32_MAX) {
         Py_DECREF(t);
@@ -105,7 +105,7 @@ static PyObject *Prefix_create_seq(PrefixObject *self, PyObject *args) {
         return NULL;
     if (check_set(self, set, "PrefixCache.create_seq") < 0)
         return NULL;
-    PyArrayObject *tokens = tokens_arg(to, "PrefixCache.create_seq(tokens)");
+    PyArrayObject *tokens = pkvpy_tokens(to, "PrefixCache.create_seq(tokens)");
     if (!tokens)
         return NULL;
     pkv_seq_id id;
@@ -129,7 +129,7 @@ static PyObject *Prefix_insert(PrefixObject *self, PyObject *args) {
         return NULL;
     if (id < INT32_MIN || id > INT32_MAX)
         return pkvpy_raise(PKV_ERR_NOT_FOUND, "PrefixCache.insert", "sequence id out of range");
-    PyArrayObject *tokens = tokens_arg(to, "PrefixCache.insert(tokens)");
+    PyArrayObject *tokens = pkvpy_tokens(to, "PrefixCache.insert(tokens)");
     if (!tokens)
         return NULL;
     uint32_t inserted = 0, n = (uint32_t)PyArray_DIM(tokens, 0);
@@ -144,7 +144,7 @@ static PyObject *Prefix_insert(PrefixObject *self, PyObject *args) {
 
 static PyObject *Prefix_match(PrefixObject *self, PyObject *to) {
 #ifdef PKVPY_HAVE_PKV_PREFIX_CACHE_MATCH
-    PyArrayObject *tokens = tokens_arg(to, "PrefixCache.match(tokens)");
+    PyArrayObject *tokens = pkvpy_tokens(to, "PrefixCache.match(tokens)");
     if (!tokens)
         return NULL;
     pkv_prefix_match m;

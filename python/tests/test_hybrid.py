@@ -86,3 +86,64 @@ def test_truncate_into_released_tokens_raises_released():
     assert kv.length(s) == 10
     kv.truncate(s, 9)
     kv.validate()
+
+
+def test_prefix_cache_shares_per_group_rules():
+    # Sliding W = 4 and full, block 2: a's 12-token prompt is cached right after its
+    # step; b's same prompt hits 10 tokens (<= 11): the full group shares 5 blocks,
+    # the sliding one only blocks 3 and 4 (tokens 6..9 its next query sees), -1 before.
+    kv = pagedkv.HybridKV([SLIDING, FULL], budget_bytes=1 << 12, layout="partition", block_size=2,
+                          elem_bytes=1, max_seqs=4, prefix_cache_blocks=64)
+    prompt = np.arange(100, 112, dtype=np.int32)
+    a = kv.create()
+    kv.step([a], [12])
+    assert kv.cache_prefix(a, prompt) == 12  # 6 blocks in each group
+    m = kv.prefix_match(prompt)
+    assert m == {"cached_tokens": 10, "hit_blocks": [2, 5], "evictable_hit": [0, 0]}
+    b, cached = kv.create_cached(prompt)
+    assert cached == 10 and kv.length(b) == 10
+    ta, tb = kv.block_table(a, 0), kv.block_table(b, 0)
+    assert list(tb[:3]) == [-1, -1, -1] and list(tb[3:]) == list(ta[3:5])
+    assert list(kv.block_table(b, 1)) == list(kv.block_table(a, 1)[:5])
+    kv.step([b], [2])
+    st = kv.group_stats(0)
+    assert st["prefix_hit_blocks"] == 2 and st["prefix_hit_tokens"] == 4 and st["cached_blocks"] == 6
+    kv.free(a)
+    kv.free(b)
+    assert kv.group_stats(1)["cached_evictable"] == 6
+    kv.validate()
+    # A different prompt shares nothing.
+    c, cached = kv.create_cached(np.arange(12, dtype=np.int32))
+    assert cached == 0
+    kv.validate()
+
+
+def test_prefix_cache_with_a_state_group():
+    kv = pagedkv.HybridKV([FULL, STATE], budget_bytes=1 << 13, layout="partition", block_size=2,
+                          elem_bytes=1, max_seqs=4, prefix_cache_blocks=64)
+    assert kv.state_interval == 2
+    prompt = np.arange(10, dtype=np.int32)
+    a = kv.create()
+    kv.step([a], [8])
+    assert kv.cache_state(a, prompt[:8]) == 1
+    r = kv.step([a], [2])  # the snapshot's copy comes out with the next step
+    src, dst = r.copies[1][0]
+    assert src == kv.state_slot(a, 1) and dst != src
+    kv.cache_prefix(a, prompt)
+    b, cached = kv.create_cached(prompt)
+    assert cached == 8
+    r = kv.step([b], [2])
+    assert list(r.copies[1][0]) == [dst, kv.state_slot(b, 1)]  # b starts from the cached state
+    with pytest.raises(pagedkv.InvalidArgument, match="state_interval"):
+        kv.cache_state(b, prompt[:9])
+    kv.validate()
+
+
+def test_prefix_cache_off_by_default():
+    kv = make([FULL])
+    s = kv.create()
+    kv.step([s], [4])
+    with pytest.raises(pagedkv.Unsupported, match="prefix_cache_blocks=0"):
+        kv.cache_prefix(s, np.arange(4, dtype=np.int32))
+    assert kv.create_cached(np.arange(4, dtype=np.int32))[1] == 0
+    assert kv.state_interval == 0

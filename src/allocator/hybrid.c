@@ -146,6 +146,7 @@ pkv_status pkv_hybrid_create(const pkv_hybrid_params *params, pkv_hybrid **out) 
         st = init_group(&h->groups[g], &params->groups[g], params->elem_bytes);
     if (st == PKV_OK) st = build_state_pools(h, params->budget_bytes, &page_budget);
     if (st == PKV_OK) st = ops->build(h, page_budget);
+    if (st == PKV_OK) st = pkvi_hybrid_prefix_init(h, params);
     if (st == PKV_OK) st = pkv_pool_create(1, &h->id_pool);
     if (st == PKV_OK) st = pkv_seqset_create(h->id_pool, 1, &h->ids);
     if (st != PKV_OK) {
@@ -172,6 +173,7 @@ void pkvi_hybrid_teardown(pkv_hybrid *h) {
 
 void pkv_hybrid_destroy(pkv_hybrid *h) {
     if (!h) return;
+    pkvi_hybrid_prefix_teardown(h); // before the sets, whose releases it hears
     if (h->ops && h->ops->destroy) h->ops->destroy(h);
     pkvi_hybrid_teardown(h);
     pkv_seqset_destroy(h->ids);

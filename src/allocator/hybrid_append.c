@@ -77,6 +77,30 @@ static int pools_fit(const pkv_hybrid *h, const int64_t *need) {
     return 1;
 }
 
+// Some pool is short of need: let the layout make room (LCM: large pages), and
+// evict cache-only prefix blocks one at a time while that is not enough. 1 when
+// every pool fits. Without a short pool's blocks anywhere in its caches
+// (pkv/hybrid.h: free + evictable < need) nothing is evicted in vain.
+static int make_room(pkv_hybrid *h, const int64_t *need) {
+    uint32_t want[PKV_MAX_KV_GROUPS];
+    for (uint32_t g = 0; g < h->num_groups; g++) want[g] = need[g] > 0 ? (uint32_t)need[g] : 0;
+    if (h->layout != PKV_HYBRID_LCM)
+        for (uint32_t p = 0; p < h->num_pools; p++) {
+            int64_t sum = 0;
+            for (uint32_t g = 0; g < h->num_groups; g++)
+                if (h->groups[g].owns_set && h->groups[g].pool == h->pools[p]) sum += need[g];
+            if (sum > (int64_t)(pkv_pool_free_count(h->pools[p]) +
+                                pkvi_hybrid_prefix_evictable(h, h->pools[p])))
+                return 0;
+        }
+    for (;;) {
+        if (h->ops->make_room ? h->ops->make_room(h, want) == PKV_OK && pools_fit(h, need)
+                              : pools_fit(h, need))
+            return 1;
+        if (!pkvi_hybrid_prefix_evict_for(h, need)) return 0;
+    }
+}
+
 // Release the blocks that the window rule kills for the batch's first queries (a
 // sequence appended 0 tokens has no query: it keeps its blocks).
 static void release_dead(pkv_hybrid *h, const pkv_seq_id *seqs, const uint32_t *counts,
@@ -116,12 +140,7 @@ pkv_status pkv_hybrid_append_batch(pkv_hybrid *h, const pkv_seq_id *seqs,
     int64_t need[PKV_MAX_KV_GROUPS];
     pkv_status st = plan(h, seqs, counts, num_seqs, need);
     if (st != PKV_OK) return st;
-    if (!pools_fit(h, need)) {
-        uint32_t want[PKV_MAX_KV_GROUPS];
-        for (uint32_t g = 0; g < h->num_groups; g++) want[g] = need[g] > 0 ? (uint32_t)need[g] : 0;
-        if (!h->ops->make_room || h->ops->make_room(h, want) != PKV_OK || !pools_fit(h, need))
-            return PKV_ERR_OUT_OF_BLOCKS;
-    }
+    if (!pools_fit(h, need) && !make_room(h, need)) return PKV_ERR_OUT_OF_BLOCKS;
     uint64_t total = 0;
     for (uint32_t i = 0; i < num_seqs; i++) total += counts[i];
     release_dead(h, seqs, counts, num_seqs);

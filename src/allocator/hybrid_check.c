@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: MIT
 // What the hybrid KV manager holds, counted from its tables (stats per group) and
 // checked against its pools (validate): every pool reference is a live table
-// entry, a queued copy's pin or a sequence's state slot, and nothing else. Both
+// entry, a queued copy's pin, a prefix cache's entry or a sequence's state slot,
+// and nothing else. Both
 // walk every live sequence, so they are O(capacity + blocks held), not for a hot
 // path.
 #include <stdlib.h>
@@ -36,6 +37,32 @@ static void count_refs(const pkv_hybrid *h, uint32_t g, uint32_t *refs, uint64_t
     for (uint32_t i = 0; i < nc; i++) refs[c[i].src]++, refs[c[i].dst]++;
 }
 
+// Token group g: per distinct live block, the most tokens a holder's last token
+// sees in it (fill[], the pool's capacity), summed.
+static uint64_t visible_tokens(const pkv_hybrid *h, uint32_t g, uint32_t *fill) {
+    const pkvi_hgroup *hg = &h->groups[g];
+    const uint32_t B = hg->block_size;
+    uint64_t sum = 0;
+    for (uint32_t i = 0; i < h->cap_recs; i++) {
+        const pkvi_hrecord *r = &h->recs[i];
+        const pkv_block_id *t;
+        uint32_t n, holes;
+        if (!r->live || r->len == 0 || pkv_seq_block_table(hg->set, r->gid[g], &t, &n) != PKV_OK ||
+            pkv_seq_released_blocks(hg->set, r->gid[g], &holes) != PKV_OK)
+            continue;
+        const uint32_t first = pkvi_hybrid_first_live(hg, r->len - 1);
+        for (uint32_t j = holes > first / B ? holes : first / B; j < n; j++) {
+            const uint32_t lo = j * B > first ? j * B : first;
+            const uint32_t hi = (j + 1) * B < r->len ? (j + 1) * B : r->len;
+            if (hi - lo > fill[t[j]]) {
+                sum += hi - lo - fill[t[j]];
+                fill[t[j]] = hi - lo;
+            }
+        }
+    }
+    return sum;
+}
+
 pkv_status pkv_hybrid_group_stats_get(const pkv_hybrid *h, uint32_t g,
                                       pkv_hybrid_group_stats *stats) {
     if (!h || !stats || g >= h->num_groups) return PKV_ERR_INVALID_ARG;
@@ -46,6 +73,10 @@ pkv_status pkv_hybrid_group_stats_get(const pkv_hybrid *h, uint32_t g,
     memset(stats, 0, sizeof *stats);
     count_refs(h, g, refs, &stats->tokens_held);
     for (uint32_t b = 0; b < capacity; b++) stats->blocks_held += refs[b] > 0;
+    if (hg->set) {
+        memset(refs, 0, (size_t)capacity * sizeof *refs);
+        stats->tokens_visible = visible_tokens(h, g, refs);
+    }
     free(refs);
     stats->kind = hg->desc.kind;
     stats->block_size = hg->block_size;
@@ -57,6 +88,17 @@ pkv_status pkv_hybrid_group_stats_get(const pkv_hybrid *h, uint32_t g,
         stats->padding_bytes =
             stats->blocks_held * (hg->page_bytes - hg->block_size * hg->bytes_per_token);
     stats->blocks_released = hg->released;
+    const pkvi_hgroup *owner = &h->groups[pkvi_hybrid_owner(h, g)];
+    if (owner->cache) { // a PAGED alias shows the one table's cache
+        pkvi_hcache_stats cs;
+        pkvi_hcache_get_stats(owner->cache, &cs);
+        stats->cached_blocks = cs.entries;
+        stats->cached_evictable = cs.evictable;
+        stats->prefix_hit_blocks = cs.hit_blocks;
+        stats->prefix_hit_tokens = cs.hit_tokens;
+        stats->prefix_inserts = cs.inserts;
+        stats->prefix_evictions = cs.evictions;
+    }
     pkvi_hybrid_lcm_group_stats(h, g, stats);
     return PKV_OK;
 }
@@ -88,6 +130,7 @@ static pkv_status check_pool(const pkv_hybrid *h, const pkv_pool *pool) {
     for (uint32_t g = 0; g < h->num_groups; g++) {
         const pkvi_hgroup *hg = &h->groups[g];
         if (hg->pool == pool && (hg->owns_set || !hg->set)) count_refs(h, g, refs, NULL);
+        if (hg->pool == pool && hg->cache) pkvi_hcache_count_refs(hg->cache, refs);
     }
     pkv_status st = PKV_OK;
     for (uint32_t b = 0; b < capacity && st == PKV_OK; b++)
@@ -116,6 +159,8 @@ pkv_status pkv_hybrid_validate(const pkv_hybrid *h) {
                              pkv_seqset_live_count(hg->set) != live))
             st = PKV_ERR_CORRUPT;
     }
+    for (uint32_t g = 0; g < h->num_groups && st == PKV_OK; g++)
+        if (h->groups[g].cache) st = pkvi_hcache_validate(h->groups[g].cache);
     for (uint32_t p = 0; p < h->num_pools && st == PKV_OK; p++) st = check_pool(h, h->pools[p]);
     if (st == PKV_OK) st = pkvi_hybrid_lcm_validate(h);
     return st;

@@ -84,6 +84,7 @@ pkv_status pkv_hybrid_take_copies(pkv_hybrid *h, uint32_t g, pkv_block_copy *cop
         for (uint32_t i = 0; i < hg->num_copies; i++) { // drop the pins
             pkv_block_id pins[2] = {hg->copies[i].src, hg->copies[i].dst};
             if (pkv_pool_release_n(hg->pool, pins, 2) != PKV_OK) st = PKV_ERR_CORRUPT;
+            else pkvi_hybrid_prefix_unpinned(h, g, pins[0], pins[1]);
         }
         hg->num_copies = 0;
     }

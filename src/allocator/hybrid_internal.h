@@ -10,6 +10,8 @@
 
 #include "pkv/hybrid.h"
 
+typedef struct pkvi_hcache pkvi_hcache; // hybrid_prefix_cache.c
+
 // Token pools (PARTITION: one per token group) and one slot pool per state group.
 #define PKVI_HYBRID_MAX_POOLS (2 * PKV_MAX_KV_GROUPS)
 
@@ -26,6 +28,8 @@ typedef struct pkvi_hgroup {
     int windowed;              // 1: the window rule releases blocks (SLIDING/CHUNKED,
                                // every layout but PAGED)
     uint64_t released;         // blocks released by the window rule since create
+    pkvi_hcache *cache;        // prefix cache of the set this group owns; NULL without
+                               // one (and for aliases and state groups)
     // State groups: queued fork copies {src slot, dst slot}, each pinning both slots.
     pkv_block_copy *copies;    // [cap_copies]
     uint32_t num_copies, cap_copies;
@@ -79,6 +83,14 @@ struct pkv_hybrid {
     pkv_seqset *ids;
     pkvi_hrecord *recs;                       // [cap_recs]
     uint32_t cap_recs;
+    // Prefix cache (hybrid_prefix.c): the block hasher (NULL: no cache), the clock
+    // every group's cache takes its LRU ticks from, and the state interval S (the
+    // LCM of the token groups' block sizes: states are cached at multiples of it;
+    // 0: no state caching, then a model with a state group never hits).
+    pkv_hasher *hasher;
+    uint64_t clock;
+    uint32_t state_interval;
+    int has_state;
     // Batch scratch: per-sequence lengths before the append, [cap_scratch].
     uint32_t *old_len;
     pkv_seq_id *gids;
@@ -121,6 +133,72 @@ int pkvi_hybrid_is_token_group(const pkv_hybrid *h, uint32_t g);
 pkv_status pkvi_hybrid_reserve_scratch(pkv_hybrid *h, uint32_t k);
 // Tell the layout that blocks went back to the pools.
 void pkvi_hybrid_released(pkv_hybrid *h);
+
+// ---- hybrid_seq.c ----
+// Room in every state group's copy queue for one more copy.
+pkv_status pkvi_hybrid_reserve_state_copies(pkv_hybrid *h);
+// Queue state group g's copy {src, dst} (room reserved), pinning both slots.
+void pkvi_hybrid_queue_state_copy(pkv_hybrid *h, uint32_t g, pkv_block_id src, pkv_block_id dst);
+
+// ---- hybrid_prefix.c ----
+// Create the caches after the layout built the sets (nothing when
+// prefix_cache_blocks is 0). On error the caller destroys h.
+pkv_status pkvi_hybrid_prefix_init(pkv_hybrid *h, const pkv_hybrid_params *params);
+// Drop every cache and its references; unhooks the sets first. Idempotent.
+void pkvi_hybrid_prefix_teardown(pkv_hybrid *h);
+// Evict one cache-only block that helps an append needing need[g] more free blocks
+// in group g's pool (num_groups entries): the oldest of the groups on a short
+// pool, else (LCM: large pages) the oldest of any group. 0 if none is left.
+int pkvi_hybrid_prefix_evict_for(pkv_hybrid *h, const int64_t *need);
+// Cache-only blocks (evictable) of every cache on `pool`.
+uint64_t pkvi_hybrid_prefix_evictable(const pkv_hybrid *h, const pkv_pool *pool);
+// A free state slot of state group g in *slot, evicting a cached state when none is
+// free. PKV_ERR_OUT_OF_BLOCKS when none can be had.
+pkv_status pkvi_hybrid_take_slot(pkv_hybrid *h, uint32_t g, pkv_block_id *slot);
+// State group g's queued copies released their pins on src and dst: tell its cache
+// about a cached state left to it alone.
+void pkvi_hybrid_prefix_unpinned(pkv_hybrid *h, uint32_t g, pkv_block_id src, pkv_block_id dst);
+
+// ---- hybrid_prefix_cache.c: one group's cache of full blocks (see the file) ----
+typedef struct pkvi_hcache_stats {
+    uint32_t entries, evictable;
+    uint64_t hit_blocks, hit_tokens, inserts, evictions;
+} pkvi_hcache_stats;
+// A cache over `pool` (borrowed) of at most max_entries blocks (clamped to the
+// pool's capacity); chained: FULL/MLA (leaf-first eviction). clock: borrowed.
+pkv_status pkvi_hcache_create(pkv_pool *pool, uint32_t max_entries, int chained,
+                              uint64_t *clock, pkvi_hcache **out);
+// Release every reference and free. NULL does nothing.
+void pkvi_hcache_destroy(pkvi_hcache *c);
+// The set hook (seqset_internal.h): `block`'s refcount just dropped to 1.
+void pkvi_hcache_block_unused(void *ctx, pkv_block_id block);
+// The entry cached under key, or -1.
+int32_t pkvi_hcache_find(const pkvi_hcache *c, const pkv_block_hash *key);
+pkv_block_id pkvi_hcache_block(const pkvi_hcache *c, int32_t entry);
+// 1 if only the cache holds the entry's block.
+int pkvi_hcache_is_evictable(const pkvi_hcache *c, int32_t entry);
+// Cache `block` (a live block of a sequence, or -1 for a hole) under key, chained
+// to entry `parent` (-1: none). *entry: the entry now holding key (an existing one
+// is refreshed instead), or -1 when nothing was cached (a hole, a block caching
+// another key, a full cache with nothing evictable). PKV_ERR_LIMIT: refcount full.
+pkv_status pkvi_hcache_insert(pkvi_hcache *c, const pkv_block_hash *key, pkv_block_id block,
+                              int32_t parent, int32_t *entry);
+// A hit: sequence `id` of `set` adopts the entry's block (pkvi_seq_adopt_block).
+pkv_status pkvi_hcache_adopt(pkvi_hcache *c, int32_t entry, pkv_seqset *set, pkv_seq_id id);
+// Take a reference on the entry's block (a hit about to use it): the entry leaves
+// the eviction order. PKV_ERR_LIMIT: its refcount is full.
+pkv_status pkvi_hcache_hold(pkvi_hcache *c, int32_t entry);
+// Count a hit of `tokens` tokens in the statistics.
+void pkvi_hcache_count_hit(pkvi_hcache *c, uint32_t tokens);
+// Evict the least recently used evictable entry other than `keep`; 0 if none.
+int pkvi_hcache_evict_oldest(pkvi_hcache *c, int32_t keep);
+// The last use of the entry evict_oldest(-1) would take, UINT64_MAX if none.
+uint64_t pkvi_hcache_oldest(const pkvi_hcache *c);
+void pkvi_hcache_get_stats(const pkvi_hcache *c, pkvi_hcache_stats *stats);
+// refs[block]++ for every block the cache holds.
+void pkvi_hcache_count_refs(const pkvi_hcache *c, uint32_t *refs);
+// Table, heap, chains and refcounts agree. PKV_OK, CORRUPT or OUT_OF_MEMORY.
+pkv_status pkvi_hcache_validate(const pkvi_hcache *c);
 
 // ---- hybrid_window.c ----
 // First token a query at position p still sees in group g (0: every token).

@@ -65,8 +65,8 @@ static pkv_status fill_groups(pkv_hybrid *h, pkvi_hrecord *r, const pkvi_hrecord
     for (; g < h->num_groups && st == PKV_OK; g++) {
         pkvi_hgroup *hg = &h->groups[g];
         if (is_state(h, g)) {
-            pkv_block_id slot;
-            st = pkv_pool_alloc(hg->pool, 1, &slot);
+            pkv_block_id slot = -1;
+            st = pkvi_hybrid_take_slot(h, g, &slot); // may evict a cached state
             r->gid[g] = slot;
         } else if (hg->owns_set) {
             st = parent ? pkv_seq_fork(hg->set, parent->gid[g], &r->gid[g])
@@ -101,8 +101,7 @@ pkv_status pkv_hybrid_seq_free(pkv_hybrid *h, pkv_seq_id id) {
     return PKV_OK;
 }
 
-// Room in every state group's copy queue for one more copy.
-static pkv_status reserve_state_copies(pkv_hybrid *h) {
+pkv_status pkvi_hybrid_reserve_state_copies(pkv_hybrid *h) {
     for (uint32_t g = 0; g < h->num_groups; g++) {
         pkvi_hgroup *hg = &h->groups[g];
         if (!is_state(h, g) || hg->num_copies < hg->cap_copies) continue;
@@ -115,10 +114,17 @@ static pkv_status reserve_state_copies(pkv_hybrid *h) {
     return PKV_OK;
 }
 
+void pkvi_hybrid_queue_state_copy(pkv_hybrid *h, uint32_t g, pkv_block_id src, pkv_block_id dst) {
+    pkvi_hgroup *hg = &h->groups[g];
+    pkv_pool_retain(hg->pool, src); // live: held by a sequence or the prefix cache
+    pkv_pool_retain(hg->pool, dst);
+    hg->copies[hg->num_copies++] = (pkv_block_copy){.src = src, .dst = dst};
+}
+
 pkv_status pkv_hybrid_seq_fork(pkv_hybrid *h, pkv_seq_id parent, pkv_seq_id *child) {
     if (!h || !child) return PKV_ERR_INVALID_ARG;
     if (!pkvi_hybrid_rec(h, parent)) return PKV_ERR_NOT_FOUND;
-    pkv_status st = reserve_state_copies(h);
+    pkv_status st = pkvi_hybrid_reserve_state_copies(h);
     if (st != PKV_OK) return st;
     pkvi_hrecord *r;
     if ((st = new_record(h, child, &r)) != PKV_OK) return st;
@@ -129,14 +135,8 @@ pkv_status pkv_hybrid_seq_fork(pkv_hybrid *h, pkv_seq_id parent, pkv_seq_id *chi
     }
     // The child's state starts as a copy of the parent's: queue it, pinning both
     // slots (one reference each) until the caller has run it.
-    for (uint32_t g = 0; g < h->num_groups; g++) {
-        pkvi_hgroup *hg = &h->groups[g];
-        if (!is_state(h, g)) continue;
-        pkv_block_copy c = {.src = p->gid[g], .dst = r->gid[g]};
-        pkv_pool_retain(hg->pool, c.src); // live: held by the parent, and by the child
-        pkv_pool_retain(hg->pool, c.dst);
-        hg->copies[hg->num_copies++] = c;
-    }
+    for (uint32_t g = 0; g < h->num_groups; g++)
+        if (is_state(h, g)) pkvi_hybrid_queue_state_copy(h, g, p->gid[g], r->gid[g]);
     r->len = p->len;
     r->live = 1;
     return PKV_OK;

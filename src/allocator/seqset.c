@@ -617,6 +617,21 @@ pkv_status pkvi_seq_adopt_block(pkv_seqset *set, pkv_seq_id id, pkv_block_id blo
     return PKV_OK;
 }
 
+pkv_status pkvi_seq_adopt_hole(pkv_seqset *set, pkv_seq_id id) {
+    seq *s = get_seq(set, id);
+    if (!s) return PKV_ERR_NOT_FOUND;
+    // Holes stay a prefix of full blocks: only a table of holes may take another.
+    if (s->holes != s->num_blocks || room_of(set, s) != 0 ||
+        s->len > (uint32_t)INT32_MAX - set->block_size)
+        return PKV_ERR_INVALID_ARG;
+    if (!grow((void **)&s->blocks, &s->cap, (uint64_t)s->num_blocks + 1, sizeof(pkv_block_id)))
+        return PKV_ERR_OUT_OF_MEMORY;
+    s->blocks[s->num_blocks++] = PKV_BLOCK_NONE;
+    s->holes++;
+    s->len += set->block_size;
+    return PKV_OK;
+}
+
 void pkvi_seqset_set_hook(pkv_seqset *set, pkvi_unused_hook fn, void *ctx) {
     set->hook = fn;
     set->hook_ctx = fn ? ctx : NULL;

@@ -13,6 +13,12 @@
 // PKV_ERR_LIMIT if the block's refcount cannot grow.
 pkv_status pkvi_seq_adopt_block(pkv_seqset *set, pkv_seq_id id, pkv_block_id block);
 
+// Append one hole (PKV_BLOCK_NONE, seq.h) to sequence `id`, whose table must hold
+// only holes so far and whose length must be a multiple of the block size: the
+// table grows by a released entry and the length by block_size, no pool reference
+// taken. A windowed group's prefix hit starts with holes before its window.
+pkv_status pkvi_seq_adopt_hole(pkv_seqset *set, pkv_seq_id id);
+
 // Called by the set after a release brought `block`'s refcount down to exactly 1
 // (whoever holds the last reference, if anyone besides the set's pins, now holds
 // it alone). ctx is the pointer given at registration.

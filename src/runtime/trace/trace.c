@@ -94,6 +94,20 @@ PKVI_WRAPS void pkvi_trace_tokens(const pkv_trace *t, size_t i, uint32_t n, int3
     for (; p < n; p++) out[p] = (int32_t)token_hash(own, p);
 }
 
+int32_t *pkvi_trace_tokens_into(const pkv_trace *t, size_t i, uint32_t n, int32_t **buf,
+                                uint32_t *cap) {
+    if (n > *cap) {
+        uint64_t c = *cap ? *cap : 1024;
+        while (c < n) c *= 2;
+        int32_t *grown = realloc(*buf, (size_t)c * sizeof *grown);
+        if (!grown) return NULL;
+        *buf = grown;
+        *cap = (uint32_t)(c < UINT32_MAX ? c : UINT32_MAX);
+    }
+    pkvi_trace_tokens(t, i, n, *buf);
+    return *buf;
+}
+
 size_t pkv_trace_count(const pkv_trace *t) { return t ? t->count : 0; }
 const pkv_trace_request *pkv_trace_requests(const pkv_trace *t) { return t ? t->reqs : NULL; }
 pkv_trace_format pkv_trace_get_format(const pkv_trace *t) { return t ? t->format : PKV_TRACE_AUTO; }

@@ -40,6 +40,11 @@ struct pkv_trace {
 // Mooncake hash ids (one per 512 tokens), or a native prefix_group's first
 // prefix_tokens tokens; every other token is unique to its request.
 void pkvi_trace_tokens(const pkv_trace *t, size_t i, uint32_t n, int32_t *out);
+// pkvi_trace_tokens into *buf, a caller-owned scratch of *cap entries grown (by
+// doubling, from 1024) to hold n: the replay policies' prompt ids for their prefix
+// caches. Returns *buf, or NULL when it cannot grow (the old buffer stays).
+int32_t *pkvi_trace_tokens_into(const pkv_trace *t, size_t i, uint32_t n, int32_t **buf,
+                                uint32_t *cap);
 
 // A growable array of requests while a file is read.
 typedef struct pkvi_reqvec {

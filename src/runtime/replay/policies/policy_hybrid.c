@@ -10,22 +10,36 @@
 //   hybrid-lcm          Jenga's two-level allocator (pages of the LCM of the
 //                       groups' page sizes, carved per group).
 // For a uniform model (one full group) every layout is one pool of blocks of B
-// tokens, as `paged` without its prefix cache: the same admissions, forks sharing
-// every block, copy-on-write of a shared partial block.
+// tokens, as `paged`: the same admissions, forks sharing every block,
+// copy-on-write of a shared partial block, and (prefix sharing) the same hits.
 //
 // Accounting in token slots of cfg->bytes_per_token bytes (one token of every
 // group): reserved = the bytes of the blocks (state slots) the groups hold,
 // rounded up to slots; used = the bytes of the tokens the groups keep under their
 // rule (groups.c: the window's tokens; a forked request's prompt once), rounded
 // down, so that used <= reserved and the partly filled tails fit reserved - used.
-// Per-group figures (stats.groups) come from pkv_hybrid_group_stats_get. The
-// manager has no prefix cache: cached_tokens stays 0 (hits need per-group rules,
-// issue 23 item 4). Run mode keeps the K/V in the per-token table (no seqset).
+// Per-group figures (stats.groups) come from pkv_hybrid_group_stats_get.
+//
+// Prefix sharing (cfg->prefix_sharing with a trace, sim mode): the manager's
+// prefix cache (pkv/hybrid.h, "Prefix cache") with the per-kind hit rules, fed as
+// `paged` feeds its cache: the same synthesized token ids (pkvi_trace_tokens), a
+// request of a prefix group looks its prompt up at admission and offers the
+// trace's declared shared prefix (prefix_tokens) when its prefill ends. The hit
+// is the common one (a multiple of every group's block size); a group's
+// cached_tokens counts the tokens of the blocks it shared (a sliding group only
+// its window's; a state group the hit, whose state it copied). A model with a
+// state group caches its state where the declared shared prefix ends
+// (append_prompt), so that later requests of the group can hit there. Cache-only blocks count as free, in neither used nor reserved;
+// used is then the manager's tokens_visible per group (a block shared across
+// requests counted once, as paged's fill does), which without a cache equals
+// the per-request count above. Run mode keeps the K/V in the per-token table
+// (no seqset).
 #include <stdlib.h>
 #include <string.h>
 
 #include "pkv/hybrid.h"
 #include "src/runtime/replay/replay_internal.h"
+#include "src/runtime/trace/trace_internal.h"
 
 typedef struct hybrid_policy {
     pkv_hybrid *h;
@@ -47,6 +61,14 @@ typedef struct hybrid_policy {
     uint32_t copies_cap;
     uint64_t cow_copies, copy_slots;
     double copy_bytes;   // exact, copy_slots is its floor in slots
+    const pkv_trace *trace; // borrowed: token ids for the prefix cache
+    int cache;           // 1: the manager's prefix cache is on
+    int32_t *tokens;     // [tokens_cap] scratch for a prompt's token ids
+    uint32_t tokens_cap;
+    uint64_t cached_tokens; // prompt tokens served from the cache (sum of hits)
+    uint64_t group_cached[PKV_MAX_KV_GROUPS]; // per group: tokens of the blocks shared
+    uint32_t blocked_r;      // with a cache: the last request refused admission, and
+    uint64_t blocked_avail;  // free + evictable bytes then (skip identical retries)
 } hybrid_policy;
 
 static uint64_t ceil_div64(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
@@ -124,6 +146,7 @@ static void hybrid_destroy(void *pp) {
     free(p->tail_shared);
     free(p->kept);
     free(p->copies);
+    free(p->tokens);
     free(p);
 }
 
@@ -149,6 +172,16 @@ static pkv_status hybrid_create(const pkv_policy_config *cfg, pkv_hybrid_layout 
     hp.budget_bytes = cfg->capacity_bytes;
     hp.block_size = cfg->block_size;
     if (cfg->params && cfg->params->max_batch) hp.max_seqs = cfg->params->max_batch;
+    p->trace = cfg->trace;
+    p->cache = cfg->prefix_sharing && cfg->trace;
+    p->blocked_r = UINT32_MAX;
+    if (p->cache) {
+        hp.prefix_cache_blocks = UINT32_MAX; // as many as the pools hold
+        // A fast hash when this build has it: replays hash every prompt of a prefix
+        // group (a simulation, no adversary choosing prompts).
+        hp.prefix_hash = pkv_hash_algo_available(PKV_HASH_XXH3_128) ? PKV_HASH_XXH3_128
+                                                                    : PKV_HASH_SHA256;
+    }
     pkv_status st = pkv_hybrid_create(&hp, &p->h);
     if (st != PKV_OK) {
         hybrid_destroy(p);
@@ -239,21 +272,24 @@ static uint64_t wm_bytes(const hybrid_policy *p, uint32_t g, uint64_t wm) {
 // 1 if every pool has `extra(g)` bytes beyond what it holds now, with the
 // watermark kept free. extra: peak bytes (fits_alone, from empty) or 0 (admit).
 static int pools_fit(const hybrid_policy *p, const pkv_policy_admit *a, uint64_t wm, int from_empty) {
-    uint64_t shared_need = 0, shared_free = 0;
+    uint64_t shared_need = 0, shared_free = 0, shared_evictable = 0;
     for (uint32_t g = 0; g < p->groups.n; g++) {
         if (p->groups.g[g].kind == PKV_LAYER_STATE) continue;
         pkv_hybrid_group_stats gs;
         pkv_hybrid_group_stats_get(p->h, g, &gs);
+        // Blocks only the prefix cache holds are reclaimable: free for admission.
+        const uint64_t evictable = from_empty ? 0 : gs.cached_evictable * gs.page_bytes;
         const uint64_t free_b = from_empty ? gs.capacity_bytes : gs.free_bytes;
         const uint64_t need = (a ? peak_bytes(p, a, g) : 0) + wm_bytes(p, g, wm);
         if (is_shared_pool(p->layout)) {
             shared_need += need;
             shared_free = free_b; // the whole pool's, under every group
-        } else if (need > free_b) {
+            shared_evictable += evictable; // each group's cache, on the one pool
+        } else if (need > free_b + evictable) {
             return 0;
         }
     }
-    return shared_need <= shared_free;
+    return shared_need <= shared_free + shared_evictable;
 }
 
 static int hybrid_fits_alone(const void *pp, const pkv_policy_admit *a, uint64_t wm) {
@@ -274,27 +310,113 @@ static void free_request(hybrid_policy *p, uint32_t r) {
     recount(p, r);
 }
 
+static int32_t *prompt_tokens(hybrid_policy *p, uint32_t r, uint32_t n) {
+    return pkvi_trace_tokens_into(p->trace, r, n, &p->tokens, &p->tokens_cap);
+}
+
+// 1 if request r may find (and offer) a cached prefix: a request outside every
+// prefix group shares nothing with anyone (its lookup would only hash).
+static int may_share(const hybrid_policy *p, uint32_t r) {
+    return p->cache && p->trace->reqs[r].prefix_group >= 0;
+}
+
+// The request's first sequence: its prompt's longest cached prefix (*cached
+// tokens of it, 0 without one) or an empty sequence.
+static pkv_status create_first(hybrid_policy *p, uint32_t r, const pkv_policy_admit *a,
+                               pkv_seq_id *id, uint32_t *cached) {
+    *cached = 0;
+    if (a->independent || a->len < a->prompt || !may_share(p, r))
+        return pkv_hybrid_seq_create(p->h, id);
+    const int32_t *tok = prompt_tokens(p, r, a->prompt);
+    if (!tok) return PKV_ERR_OUT_OF_MEMORY;
+    return pkv_hybrid_seq_create_cached(p->h, tok, a->prompt, id, cached);
+}
+
+// Append the prompt's tokens from `cached` on to the request's first sequence. A
+// model with a state group caches its state where the trace's shared prefix ends
+// (rounded down to the state interval): the prompt is appended up to there, the
+// state snapshot queued (pkv_hybrid_cache_state), then the rest, as an engine
+// that chunks its prefill at that boundary would (the step's cost is not split).
+static pkv_status append_prompt(hybrid_policy *p, uint32_t r, pkv_seq_id id, uint32_t cached,
+                                uint32_t prompt) {
+    const uint32_t S = p->cache ? pkv_hybrid_state_interval(p->h) : 0;
+    uint32_t at = cached;
+    if (S && may_share(p, r)) {
+        const uint32_t shared = p->trace->reqs[r].prefix_tokens;
+        const uint32_t b = (shared < prompt ? shared : prompt) / S * S;
+        const int32_t *tok = b > cached ? prompt_tokens(p, r, b) : NULL;
+        if (tok) {
+            pkv_status st = pkv_hybrid_append(p->h, id, b - cached, NULL);
+            if (st != PKV_OK) return st;
+            at = b;
+            (void)pkv_hybrid_cache_state(p->h, id, tok, b, NULL); // no spare slot: no cache
+        }
+    }
+    return pkv_hybrid_append(p->h, id, prompt - at, NULL);
+}
+
+// Count a successful admission's hit per group: right after create_cached a
+// group's table is its hit, holes (before a window) and the blocks it shares.
+// (The manager's own counters also count lookups of admissions refused later.)
+static void count_hit(hybrid_policy *p, pkv_seq_id id, uint32_t hit) {
+    for (uint32_t g = 0; g < p->groups.n; g++) {
+        const pkv_block_id *t;
+        uint32_t nb = 0, holes = 0;
+        if (!p->B[g]) p->group_cached[g] += hit; // a state group: the cached state's
+        else if (pkv_hybrid_block_table(p->h, id, g, &t, &nb, &holes) == PKV_OK)
+            p->group_cached[g] += (uint64_t)(nb - holes) * p->B[g];
+    }
+}
+
+// Free and cache-only bytes of every pool (a shared pool's free bytes once): what
+// an admission may use.
+static uint64_t avail_bytes(const hybrid_policy *p) {
+    uint64_t sum = 0;
+    int token_seen = 0;
+    for (uint32_t g = 0; g < p->groups.n; g++) {
+        pkv_hybrid_group_stats gs;
+        pkv_hybrid_group_stats_get(p->h, g, &gs);
+        const int state = p->groups.g[g].kind == PKV_LAYER_STATE;
+        if (state || !is_shared_pool(p->layout) || !token_seen) sum += gs.free_bytes;
+        token_seen |= !state;
+        sum += gs.cached_evictable * gs.page_bytes;
+    }
+    return sum;
+}
+
 static pkv_status hybrid_admit(void *pp, uint32_t r, const pkv_policy_admit *a, uint64_t wm,
-                               uint64_t *ext_frag, uint32_t *cached) {
+                               uint64_t *ext_frag, uint32_t *cached_out) {
     hybrid_policy *p = pp;
-    *ext_frag = 0; // fixed-size pages: any free page serves
-    *cached = 0;   // no prefix cache
+    *ext_frag = 0;   // fixed-size pages: any free page serves
+    *cached_out = 0;
+    // As paged: the head of the queue retries every step; with a cache, skip the
+    // prompt's hashing while nothing was freed since its last refusal.
+    if (p->cache && p->blocked_r == r && p->blocked_avail == avail_bytes(p))
+        return PKV_ERR_OUT_OF_BLOCKS;
     pkv_seq_id *s = &p->seqs[p->seq_base[r]];
     pkv_status st = PKV_OK;
+    uint32_t cached = 0;
+    uint64_t counted[PKV_MAX_KV_GROUPS]; // a refused admission's hit does not count
+    memcpy(counted, p->group_cached, sizeof counted);
     p->nseq[r] = 0;
     p->prompt[r] = a->prompt;
     p->shared[r] = !a->independent && a->nseq > 1 && a->len >= a->prompt;
     if (!p->shared[r]) {
         for (uint32_t i = 0; i < a->nseq && st == PKV_OK; i++) {
-            if ((st = pkv_hybrid_seq_create(p->h, &s[i])) != PKV_OK) break;
+            uint32_t hit = 0;
+            if ((st = i ? pkv_hybrid_seq_create(p->h, &s[i]) : create_first(p, r, a, &s[i], &hit)) != PKV_OK)
+                break;
             p->nseq[r]++;
-            st = pkv_hybrid_append(p->h, s[i], a->len, NULL);
+            if (i == 0 && hit) cached = hit, count_hit(p, s[0], hit);
+            st = i == 0 && a->len == a->prompt ? append_prompt(p, r, s[0], hit, a->prompt)
+                                               : pkv_hybrid_append(p->h, s[i], a->len - hit, NULL);
         }
     } else {
         // The prompt once, the samples forked from it, then each sample's own tokens.
-        if ((st = pkv_hybrid_seq_create(p->h, &s[0])) == PKV_OK) {
+        if ((st = create_first(p, r, a, &s[0], &cached)) == PKV_OK) {
+            if (cached) count_hit(p, s[0], cached);
             p->nseq[r] = 1;
-            st = pkv_hybrid_append(p->h, s[0], a->prompt, NULL);
+            st = append_prompt(p, r, s[0], cached, a->prompt);
         }
         for (uint32_t i = 1; i < a->nseq && st == PKV_OK; i++)
             if ((st = pkv_hybrid_seq_fork(p->h, s[0], &s[i])) == PKV_OK) p->nseq[r]++;
@@ -306,13 +428,32 @@ static pkv_status hybrid_admit(void *pp, uint32_t r, const pkv_policy_admit *a, 
     if (st == PKV_OK && !pools_fit(p, NULL, wm, 0)) st = PKV_ERR_OUT_OF_BLOCKS;
     if (st != PKV_OK) {
         free_request(p, r);
+        memcpy(p->group_cached, counted, sizeof counted);
         pkv_status d = drain_copies(p);
+        if (p->cache && st == PKV_ERR_OUT_OF_BLOCKS) p->blocked_r = r, p->blocked_avail = avail_bytes(p);
         return st == PKV_ERR_OUT_OF_BLOCKS && d == PKV_OK ? PKV_ERR_OUT_OF_BLOCKS
                : st == PKV_ERR_OUT_OF_BLOCKS ? d : st;
     }
     p->tail_shared[r] = p->shared[r] && a->len == a->prompt;
     recount(p, r);
+    *cached_out = cached;
+    p->cached_tokens += cached;
+    p->blocked_r = UINT32_MAX;
     return PKV_OK;
+}
+
+// The request's prefill step has ended: its prompt's full blocks hold K/V now.
+// As paged, only the prefix the trace declares shared is offered (a real server
+// caches every full block; the hits are the same and the simulation faster).
+// Called before the request's next append, so windowed groups still hold the
+// prompt's blocks.
+static void hybrid_commit(void *pp, uint32_t r, uint32_t prompt) {
+    hybrid_policy *p = pp;
+    if (!may_share(p, r) || p->nseq[r] == 0) return;
+    const uint32_t want = p->trace->reqs[r].prefix_tokens;
+    const uint32_t n = want < prompt ? want : prompt;
+    const int32_t *tok = n ? prompt_tokens(p, r, n) : NULL;
+    if (tok) (void)pkv_hybrid_cache_prefix(p->h, p->seqs[p->seq_base[r]], tok, n, NULL);
 }
 
 static pkv_status hybrid_fork(void *pp, uint32_t r, uint32_t n) {
@@ -353,7 +494,7 @@ static void hybrid_release(void *pp, uint32_t r) {
 
 static void hybrid_stats(const void *pp, pkv_policy_stats *s) {
     const hybrid_policy *p = pp;
-    uint64_t held = 0, free_b = 0;
+    uint64_t held = 0, free_b = 0, visible = 0;
     s->num_groups = p->groups.n;
     for (uint32_t g = 0; g < p->groups.n; g++) {
         pkv_hybrid_group_stats gs;
@@ -365,16 +506,22 @@ static void hybrid_stats(const void *pp, pkv_policy_stats *s) {
         s->groups[g].tokens_held = gs.blocks_held * gs.block_size;
         s->groups[g].blocks_held = gs.blocks_held;
         s->groups[g].blocks_released = gs.blocks_released;
+        s->groups[g].cached_tokens = p->group_cached[g];
+        free_b += gs.cached_evictable * gs.page_bytes; // each group's cache: reclaimable
+        visible += p->groups.g[g].kind == PKV_LAYER_STATE
+                       ? (uint64_t)pkv_hybrid_live_count(p->h) * p->groups.state_bytes[g]
+                       : gs.tokens_visible * p->groups.bpt[g];
     }
     const uint64_t reserved = ceil_div64(held, p->bpt);
     s->reserved = reserved < p->capacity_slots ? reserved : p->capacity_slots;
-    const uint64_t used = p->kept_total / p->bpt;
+    // With a cache, requests share blocks: the manager counts each block once.
+    const uint64_t used = (p->cache ? visible : p->kept_total) / p->bpt;
     s->used = used < s->reserved ? used : s->reserved;
     const uint64_t fs = free_b / p->bpt;
     s->free = fs < p->capacity_slots - s->reserved ? fs : p->capacity_slots - s->reserved;
     s->copy_slots = p->copy_slots;
     s->cow_copies = p->cow_copies;
-    s->cached_tokens = 0;
+    s->cached_tokens = p->cached_tokens;
 }
 
 // The partly filled last block of every sample in every token group, as far as
@@ -411,6 +558,7 @@ static pkv_status hybrid_validate(const void *pp) {
         .need = hybrid_need,                                                                  \
         .fits_alone = hybrid_fits_alone,                                                      \
         .admit = hybrid_admit,                                                                \
+        .commit = hybrid_commit,                                                              \
         .fork = hybrid_fork,                                                                  \
         .grow = hybrid_grow,                                                                  \
         .release = hybrid_release,                                                            \

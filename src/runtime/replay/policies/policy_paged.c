@@ -144,16 +144,7 @@ static int make_free(paged *p, uint64_t need) {
 }
 
 static int32_t *prompt_tokens(paged *p, uint32_t r, uint32_t n) {
-    if (n > p->tokens_cap) {
-        uint32_t cap = p->tokens_cap ? p->tokens_cap : 1024;
-        while (cap < n) cap *= 2;
-        int32_t *t = realloc(p->tokens, (size_t)cap * sizeof *t);
-        if (!t) return NULL;
-        p->tokens = t;
-        p->tokens_cap = cap;
-    }
-    pkvi_trace_tokens(p->trace, r, n, p->tokens);
-    return p->tokens;
+    return pkvi_trace_tokens_into(p->trace, r, n, &p->tokens, &p->tokens_cap);
 }
 
 // Blocks the request's sequences hold once admitted, counting `skip` shared
