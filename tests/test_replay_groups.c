@@ -329,6 +329,8 @@ Test(replay_groups, sim_prefill_scores_only_the_window) {
                            wide.flops - narrow.flops);
         cr_assert_float_eq(wide.bytes - narrow.bytes, chunk ? 18.0 * 1024 : 0.0, 1e-6, "chunk %u: %.1f",
                            chunk, wide.bytes - narrow.bytes);
+    }
+}
 
 // Prefix sharing per group (issue 23 item 4) on tiny-swa (sliding W = 16 and full,
 // B = 4): request 0 (prompt 24, prefix group 0, 20 shared tokens) offers its first
