@@ -473,6 +473,18 @@ Test(hybrid_prefix, lcm_eviction_empties_a_large_page_for_another_group) {
 // such that every group has cached what its rule needs for L.
 
 #define R_MAX_LEN 40
+// Sanitizer builds (clang's integer checks above all) run these tests many times
+// slower: fewer random worlds there, each still a full run.
+#if defined(__SANITIZE_ADDRESS__)
+#define R_SEEDS 12u
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(undefined_behavior_sanitizer)
+#define R_SEEDS 12u
+#endif
+#endif
+#ifndef R_SEEDS
+#define R_SEEDS 60u
+#endif
 #define R_MAX_SEQS 6
 #define R_MAX_KEYS 4096
 
@@ -790,7 +802,7 @@ static void run_random(pkv_hybrid_layout layout, uint64_t seed, int evicting) {
 Test(hybrid_prefix, randomized_hits_match_a_token_level_reference, .timeout = 300) {
     const pkv_hybrid_layout layouts[4] = {PKV_HYBRID_PAGED, PKV_HYBRID_PARTITION,
                                           PKV_HYBRID_SHARED_PAGE, PKV_HYBRID_LCM};
-    for (uint64_t seed = 1; seed <= 60; seed++) run_random(layouts[seed % 4], seed, 0);
+    for (uint64_t seed = 1; seed <= R_SEEDS; seed++) run_random(layouts[seed % 4], seed, 0);
     cr_log_info("hits %llu, holes %llu, state hits %llu", (unsigned long long)seen_hits,
                 (unsigned long long)seen_windowed_holes, (unsigned long long)seen_state_hits);
     cr_assert_gt(seen_hits, 500, "the test must exercise hits");
@@ -801,7 +813,7 @@ Test(hybrid_prefix, randomized_hits_match_a_token_level_reference, .timeout = 30
 Test(hybrid_prefix, randomized_under_pressure_loses_no_block, .timeout = 300) {
     const pkv_hybrid_layout layouts[4] = {PKV_HYBRID_PAGED, PKV_HYBRID_PARTITION,
                                           PKV_HYBRID_SHARED_PAGE, PKV_HYBRID_LCM};
-    for (uint64_t seed = 1; seed <= 60; seed++) run_random(layouts[seed % 4], seed, 1);
+    for (uint64_t seed = 1; seed <= R_SEEDS; seed++) run_random(layouts[seed % 4], seed, 1);
     cr_log_info("hits %llu, evictions %llu", (unsigned long long)seen_hits,
                 (unsigned long long)seen_evictions);
     cr_assert_gt(seen_hits, 100, "the test must exercise hits");
