@@ -427,6 +427,30 @@ Test(hybrid_prefix, shared_pool_evicts_the_oldest_across_groups) {
     pkv_hybrid_destroy(h);
 }
 
+Test(hybrid_prefix, a_full_groups_lost_block_takes_the_windowed_block_along) {
+    // Shared page, full and sliding W = 4, both B = 2, 10 pages. a computes 8 tokens
+    // (4 + 4 blocks cached) and frees: the full group's blocks are released first
+    // (older), its chain evicts leaf first. x takes 4 blocks (2 free): 2 evictions.
+    // The first takes full block 3; then no hit of this prompt can pass 6 tokens,
+    // so sliding block 3 (tokens 6-7) is useless and goes next, before full block 2.
+    // A prompt of 8 then hits 6 (full 0..2, sliding 1..2), not 4.
+    pkv_kv_group gs[2] = {group(PKV_LAYER_FULL, 1, 0), group(PKV_LAYER_SLIDING, 1, 4)};
+    pkv_hybrid *h = make_cached(gs, 2, PKV_HYBRID_SHARED_PAGE, 10 * 2 * 2, 2, 64);
+    pkv_seq_id a = computed(h, prompt, 8);
+    cr_assert_eq(pkv_hybrid_seq_free(h, a), PKV_OK);
+    pkv_seq_id x;
+    cr_assert_eq(pkv_hybrid_seq_create(h, &x), PKV_OK);
+    cr_assert_eq(pkv_hybrid_append(h, x, 4, NULL), PKV_OK);
+    ok(h);
+    pkv_hybrid_group_stats f, s;
+    cr_assert_eq(pkv_hybrid_group_stats_get(h, 0, &f), PKV_OK);
+    cr_assert_eq(pkv_hybrid_group_stats_get(h, 1, &s), PKV_OK);
+    cr_assert(f.prefix_evictions == 1 && s.prefix_evictions == 1);
+    pkv_seq_id b;
+    cr_assert_eq(hit_of(h, prompt, 8, &b), 6);
+    pkv_hybrid_destroy(h);
+}
+
 Test(hybrid_prefix, lcm_eviction_empties_a_large_page_for_another_group) {
     // LCM over full and sliding W = 2, both B = 2 at 2 bytes per token: 4-byte
     // pages, so a large page is one small page. Budget 8 large pages. a computes 8

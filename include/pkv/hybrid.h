@@ -93,7 +93,10 @@
 //   Jenga asks: the shortest group hit is the hit). A windowed group's old blocks
 //   leave before its recent ones (they were released earlier); a FULL/MLA group
 //   evicts leaf first (a block whose successor is cached stays; it becomes a leaf
-//   under its own last use), so no cached block is ever unreachable. LCM: evicting
+//   under its own last use), so no cached block is ever unreachable. Blocks no
+//   rule can use go first: when a FULL/MLA group loses block i of a prefix, a
+//   windowed group of the same block size moves its block i of that prefix (the
+//   same hash) to the front of its order, since no hit can reach it. LCM: evicting
 //   a group's small pages may empty a large page that another group then takes;
 //   a short group evicts from its own cache first, then the oldest blocks of any
 //   group until the large pages fit. A refused append may leave blocks evicted

@@ -191,7 +191,11 @@ pkv_status pkvi_hcache_hold(pkvi_hcache *c, int32_t entry);
 // Count a hit of `tokens` tokens in the statistics.
 void pkvi_hcache_count_hit(pkvi_hcache *c, uint32_t tokens);
 // Evict the least recently used evictable entry other than `keep`; 0 if none.
-int pkvi_hcache_evict_oldest(pkvi_hcache *c, int32_t keep);
+// *evicted (optional): its key.
+int pkvi_hcache_evict_oldest(pkvi_hcache *c, int32_t keep, pkv_block_hash *evicted);
+// The entry under key, if evictable now, goes to the front of the eviction order:
+// no hit can use it any more.
+void pkvi_hcache_demote(pkvi_hcache *c, const pkv_block_hash *key);
 // The last use of the entry evict_oldest(-1) would take, UINT64_MAX if none.
 uint64_t pkvi_hcache_oldest(const pkvi_hcache *c);
 void pkvi_hcache_get_stats(const pkvi_hcache *c, pkvi_hcache_stats *stats);

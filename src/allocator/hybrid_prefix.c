@@ -283,7 +283,7 @@ pkv_status pkv_hybrid_cache_prefix(pkv_hybrid *h, pkv_seq_id id, const int32_t *
 pkv_status pkvi_hybrid_take_slot(pkv_hybrid *h, uint32_t g, pkv_block_id *slot) {
     pkvi_hgroup *hg = &h->groups[g];
     // Evict before asking: a refused alloc counts as a pool failure.
-    if (pkv_pool_free_count(hg->pool) == 0 && hg->cache) pkvi_hcache_evict_oldest(hg->cache, -1);
+    if (pkv_pool_free_count(hg->pool) == 0 && hg->cache) pkvi_hcache_evict_oldest(hg->cache, -1, NULL);
     return pkv_pool_alloc(hg->pool, 1, slot);
 }
 
@@ -351,18 +351,34 @@ uint64_t pkvi_hybrid_prefix_evictable(const pkv_hybrid *h, const pkv_pool *pool)
     return n;
 }
 
+// A FULL/MLA group lost block i of a prefix (key): no hit of that prefix can
+// reach past it, so a windowed group's block i of the same prefix (the same key
+// when the block sizes are equal) is of no use any more and goes first.
+static void demote_useless(pkv_hybrid *h, uint32_t lost_in, const pkv_block_hash *key) {
+    const pkvi_hgroup *lost = &h->groups[lost_in];
+    if (lost->windowed) return; // a windowed group's loss leaves shorter hits possible
+    for (uint32_t g = 0; g < h->num_groups; g++) {
+        const pkvi_hgroup *hg = &h->groups[g];
+        if (hg->cache && hg->set && hg->windowed && hg->block_size == lost->block_size)
+            pkvi_hcache_demote(hg->cache, key);
+    }
+}
+
 // Evict the oldest evictable block of the token caches on `pool` (NULL: of every
 // token cache; cached states live in slots no append takes).
 static int evict_oldest_on(pkv_hybrid *h, const pkv_pool *pool) {
-    pkvi_hcache *best = NULL;
+    uint32_t best = UINT32_MAX;
     uint64_t oldest = UINT64_MAX;
     for (uint32_t g = 0; g < h->num_groups; g++) {
         const pkvi_hgroup *hg = &h->groups[g];
         if (!hg->cache || !hg->set || (pool && hg->pool != pool)) continue;
         const uint64_t t = pkvi_hcache_oldest(hg->cache);
-        if (t < oldest) oldest = t, best = hg->cache;
+        if (t < oldest) oldest = t, best = g;
     }
-    return best && pkvi_hcache_evict_oldest(best, -1);
+    pkv_block_hash key;
+    if (best == UINT32_MAX || !pkvi_hcache_evict_oldest(h->groups[best].cache, -1, &key)) return 0;
+    demote_useless(h, best, &key);
+    return 1;
 }
 
 int pkvi_hybrid_prefix_evict_for(pkv_hybrid *h, const int64_t *need) {

@@ -209,15 +209,23 @@ static void evict(pkvi_hcache *c, int32_t x) {
     if (p >= 0 && --c->e[p].children == 0 && is_unused(c, p)) heap_add(c, p); // a leaf now
 }
 
-int pkvi_hcache_evict_oldest(pkvi_hcache *c, int32_t keep) {
+int pkvi_hcache_evict_oldest(pkvi_hcache *c, int32_t keep, pkv_block_hash *evicted) {
     if (c->heap_n == 0) return 0;
     int32_t x = c->heap[0];
     if (x == keep) { // the next oldest is one of the top's children
         if (c->heap_n == 1) return 0;
         x = c->heap_n > 2 && key_at(c, 2) < key_at(c, 1) ? c->heap[2] : c->heap[1];
     }
+    if (evicted) *evicted = c->e[x].key;
     evict(c, x);
     return 1;
+}
+
+void pkvi_hcache_demote(pkvi_hcache *c, const pkv_block_hash *key) {
+    const int32_t x = pkvi_hcache_find(c, key);
+    if (x < 0 || c->e[x].heap_pos < 0) return; // not cached, or in use: nothing to do
+    c->e[x].last_use = 0;
+    sift(c, (uint32_t)c->e[x].heap_pos);
 }
 
 uint64_t pkvi_hcache_oldest(const pkvi_hcache *c) {
@@ -233,7 +241,7 @@ pkv_status pkvi_hcache_insert(pkvi_hcache *c, const pkv_block_hash *key, pkv_blo
     }
     if (block < 0 || c->entry_of[block] >= 0) return PKV_OK; // released, or caches another key
     if (pkv_pool_refcount(c->pool, block) == INT32_MAX) return PKV_ERR_LIMIT;
-    if (c->num_free == 0 && !pkvi_hcache_evict_oldest(c, parent)) return PKV_OK; // full
+    if (c->num_free == 0 && !pkvi_hcache_evict_oldest(c, parent, NULL)) return PKV_OK; // full
     const int32_t x = c->free_list[--c->num_free];
     hentry *en = &c->e[x];
     en->key = *key;
