@@ -144,6 +144,59 @@ Test(hybrid_lcm, an_empty_large_page_moves_on_demand) {
     pkv_hybrid_destroy(h);
 }
 
+// The same model, three large pages: a large page that the window release of the
+// same append empties serves the other group in that append. The release used to
+// come after the room check, so the full group's append was refused here.
+Test(hybrid_lcm, a_large_page_the_release_empties_serves_the_same_append) {
+    const pkv_kv_group groups[2] = {group(PKV_LAYER_FULL, 3, 0), group(PKV_LAYER_SLIDING, 4, 4)};
+    pkv_hybrid *h = NULL;
+    cr_assert_eq(make(groups, 2, 3 * 96, 4, &h), PKV_OK);
+    pkvi_lcm *l = pkvi_hybrid_lcm_allocator(h);
+    pkv_seq_id a;
+    cr_assert_eq(pkv_hybrid_seq_create(h, &a), PKV_OK);
+    // 16 tokens in one append (no query before them, nothing released): full
+    // blocks 0..3 fill large page 0; the sliding group's 4 blocks take large pages
+    // 1 and 2, three in one of them (dead_page), one in the other. No large page
+    // is left.
+    cr_assert_eq(pkv_hybrid_append(h, a, 16, NULL), PKV_OK);
+    cr_assert_eq(pkvi_lcm_owner(l, 0), 0);
+    cr_assert_eq(pkvi_lcm_owner(l, 1), 1);
+    cr_assert_eq(pkvi_lcm_owner(l, 2), 1);
+    uint32_t n, holes;
+    const pkv_block_id *t = table(h, a, 1, &n, &holes);
+    cr_assert_eq(holes, 0);
+    const uint32_t dead_page = (uint32_t)t[0] / 3; // sliding ids: 3 per large page
+    cr_assert(t[1] / 3 == (int32_t)dead_page && t[2] / 3 == (int32_t)dead_page &&
+                  t[3] / 3 != (int32_t)dead_page,
+              "sliding blocks 0..2 share a large page");
+
+    // 17 more tokens (33: 9 blocks per group) would need 5 full blocks (two large
+    // pages) and 5 sliding ones (2 free in large page 2, so one more large page):
+    // three large pages, and the release empties only large page 1. Refused, and
+    // the release is not done either.
+    cr_assert_eq(pkv_hybrid_append(h, a, 17, NULL), PKV_ERR_OUT_OF_BLOCKS);
+    table(h, a, 1, &n, &holes);
+    cr_assert_eq(holes, 0, "a refused append releases nothing");
+    pkv_hybrid_group_stats gs;
+    cr_assert_eq(pkv_hybrid_group_stats_get(h, 1, &gs), PKV_OK);
+    cr_assert_eq(gs.blocks_released, 0);
+
+    // One token (query at 16 sees 13..16): sliding blocks 0..2 die, emptying
+    // dead_page; the full group's 5th block needs a large page: that one.
+    cr_assert_eq(pkv_hybrid_append(h, a, 1, NULL), PKV_OK);
+    table(h, a, 1, &n, &holes);
+    cr_assert_eq(holes, 3);
+    cr_assert_eq(pkvi_lcm_owner(l, dead_page), 0, "the emptied large page went to the full group");
+    t = table(h, a, 0, &n, &holes);
+    cr_assert_eq(n, 5);
+    cr_assert_eq((uint32_t)t[4] / 4, dead_page, "the 5th full block is in it (4 ids per page)");
+    pkvi_lcm_stats s;
+    cr_assert_eq(pkvi_lcm_get_stats(l, &s), PKV_OK);
+    cr_assert_eq(s.reclaims, 1);
+    cr_assert_eq(pkv_hybrid_validate(h), PKV_OK);
+    pkv_hybrid_destroy(h);
+}
+
 Test(hybrid_lcm, create_errors) {
     const pkv_kv_group groups[2] = {group(PKV_LAYER_FULL, 3, 0), group(PKV_LAYER_SLIDING, 4, 4)};
     pkv_hybrid *h = (pkv_hybrid *)1;

@@ -220,7 +220,8 @@ pkv_status pkv_hybrid_seq_length(const pkv_hybrid *h, pkv_seq_id id, uint32_t *l
 // has no query and changes nothing), then grow
 // the tables (copy-on-write as seq.h). All or nothing over every group:
 // PKV_ERR_OUT_OF_BLOCKS (some pool short, counting the blocks the release returns
-// to it) leaves every group and pool unchanged, the release included;
+// to it and, under LCM, the large pages it empties, which another group may then
+// take) leaves every group and pool unchanged, the release included;
 // PKV_ERR_OUT_OF_MEMORY (host metadata) undoes the appends but may leave the
 // release done (those blocks were dead for this append's queries anyway).
 // slots: optional, caller-owned, num_groups x n entries: slots[g * n + t] is the

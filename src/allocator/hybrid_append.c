@@ -5,7 +5,10 @@
 // back to the pool (those the batch's sequences hold alone), summed per pool and
 // checked against the pool (the layout may make room: LCM). Apply: release the
 // dead blocks, then append in every set. The check makes every set's append fit,
-// so only a host allocation can fail after it; the appends are then undone.
+// so only a host allocation can fail after it; the appends are then undone. LCM
+// releases first when only the large pages the release empties make it fit.
+#include <stdlib.h>
+
 #include "hybrid_internal.h"
 
 uint32_t pkvi_hybrid_first_live(const pkvi_hgroup *g, uint32_t p) {
@@ -21,9 +24,10 @@ static void group_ids(pkv_hybrid *h, uint32_t g, const pkv_seq_id *seqs, uint32_
 }
 
 // Dead blocks of group g that the batch's sequences hold alone: they return to the
-// pool when released. Reads h->gids and h->old_len.
+// pool when released; their ids go to ids[] when ids is not NULL. Reads h->gids
+// and h->old_len.
 static uint32_t release_credit(const pkv_hybrid *h, uint32_t g, const uint32_t *counts,
-                               uint32_t k) {
+                               uint32_t k, pkv_block_id *ids) {
     const pkvi_hgroup *hg = &h->groups[g];
     if (!hg->windowed) return 0;
     uint32_t credit = 0;
@@ -34,7 +38,11 @@ static uint32_t release_credit(const pkv_hybrid *h, uint32_t g, const uint32_t *
         pkv_seq_block_table(hg->set, h->gids[i], &t, &n);
         pkv_seq_released_blocks(hg->set, h->gids[i], &holes);
         const uint32_t dead = pkvi_hybrid_first_live(hg, h->old_len[i]) / hg->block_size;
-        for (uint32_t j = holes; j < dead; j++) credit += pkv_pool_refcount(hg->pool, t[j]) == 1;
+        for (uint32_t j = holes; j < dead; j++) {
+            if (pkv_pool_refcount(hg->pool, t[j]) != 1) continue;
+            if (ids) ids[credit] = t[j];
+            credit++;
+        }
     }
     return credit;
 }
@@ -61,7 +69,7 @@ static pkv_status plan(pkv_hybrid *h, const pkv_seq_id *seqs, const uint32_t *co
         // Also refuses duplicates (one manager id is one id in every set).
         if ((st = pkv_seqset_blocks_needed_batch(hg->set, h->gids, counts, k, &gross)) != PKV_OK)
             return st;
-        need[g] = (int64_t)gross - release_credit(h, g, counts, k);
+        need[g] = (int64_t)gross - release_credit(h, g, counts, k, NULL);
     }
     return PKV_OK;
 }
@@ -101,6 +109,37 @@ static int make_room(pkv_hybrid *h, const int64_t *need) {
     }
 }
 
+// LCM: *fits = 1 when the plan `need` fits once the window release is done. The
+// plan credits a released block to its own group only, but a large page the
+// release empties can serve any group, and only after the release.
+static pkv_status fits_after_release(pkv_hybrid *h, const pkv_seq_id *seqs,
+                                     const uint32_t *counts, uint32_t k, const int64_t *need,
+                                     int *fits) {
+    *fits = 0;
+    if (h->layout != PKV_HYBRID_LCM) return PKV_OK;
+    uint32_t freed[PKV_MAX_KV_GROUPS] = {0};
+    uint64_t total = 0;
+    for (uint32_t g = 0; g < h->num_groups; g++) {
+        if (!h->groups[g].windowed) continue;
+        group_ids(h, g, seqs, k);
+        total += freed[g] = release_credit(h, g, counts, k, NULL);
+    }
+    if (total == 0) return PKV_OK; // nothing released: nothing changes
+    pkv_block_id *ids = malloc(total * sizeof *ids);
+    if (!ids) return PKV_ERR_OUT_OF_MEMORY;
+    pkv_block_id *dead[PKV_MAX_KV_GROUPS] = {0};
+    uint64_t at = 0;
+    for (uint32_t g = 0; g < h->num_groups; g++) {
+        if (!freed[g]) continue;
+        group_ids(h, g, seqs, k);
+        dead[g] = ids + at;
+        at += release_credit(h, g, counts, k, dead[g]);
+    }
+    *fits = pkvi_hybrid_lcm_fits_after_release(h, need, freed, dead);
+    free(ids);
+    return PKV_OK;
+}
+
 // Release the blocks that the window rule kills for the batch's first queries (a
 // sequence appended 0 tokens has no query: it keeps its blocks).
 static void release_dead(pkv_hybrid *h, const pkv_seq_id *seqs, const uint32_t *counts,
@@ -116,6 +155,29 @@ static void release_dead(pkv_hybrid *h, const pkv_seq_id *seqs, const uint32_t *
             hg->released += released;
         }
     }
+}
+
+// Room for the batch (plan: need): the pools fit, or the layout makes room,
+// evicting cache-only prefix blocks as needed. Under LCM, when the plan fits only
+// once the window release is done, the release goes first (*released = 1); it is
+// done only then, so a refusal still changes no group (pkv/hybrid.h).
+static pkv_status find_room(pkv_hybrid *h, const pkv_seq_id *seqs, const uint32_t *counts,
+                            uint32_t k, int64_t *need, int *released) {
+    *released = 0;
+    if (pools_fit(h, need)) return PKV_OK;
+    int after;
+    pkv_status st = fits_after_release(h, seqs, counts, k, need, &after);
+    if (st != PKV_OK) return st;
+    if (!after) {
+        if (make_room(h, need)) return PKV_OK;
+        // The evictions make_room did may be what the release still lacked.
+        if ((st = fits_after_release(h, seqs, counts, k, need, &after)) != PKV_OK) return st;
+        if (!after) return PKV_ERR_OUT_OF_BLOCKS;
+    }
+    release_dead(h, seqs, counts, k);
+    *released = 1;
+    if ((st = plan(h, seqs, counts, k, need)) != PKV_OK) return st; // ids checked: cannot fail
+    return make_room(h, need) ? PKV_OK : PKV_ERR_OUT_OF_BLOCKS;
 }
 
 // Write the slot rows that no set wrote: aliases copy their set's row, state
@@ -140,10 +202,14 @@ pkv_status pkv_hybrid_append_batch(pkv_hybrid *h, const pkv_seq_id *seqs,
     int64_t need[PKV_MAX_KV_GROUPS];
     pkv_status st = plan(h, seqs, counts, num_seqs, need);
     if (st != PKV_OK) return st;
-    if (!pools_fit(h, need) && !make_room(h, need)) return PKV_ERR_OUT_OF_BLOCKS;
+    int released;
+    if ((st = find_room(h, seqs, counts, num_seqs, need, &released)) != PKV_OK) {
+        if (released) pkvi_hybrid_released(h);
+        return st;
+    }
     uint64_t total = 0;
     for (uint32_t i = 0; i < num_seqs; i++) total += counts[i];
-    release_dead(h, seqs, counts, num_seqs);
+    if (!released) release_dead(h, seqs, counts, num_seqs);
     uint32_t g = 0;
     for (; g < h->num_groups && st == PKV_OK; g++) {
         const pkvi_hgroup *hg = &h->groups[g];

@@ -111,6 +111,13 @@ extern const pkvi_hybrid_layout_ops pkvi_hybrid_lcm_ops;
 // LCM layout: its two-level allocator (allocator group i is the i-th token group);
 // NULL for other layouts. Borrowed.
 struct pkvi_lcm *pkvi_hybrid_lcm_allocator(const pkv_hybrid *h);
+// LCM layout: would an append fit once its window release is done? need: the
+// plan's net blocks per group (the release netted out); freed[g]: blocks the
+// release returns to group g's pool, whose ids are dead[g][0..freed[g]-1] (sorted
+// here). A large page the release empties can then go to another group. 0 for
+// other layouts. Changes nothing else.
+int pkvi_hybrid_lcm_fits_after_release(const pkv_hybrid *h, const int64_t *need,
+                                       const uint32_t *freed, pkv_block_id *const *dead);
 // LCM layout: pkvi_lcm_validate of its allocator (PKV_OK for other layouts).
 pkv_status pkvi_hybrid_lcm_validate(const pkv_hybrid *h);
 // LCM layout: group g's free_bytes also counts the large pages it could take
@@ -204,7 +211,7 @@ void pkvi_hcache_count_refs(const pkvi_hcache *c, uint32_t *refs);
 // Table, heap, chains and refcounts agree. PKV_OK, CORRUPT or OUT_OF_MEMORY.
 pkv_status pkvi_hcache_validate(const pkvi_hcache *c);
 
-// ---- hybrid_window.c ----
+// ---- hybrid_append.c ----
 // First token a query at position p still sees in group g (0: every token).
 uint32_t pkvi_hybrid_first_live(const pkvi_hgroup *g, uint32_t p);
 

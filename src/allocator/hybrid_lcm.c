@@ -50,6 +50,35 @@ static pkv_status make_room_lcm(pkv_hybrid *h, const uint32_t *need) {
     return pkvi_lcm_reserve(ly->lcm, want);
 }
 
+static int by_id(const void *a, const void *b) {
+    const pkv_block_id x = *(const pkv_block_id *)a, y = *(const pkv_block_id *)b;
+    return (x > y) - (x < y);
+}
+
+int pkvi_hybrid_lcm_fits_after_release(const pkv_hybrid *h, const int64_t *need,
+                                       const uint32_t *freed, pkv_block_id *const *dead) {
+    const lcm_layout *ly = h->layout_ctx;
+    if (h->layout != PKV_HYBRID_LCM || !ly) return 0;
+    uint32_t want[PKVI_LCM_MAX_GROUPS], fr[PKVI_LCM_MAX_GROUPS], emptied[PKVI_LCM_MAX_GROUPS];
+    for (uint32_t i = 0; i < ly->num; i++) {
+        const uint32_t g = ly->hgroup[i];
+        const int64_t gross = need[g] + freed[g]; // the plan netted the release out
+        want[i] = gross > 0 ? (uint32_t)gross : 0;
+        fr[i] = freed[g];
+        emptied[i] = 0;
+        // A large page empties when the release frees every live small page in it.
+        const pkv_pool *pool = pkvi_lcm_pool(ly->lcm, i);
+        qsort(dead[g], freed[g], sizeof *dead[g], by_id);
+        for (uint32_t j = 0; j < freed[g];) {
+            const uint32_t chunk = (uint32_t)dead[g][j] / pool->chunk_pages;
+            uint32_t run = 0;
+            for (; j < freed[g] && (uint32_t)dead[g][j] / pool->chunk_pages == chunk; j++) run++;
+            emptied[i] += run == pkvi_pool_chunk_used(pool, chunk);
+        }
+    }
+    return pkvi_lcm_fits_after(ly->lcm, want, fr, emptied);
+}
+
 // The allocator owns the token pools: the sets that release blocks into them go
 // first, then the pools leave h->pools so that the teardown does not free them.
 static void destroy_lcm(pkv_hybrid *h) {

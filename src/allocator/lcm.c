@@ -140,14 +140,44 @@ int pkvi_lcm_owner(const pkvi_lcm *lcm, uint32_t large) {
     return lcm && large < lcm->num_large ? lcm->owner[large] : -1;
 }
 
-// Empty large pages group h can give away and still hold need free pages.
-static uint32_t spare_of(const pkvi_lcm *lcm, uint32_t h, uint32_t need) {
+// Empty large pages group h can give away and still hold need free pages, when it
+// had free_extra more free pages of which empty_extra more empty large pages (a
+// release not done yet; 0 and 0 for the pool as it is).
+static uint32_t spare_of(const pkvi_lcm *lcm, uint32_t h, uint32_t need, uint32_t free_extra,
+                         uint32_t empty_extra) {
     const pkv_pool *p = lcm->pools[h];
-    if (p->free_top <= need) return 0;
-    uint32_t by_need = (p->free_top - need) / p->chunk_pages;
-    if (by_need == 0) return 0;
-    uint32_t empty = pkvi_pool_empty_chunks(p);
-    return by_need < empty ? by_need : empty;
+    const uint64_t free = (uint64_t)p->free_top + free_extra;
+    if (free <= need) return 0;
+    const uint64_t by_need = (free - need) / p->chunk_pages;
+    const uint64_t empty = (uint64_t)pkvi_pool_empty_chunks(p) + empty_extra;
+    return (uint32_t)(by_need < empty ? by_need : empty);
+}
+
+// The large pages each group must get (chunks) and may give (spare) for need;
+// 1 when the unowned and spare large pages cover them. freed / emptied (NULL: none)
+// as spare_of's extras, per group.
+static int plan_reserve(const pkvi_lcm *lcm, const uint32_t *need, const uint32_t *freed,
+                        const uint32_t *emptied, uint32_t *chunks, uint32_t *spare,
+                        uint64_t *want_out) {
+    uint64_t want = 0, have = lcm->num_free;
+    for (uint32_t g = 0; g < lcm->num_groups; g++) {
+        const pkv_pool *p = lcm->pools[g];
+        const uint64_t free = (uint64_t)p->free_top + (freed ? freed[g] : 0);
+        const uint64_t deficit = need[g] > free ? need[g] - free : 0;
+        chunks[g] = (uint32_t)((deficit + p->chunk_pages - 1) / p->chunk_pages);
+        want += chunks[g];
+    }
+    *want_out = want;
+    if (want == 0) return 1;
+    // A group that is short has no spare (its empty large pages are part of its free
+    // count), so taking from the others never undoes a reservation.
+    for (uint32_t h = 0; h < lcm->num_groups; h++) {
+        spare[h] = chunks[h] ? 0
+                             : spare_of(lcm, h, need[h], freed ? freed[h] : 0,
+                                        emptied ? emptied[h] : 0);
+        if (have < want) have += spare[h];
+    }
+    return have >= want;
 }
 
 // Fence an empty large page of group h and return it to the unowned stack.
@@ -163,21 +193,10 @@ static void reclaim_one(pkvi_lcm *lcm, uint32_t h) {
 pkv_status pkvi_lcm_reserve(pkvi_lcm *lcm, const uint32_t *need) {
     if (!lcm || !need) return PKV_ERR_INVALID_ARG;
     uint32_t chunks[PKVI_LCM_MAX_GROUPS], spare[PKVI_LCM_MAX_GROUPS];
-    uint64_t want = 0, have = lcm->num_free;
-    for (uint32_t g = 0; g < lcm->num_groups; g++) {
-        const pkv_pool *p = lcm->pools[g];
-        uint32_t deficit = need[g] > p->free_top ? need[g] - p->free_top : 0;
-        chunks[g] = (uint32_t)(((uint64_t)deficit + p->chunk_pages - 1) / p->chunk_pages);
-        want += chunks[g];
-    }
+    uint64_t want;
+    const int fits = plan_reserve(lcm, need, NULL, NULL, chunks, spare, &want);
     if (want == 0) return PKV_OK;
-    // A group that is short has no spare (its empty large pages are part of its free
-    // count), so taking from the others never undoes a reservation.
-    for (uint32_t h = 0; h < lcm->num_groups; h++) {
-        spare[h] = chunks[h] ? 0 : spare_of(lcm, h, need[h]);
-        if (have < want) have += spare[h];
-    }
-    if (have < want) {
+    if (!fits) {
         lcm->reserve_failures++;
         return PKV_ERR_OUT_OF_BLOCKS;
     }
@@ -194,6 +213,13 @@ pkv_status pkvi_lcm_reserve(pkvi_lcm *lcm, const uint32_t *need) {
             lcm->owner[L] = (uint8_t)g;
         }
     return PKV_OK;
+}
+
+int pkvi_lcm_fits_after(const pkvi_lcm *lcm, const uint32_t *need, const uint32_t *freed,
+                        const uint32_t *emptied) {
+    uint32_t chunks[PKVI_LCM_MAX_GROUPS], spare[PKVI_LCM_MAX_GROUPS];
+    uint64_t want;
+    return lcm && need && plan_reserve(lcm, need, freed, emptied, chunks, spare, &want);
 }
 
 pkv_status pkvi_lcm_reserve_group(pkvi_lcm *lcm, uint32_t g, uint32_t n) {

@@ -79,6 +79,12 @@ uint64_t pkvi_lcm_large_bytes(const pkvi_lcm *lcm);
 // PKV_ERR_OUT_OF_BLOCKS and nothing moved when the needs cannot all be met.
 pkv_status pkvi_lcm_reserve(pkvi_lcm *lcm, const uint32_t *need);
 
+// Would pkvi_lcm_reserve(need) succeed once group g's pool had freed[g] more free
+// small pages, emptied[g] more of its large pages then empty (a release the caller
+// has not done yet)? Changes nothing. 1: yes.
+int pkvi_lcm_fits_after(const pkvi_lcm *lcm, const uint32_t *need, const uint32_t *freed,
+                        const uint32_t *emptied);
+
 // pkvi_lcm_reserve with need[g] = n and 0 for every other group; O(1) when the
 // pool has n free pages.
 pkv_status pkvi_lcm_reserve_group(pkvi_lcm *lcm, uint32_t g, uint32_t n);
