@@ -181,6 +181,8 @@ void pkv_hybrid_destroy(pkv_hybrid *h) {
     free(h->recs);
     free(h->old_len);
     free(h->gids);
+    free(h->mark);
+    free(h->fill);
     free(h);
 }
 

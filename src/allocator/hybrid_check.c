@@ -2,9 +2,8 @@
 // What the hybrid KV manager holds, counted from its tables (stats per group) and
 // checked against its pools (validate): every pool reference is a live table
 // entry, a queued copy's pin, a prefix cache's entry or a sequence's state slot,
-// and nothing else. Both
-// walk every live sequence, so they are O(capacity + blocks held), not for a hot
-// path.
+// and nothing else. Stats walk every live sequence: O(live sequences + blocks
+// held); validate also every pool id: O(capacity), not for a hot path.
 #include <stdlib.h>
 #include <string.h>
 
@@ -12,9 +11,8 @@
 
 // Add one reference per live table entry and queued-copy pin of the set that
 // token group g owns, and per live sequence's slot and queued pin of state group
-// g, to refs[] (the group's pool's capacity). *tokens (optional) += tokens in live
-// blocks.
-static void count_refs(const pkv_hybrid *h, uint32_t g, uint32_t *refs, uint64_t *tokens) {
+// g, to refs[] (the group's pool's capacity).
+static void count_refs(const pkv_hybrid *h, uint32_t g, uint32_t *refs) {
     const pkvi_hgroup *hg = &h->groups[g];
     for (uint32_t i = 0; i < h->cap_recs; i++) {
         const pkvi_hrecord *r = &h->recs[i];
@@ -27,9 +25,8 @@ static void count_refs(const pkv_hybrid *h, uint32_t g, uint32_t *refs, uint64_t
         uint32_t n, holes;
         if (pkv_seq_block_table(hg->set, r->gid[g], &t, &n) != PKV_OK ||
             pkv_seq_released_blocks(hg->set, r->gid[g], &holes) != PKV_OK)
-            continue; // validate reports the record; stats count what is there
+            continue; // validate reports the record
         for (uint32_t j = holes; j < n; j++) refs[t[j]]++;
-        if (tokens) *tokens += r->len - (uint64_t)holes * hg->block_size;
     }
     const pkv_block_copy *c = hg->copies;
     uint32_t nc = hg->num_copies;
@@ -37,11 +34,65 @@ static void count_refs(const pkv_hybrid *h, uint32_t g, uint32_t *refs, uint64_t
     for (uint32_t i = 0; i < nc; i++) refs[c[i].src]++, refs[c[i].dst]++;
 }
 
-// Token group g: per distinct live block, the most tokens a holder's last token
-// sees in it (fill[], the pool's capacity), summed.
-static uint64_t visible_tokens(const pkv_hybrid *h, uint32_t g, uint32_t *fill) {
+// Per-block scratch for `capacity` blocks with a fresh epoch: every block unmarked.
+// The manager is one thread at a time (pkv/hybrid.h), so statistics may use it.
+static pkv_status begin_marks(pkv_hybrid *h, uint32_t capacity) {
+    if (capacity > h->cap_marks) {
+        free(h->mark);
+        free(h->fill);
+        h->mark = calloc(capacity, sizeof *h->mark);
+        h->fill = malloc((size_t)capacity * sizeof *h->fill);
+        h->cap_marks = h->mark && h->fill ? capacity : 0;
+        h->epoch = 0;
+        if (!h->cap_marks) return PKV_ERR_OUT_OF_MEMORY;
+    }
+    if (++h->epoch == 0) { // wrapped: clear once every 2^32 calls
+        memset(h->mark, 0, (size_t)h->cap_marks * sizeof *h->mark);
+        h->epoch = 1;
+    }
+    return PKV_OK;
+}
+
+// Block b counted once per epoch: 1 the first time.
+static int first_mark(pkv_hybrid *h, pkv_block_id b) {
+    if (h->mark[b] == h->epoch) return 0;
+    h->mark[b] = h->epoch;
+    h->fill[b] = 0;
+    return 1;
+}
+
+// Distinct blocks (state group: slots) held by live sequences and queued copies of
+// group g, and the tokens in live blocks (sum over sequences).
+static void held_blocks(pkv_hybrid *h, uint32_t g, pkv_hybrid_group_stats *stats) {
+    const pkvi_hgroup *hg = &h->groups[g];
+    for (uint32_t i = 0; i < h->cap_recs; i++) {
+        const pkvi_hrecord *r = &h->recs[i];
+        if (!r->live) continue;
+        if (!hg->set) {
+            stats->blocks_held += first_mark(h, r->gid[g]);
+            continue;
+        }
+        const pkv_block_id *t;
+        uint32_t n, holes;
+        if (pkv_seq_block_table(hg->set, r->gid[g], &t, &n) != PKV_OK ||
+            pkv_seq_released_blocks(hg->set, r->gid[g], &holes) != PKV_OK)
+            continue; // validate reports the record; stats count what is there
+        for (uint32_t j = holes; j < n; j++) stats->blocks_held += first_mark(h, t[j]);
+        stats->tokens_held += r->len - (uint64_t)holes * hg->block_size;
+    }
+    const pkv_block_copy *c = hg->copies;
+    uint32_t nc = hg->num_copies;
+    if (hg->set) pkv_seqset_copies(hg->set, &c, &nc);
+    for (uint32_t i = 0; i < nc; i++)
+        stats->blocks_held += first_mark(h, c[i].src) + first_mark(h, c[i].dst);
+}
+
+// Token group g, after held_blocks (every live block marked, fill 0): per distinct
+// live block, the most tokens a holder's last token sees in it, summed.
+static uint64_t visible_tokens(pkv_hybrid *h, uint32_t g) {
     const pkvi_hgroup *hg = &h->groups[g];
     const uint32_t B = hg->block_size;
+    uint32_t *fill = h->fill;
     uint64_t sum = 0;
     for (uint32_t i = 0; i < h->cap_recs; i++) {
         const pkvi_hrecord *r = &h->recs[i];
@@ -63,21 +114,19 @@ static uint64_t visible_tokens(const pkv_hybrid *h, uint32_t g, uint32_t *fill) 
     return sum;
 }
 
+// O(live sequences + blocks held): the scratch is the manager's (h is one thread
+// at a time and came from calloc, so not const-defined).
 pkv_status pkv_hybrid_group_stats_get(const pkv_hybrid *h, uint32_t g,
                                       pkv_hybrid_group_stats *stats) {
     if (!h || !stats || g >= h->num_groups) return PKV_ERR_INVALID_ARG;
+    pkv_hybrid *w = (pkv_hybrid *)h;
     const pkvi_hgroup *hg = &h->groups[g];
     const uint32_t capacity = pkv_pool_capacity(hg->pool);
-    uint32_t *refs = calloc(capacity, sizeof *refs);
-    if (!refs) return PKV_ERR_OUT_OF_MEMORY;
+    pkv_status st = begin_marks(w, capacity);
+    if (st != PKV_OK) return st;
     memset(stats, 0, sizeof *stats);
-    count_refs(h, g, refs, &stats->tokens_held);
-    for (uint32_t b = 0; b < capacity; b++) stats->blocks_held += refs[b] > 0;
-    if (hg->set) {
-        memset(refs, 0, (size_t)capacity * sizeof *refs);
-        stats->tokens_visible = visible_tokens(h, g, refs);
-    }
-    free(refs);
+    held_blocks(w, g, stats);
+    if (hg->set) stats->tokens_visible = visible_tokens(w, g);
     stats->kind = hg->desc.kind;
     stats->block_size = hg->block_size;
     stats->page_bytes = hg->page_bytes;
@@ -129,7 +178,7 @@ static pkv_status check_pool(const pkv_hybrid *h, const pkv_pool *pool) {
     if (!refs) return PKV_ERR_OUT_OF_MEMORY;
     for (uint32_t g = 0; g < h->num_groups; g++) {
         const pkvi_hgroup *hg = &h->groups[g];
-        if (hg->pool == pool && (hg->owns_set || !hg->set)) count_refs(h, g, refs, NULL);
+        if (hg->pool == pool && (hg->owns_set || !hg->set)) count_refs(h, g, refs);
         if (hg->pool == pool && hg->cache) pkvi_hcache_count_refs(hg->cache, refs);
     }
     pkv_status st = PKV_OK;

@@ -95,6 +95,11 @@ struct pkv_hybrid {
     uint32_t *old_len;
     pkv_seq_id *gids;
     uint32_t cap_scratch;
+    // Statistics scratch (hybrid_check.c), [cap_marks] per block of a pool: a
+    // block is counted in this call when mark[b] == epoch (so no O(capacity)
+    // clearing per call), and fill[b] is then the most tokens a holder sees in it.
+    uint32_t *mark, *fill;
+    uint32_t cap_marks, epoch;
 };
 
 // ---- hybrid_layouts.c ----

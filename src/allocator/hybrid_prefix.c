@@ -88,23 +88,36 @@ typedef struct lookup {
 } lookup;
 
 // Entries of group g's cache for the request's first nb blocks of bs tokens.
+// stop_at_miss: the blocks after the first miss are not looked up (marked
+// missing): a chained group's cache holds none of them.
 static pkv_status find_blocks(const pkv_hybrid *h, const pkvi_hgroup *hg, const int32_t *tokens,
-                              uint32_t bs, uint32_t nb, int32_t *found, uint8_t *cached) {
+                              uint32_t bs, uint32_t nb, int stop_at_miss, int32_t *found,
+                              uint8_t *cached) {
     pkv_hash_chain chain;
     pkv_hash_chain_init(&chain);
-    for (uint32_t i = 0; i < nb; i++) {
+    uint32_t i = 0;
+    for (; i < nb; i++) {
         pkv_block_hash key;
         pkv_status st =
             pkv_hash_chain_next(h->hasher, &chain, tokens + (size_t)i * bs, bs, NULL, &key);
         if (st != PKV_OK) return st;
         found[i] = pkvi_hcache_find(hg->cache, &key);
         cached[i] = found[i] >= 0;
+        if (stop_at_miss && !cached[i]) break;
     }
+    for (i = i < nb ? i + 1 : nb; i < nb; i++) found[i] = -1, cached[i] = 0;
     return PKV_OK;
 }
 
+static int chained_rule(const pkv_hit_group *r) {
+    return r->kind == PKV_LAYER_FULL || r->kind == PKV_LAYER_MLA;
+}
+
 // Fill *lk for tokens[0..n-1]: L <= n - 1; 0 without a cache, or with a state
-// group whose states are not cached (state_interval 0).
+// group whose states are not cached (state_interval 0). The chained (FULL, MLA)
+// groups go first and stop at their first miss; no hit reaches past it, so the
+// other groups hash and look up only the blocks before it (a prompt that shares
+// little costs little, however long).
 static pkv_status find_hit(const pkv_hybrid *h, const int32_t *tokens, uint32_t n, lookup *lk) {
     *lk = (lookup){0};
     if (!h->hasher || (h->has_state && !h->state_interval) || n < 2) return PKV_OK;
@@ -117,18 +130,28 @@ static pkv_status find_hit(const pkv_hybrid *h, const int32_t *tokens, uint32_t 
     uint32_t which[PKV_MAX_KV_GROUPS] = {0}, k = 0;
     pkv_status st = lk->entries && cached ? PKV_OK : PKV_ERR_OUT_OF_MEMORY;
     uint64_t at = 0;
-    for (uint32_t g = 0; g < h->num_groups && st == PKV_OK; g++) {
-        const pkvi_hgroup *hg = &h->groups[g];
-        if (!hg->cache) continue;
-        rules[k] = rule_of(h, hg);
-        rules[k].num_blocks = (n - 1) / rules[k].block_size; // a hit ends at n - 1 at most
-        rules[k].cached = cached + at;
-        lk->found[g] = lk->entries + at;
-        st = find_blocks(h, hg, tokens, rules[k].block_size, rules[k].num_blocks, lk->found[g],
-                         cached + at);
-        at += rules[k].num_blocks;
-        which[k++] = g;
-    }
+    uint32_t reach = n - 1; // tokens a hit may reach: n - 1, then the chained groups' lead
+    for (int pass = 0; pass < 2; pass++)
+        for (uint32_t g = 0; g < h->num_groups && st == PKV_OK; g++) {
+            const pkvi_hgroup *hg = &h->groups[g];
+            if (!hg->cache) continue;
+            pkv_hit_group r = rule_of(h, hg);
+            if (chained_rule(&r) != (pass == 0)) continue;
+            // Blocks past `reach` are left out: the hit rules treat them as unknown.
+            r.num_blocks = reach / r.block_size;
+            r.cached = cached + at;
+            lk->found[g] = lk->entries + at;
+            st = find_blocks(h, hg, tokens, r.block_size, r.num_blocks, pass == 0,
+                             lk->found[g], cached + at);
+            if (st == PKV_OK && pass == 0) { // no hit passes this group's first miss
+                uint32_t lead = 0;
+                while (lead < r.num_blocks && r.cached[lead]) lead++;
+                if ((uint64_t)lead * r.block_size < reach) reach = lead * r.block_size;
+            }
+            at += r.num_blocks;
+            rules[k] = r;
+            which[k++] = g;
+        }
     if (st == PKV_OK) st = pkv_hybrid_longest_hit(rules, k, n - 1, &lk->hit);
     for (uint32_t i = 0; i < k && st == PKV_OK; i++)
         st = pkv_hybrid_hit_blocks(&rules[i], lk->hit, &lk->first[which[i]], &lk->count[which[i]]);
