@@ -65,6 +65,7 @@ typedef struct hybrid_policy {
     int cache;           // 1: the manager's prefix cache is on
     int32_t *tokens;     // [tokens_cap] scratch for a prompt's token ids
     uint32_t tokens_cap;
+    uint32_t tokens_of, tokens_n; // whose first tokens_n ids it holds (UINT32_MAX: none)
     uint64_t cached_tokens; // prompt tokens served from the cache (sum of hits)
     uint64_t group_cached[PKV_MAX_KV_GROUPS]; // per group: tokens of the blocks shared
     uint32_t blocked_r;      // with a cache: the last request refused admission, and
@@ -155,6 +156,7 @@ static pkv_status hybrid_create(const pkv_policy_config *cfg, pkv_hybrid_layout 
     hybrid_policy *p = calloc(1, sizeof *p);
     if (!p) return PKV_ERR_OUT_OF_MEMORY;
     p->layout = layout;
+    p->tokens_of = UINT32_MAX;
     p->bpt = cfg->bytes_per_token;
     p->max_seqs = cfg->max_seqs;
     p->groups.n = cfg->num_groups;
@@ -310,8 +312,14 @@ static void free_request(hybrid_policy *p, uint32_t r) {
     recount(p, r);
 }
 
+// The first n token ids of request r. The last request's are kept: the head of
+// the queue asks again every step it waits.
 static int32_t *prompt_tokens(hybrid_policy *p, uint32_t r, uint32_t n) {
-    return pkvi_trace_tokens_into(p->trace, r, n, &p->tokens, &p->tokens_cap);
+    if (p->tokens_of == r && p->tokens_n >= n) return p->tokens;
+    int32_t *t = pkvi_trace_tokens_into(p->trace, r, n, &p->tokens, &p->tokens_cap);
+    p->tokens_of = t ? r : UINT32_MAX;
+    p->tokens_n = n;
+    return t;
 }
 
 // 1 if request r may find (and offer) a cached prefix: a request outside every
