@@ -442,3 +442,27 @@ Test(replay_groups, prefix_hits_with_a_state_group) {
         pkv_trace_destroy(t);
     }
 }
+
+// `paged` keeps no state snapshots, so on a model with a state group it cannot
+// restore a recurrent state at a hit: no hits (it used to count 36 cached tokens
+// here while the hybrid layouts, which cache the state, were right to).
+Test(replay_groups, paged_shares_no_prefix_with_a_state_group) {
+    const pkv_trace_request rq[2] = {{0, 40, 4, 1, 0, 36, 0}, {1.0, 40, 4, 1, 0, 36, 1}};
+    pkv_trace *t = make_trace(rq, 2);
+    pkv_replay_params p = swa_params(PKV_POLICY_PAGED);
+    cr_assert_eq(pkv_model_preset("tiny-hybrid", &p.model), PKV_OK);
+    p.kv_mem_bytes = 64u << 20;
+    p.prefix_sharing = 1;
+    pkv_replay_report r;
+    cr_assert_eq(pkv_replay_run(t, &p, &r), PKV_OK, "%s", r.failure);
+    cr_assert_eq(r.requests.completed, 2);
+    cr_assert_eq(r.prefix_cached_tokens, 0);
+    pkv_trace_destroy(t);
+    // The same trace on a model without one (tiny-swa) does hit.
+    t = make_trace(rq, 2);
+    p = swa_params(PKV_POLICY_PAGED);
+    p.prefix_sharing = 1;
+    cr_assert_eq(pkv_replay_run(t, &p, &r), PKV_OK, "%s", r.failure);
+    cr_assert_gt(r.prefix_cached_tokens, 0);
+    pkv_trace_destroy(t);
+}

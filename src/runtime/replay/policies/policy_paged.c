@@ -471,7 +471,12 @@ static pkv_status paged_create(const pkv_policy_config *c, pkv_policy_info *info
     }
     p->trace = c->trace;
     p->blocked_r = UINT32_MAX;
-    if (c->prefix_sharing && c->trace) {
+    // A recurrent state cannot be rebuilt from cached blocks, and this layout keeps
+    // no state snapshots (vLLM without its hybrid manager does not prefix-cache such
+    // models either): a model with a state group shares no prefix here.
+    int has_state = 0;
+    for (uint32_t g = 0; g < c->num_groups; g++) has_state |= c->groups[g].kind == PKV_LAYER_STATE;
+    if (c->prefix_sharing && c->trace && !has_state) {
         st = pkv_prefix_cache_create(p->pool, p->B, p->capacity, &p->cache);
         if (st == PKV_OK) st = pkv_prefix_cache_attach(p->cache, p->set);
         if (st == PKV_OK) {
