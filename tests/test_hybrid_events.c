@@ -65,6 +65,17 @@ static void chain_hashes(const pkv_hasher *x, const int32_t *tokens, uint32_t bs
                      PKV_OK);
 }
 
+static int32_t prompt[32];
+
+// F[0..nf-1]: the prompt's chained hashes at block size 4 (the full group's), S[0..ns-1]
+// at block size 2 (the sliding group's).
+static void prompt_hashes(pkv_block_hash *F, uint32_t nf, pkv_block_hash *S, uint32_t ns) {
+    pkv_hasher *x = sha();
+    chain_hashes(x, prompt, 4, nf, F);
+    chain_hashes(x, prompt, 2, ns, S);
+    pkv_hasher_destroy(x);
+}
+
 static int same_hash(const pkv_block_hash *a, const pkv_block_hash *b) {
     return a->len == b->len && memcmp(a->bytes, b->bytes, a->len) == 0;
 }
@@ -96,20 +107,23 @@ static int cached(const pkv_hybrid *h, uint32_t g, const pkv_block_hash *key) {
     return pkv_hybrid_cached_block(h, g, key, NULL) == PKV_OK;
 }
 
+// A new sequence of n tokens (not offered to the cache).
+static pkv_seq_id appended(pkv_hybrid *h, uint32_t n) {
+    pkv_seq_id id;
+    cr_assert_eq(pkv_hybrid_seq_create(h, &id), PKV_OK);
+    cr_assert_eq(pkv_hybrid_append(h, id, n, NULL), PKV_OK);
+    return id;
+}
+
 static int32_t prompt[32] = {11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26,
                              27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42};
 
 Test(hybrid_events, stored_per_group_with_hashes_parents_tokens_and_block_sizes) {
     const pkv_hybrid_params p = swa_params(16, 64);
     pkv_hybrid *h = create(&p);
-    pkv_hasher *x = sha();
     pkv_block_hash F[4], S[8];
-    chain_hashes(x, prompt, 4, 4, F);
-    chain_hashes(x, prompt, 2, 8, S);
-
-    pkv_seq_id a;
-    cr_assert_eq(pkv_hybrid_seq_create(h, &a), PKV_OK);
-    cr_assert_eq(pkv_hybrid_append(h, a, 10, NULL), PKV_OK);
+    prompt_hashes(F, 4, S, 8);
+    const pkv_seq_id a = appended(h, 10);
     uint32_t n, inserted;
     const pkv_kv_event *ev = drain(h, &n);
     cr_assert_eq(n, 0, "an append stores nothing");
@@ -137,20 +151,15 @@ Test(hybrid_events, stored_per_group_with_hashes_parents_tokens_and_block_sizes)
     expect_stored(&ev[1], 1, 2, S + 5, 3, prompt + 10, &S[4]);
     cr_assert(cached(h, 1, &S[0]) && cached(h, 0, &F[3]));
     cr_assert_eq(pkv_hybrid_validate(h), PKV_OK);
-    pkv_hasher_destroy(x);
     pkv_hybrid_destroy(h);
 }
 
 Test(hybrid_events, a_windowed_run_after_released_blocks_names_its_uncached_parent) {
     const pkv_hybrid_params p = swa_params(16, 64);
     pkv_hybrid *h = create(&p);
-    pkv_hasher *x = sha();
     pkv_block_hash F[3], S[6];
-    chain_hashes(x, prompt, 4, 3, F);
-    chain_hashes(x, prompt, 2, 6, S);
-    pkv_seq_id b;
-    cr_assert_eq(pkv_hybrid_seq_create(h, &b), PKV_OK);
-    cr_assert_eq(pkv_hybrid_append(h, b, 8, NULL), PKV_OK);
+    prompt_hashes(F, 3, S, 6);
+    const pkv_seq_id b = appended(h, 8);
     // The query at 8 sees 5..: sliding blocks 0-1 are released (never cached).
     cr_assert_eq(pkv_hybrid_append(h, b, 4, NULL), PKV_OK);
     uint32_t n;
@@ -160,7 +169,6 @@ Test(hybrid_events, a_windowed_run_after_released_blocks_names_its_uncached_pare
     expect_stored(&ev[0], 0, 4, F, 3, prompt, NULL);
     expect_stored(&ev[1], 1, 2, S + 2, 4, prompt + 4, &S[1]);
     cr_assert(!cached(h, 1, &S[1]) && !cached(h, 1, &S[0]), "the parent is not cached");
-    pkv_hasher_destroy(x);
     pkv_hybrid_destroy(h);
 }
 
@@ -168,22 +176,17 @@ Test(hybrid_events, eviction_under_pressure_removes_the_right_group_and_hash) {
     // Full pool: 4 blocks; sliding pool: 8.
     const pkv_hybrid_params p = swa_params(4, 64);
     pkv_hybrid *h = create(&p);
-    pkv_hasher *x = sha();
     pkv_block_hash F[2], S[4];
-    chain_hashes(x, prompt, 4, 2, F);
-    chain_hashes(x, prompt, 2, 4, S);
-    pkv_seq_id a, b;
+    prompt_hashes(F, 2, S, 4);
     uint32_t n;
-    cr_assert_eq(pkv_hybrid_seq_create(h, &a), PKV_OK);
-    cr_assert_eq(pkv_hybrid_append(h, a, 8, NULL), PKV_OK);
+    const pkv_seq_id a = appended(h, 8);
     cr_assert_eq(pkv_hybrid_cache_prefix(h, a, prompt, 8, NULL), PKV_OK);
     cr_assert_eq(pkv_hybrid_seq_free(h, a), PKV_OK);
     drain(h, &n);
     cr_assert_eq(n, 2);
     // 12 tokens: the full group needs 3 of its 4 blocks (2 cached: evict 1, the
     // leaf F1), the sliding group 6 of its 8 (4 cached: evict 2 of them).
-    cr_assert_eq(pkv_hybrid_seq_create(h, &b), PKV_OK);
-    cr_assert_eq(pkv_hybrid_append(h, b, 12, NULL), PKV_OK);
+    appended(h, 12);
     const pkv_kv_event *ev = drain(h, &n);
     cr_assert_eq(n, 3);
     uint32_t full_removed = 0, swa_removed = 0;
@@ -210,7 +213,6 @@ Test(hybrid_events, eviction_under_pressure_removes_the_right_group_and_hash) {
     cr_assert_eq(pkv_hybrid_group_stats_get(h, 1, &gs), PKV_OK);
     cr_assert_eq(gs.cached_blocks, 2);
     cr_assert_eq(pkv_hybrid_validate(h), PKV_OK);
-    pkv_hasher_destroy(x);
     pkv_hybrid_destroy(h);
 }
 
