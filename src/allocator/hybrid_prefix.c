@@ -243,16 +243,24 @@ static uint64_t inserts_of(const pkvi_hcache *c) {
     return cs.inserts;
 }
 
+// BlockStored of group g's new blocks from .. to - 1 (nothing when from >= to):
+// keys holds every block's hash so far, the parent is the one before `from`.
+static void emit_run(pkv_hybrid *h, uint32_t g, const pkv_block_hash *keys, uint32_t from,
+                     uint32_t to, const int32_t *tokens, uint32_t bs) {
+    if (from < to)
+        pkvi_hybrid_emit_stored(h, g, from ? &keys[from - 1] : NULL, keys + from, to - from,
+                                tokens + (size_t)from * bs, bs);
+}
+
 // Offer group g's full blocks of tokens[0..n-1] of the sequence with set id gid.
-// With events on, each run of consecutive new entries becomes one BlockStored
-// (keys holds every block's hash: a run's parent is the one before it).
+// With events on, each run of consecutive new entries becomes one BlockStored.
 static pkv_status insert_group(pkv_hybrid *h, uint32_t g, pkv_seq_id gid, const int32_t *tokens,
                                uint32_t n) {
     pkvi_hgroup *hg = &h->groups[g];
     const uint32_t bs = hg->block_size, full = n / bs;
     const int events = pkvi_events_on(&h->events);
     pkv_block_hash keys_small[64];
-    pkv_block_hash *keys = keys_small;
+    pkv_block_hash *keys = keys_small; // events: every block's hash, for the runs' parents
     if (events && full > 64 && !(keys = malloc((size_t)full * sizeof *keys)))
         return PKV_ERR_OUT_OF_MEMORY;
     const pkv_block_id *table;
@@ -261,32 +269,22 @@ static pkv_status insert_group(pkv_hybrid *h, uint32_t g, pkv_seq_id gid, const 
     pkv_hash_chain chain;
     pkv_hash_chain_init(&chain);
     int32_t parent = -1;
-    uint32_t run = 0; // the current run of new entries: blocks run .. i - 1
-    uint32_t i = 0;
+    uint32_t run = 0, i = 0; // the current run of new entries: blocks run .. i - 1
     for (; i < full && st == PKV_OK; i++) {
         pkv_block_hash key;
         st = pkv_hash_chain_next(h->hasher, &chain, tokens + (size_t)i * bs, bs, NULL, &key);
         int32_t e = -1;
         const uint64_t before = inserts_of(hg->cache);
         if (st == PKV_OK) st = pkvi_hcache_insert(hg->cache, &key, table[i], parent, &e);
-        const int added = st == PKV_OK && inserts_of(hg->cache) != before;
-        if (events) {
-            keys[i] = key;
-            if (!added) { // the run, if any, ends before block i
-                pkvi_hybrid_emit_stored(h, g, run ? &keys[run - 1] : NULL, keys + run, i - run,
-                                        tokens + (size_t)run * bs, bs);
-                run = i + 1;
-            }
+        if (events) keys[i] = key;
+        if (st != PKV_OK || inserts_of(hg->cache) == before) { // not new: the run ends here
+            if (events) emit_run(h, g, keys, run, i, tokens, bs);
+            run = i + 1;
         }
-        if (e < 0 && !hg->windowed) { // a chain ends at its first gap
-            i++;
-            break;
-        }
+        if (e < 0 && !hg->windowed) break; // a chain ends at its first gap
         parent = e;
     }
-    if (events && st == PKV_OK && run < i)
-        pkvi_hybrid_emit_stored(h, g, run ? &keys[run - 1] : NULL, keys + run, i - run,
-                                tokens + (size_t)run * bs, bs);
+    if (events) emit_run(h, g, keys, run, i, tokens, bs);
     if (keys != keys_small) free(keys);
     return st;
 }
