@@ -4,7 +4,7 @@
 // with different block sizes (hashes from block_hash.h's pkv_hash_block, parents,
 // token ids, block sizes, a windowed run after released blocks), BlockRemoved under
 // pressure naming the group and hash, state snapshots as the state group's
-// blocks, overflow, the reset, bad parameters, and a randomized test that replays
+// blocks, a full cache, overflow, the reset, bad parameters, and a randomized test that replays
 // the event stream into a set of (group, hash) and checks it against the caches
 // (pkv_hybrid_cached_block and the stats) after every operation, in every layout.
 #include <criterion/criterion.h>
@@ -169,6 +169,24 @@ Test(hybrid_events, a_windowed_run_after_released_blocks_names_its_uncached_pare
     expect_stored(&ev[0], 0, 4, F, 3, prompt, NULL);
     expect_stored(&ev[1], 1, 2, S + 2, 4, prompt + 4, &S[1]);
     cr_assert(!cached(h, 1, &S[1]) && !cached(h, 1, &S[0]), "the parent is not cached");
+    pkv_hybrid_destroy(h);
+}
+
+Test(hybrid_events, a_full_cache_reports_what_it_took) {
+    pkv_hybrid_params p = swa_params(16, 64);
+    p.prefix_cache_blocks = 3; // per group; the live sequence holds every entry
+    pkv_hybrid *h = create(&p);
+    pkv_block_hash F[4], S[8];
+    prompt_hashes(F, 4, S, 8);
+    const pkv_seq_id a = appended(h, 16);
+    uint32_t n, inserted;
+    cr_assert_eq(pkv_hybrid_cache_prefix(h, a, prompt, 16, &inserted), PKV_OK);
+    cr_assert_eq(inserted, 6);
+    const pkv_kv_event *ev = drain(h, &n);
+    cr_assert_eq(n, 2);
+    expect_stored(&ev[0], 0, 4, F, 3, prompt, NULL); // the chain stops at block 3
+    expect_stored(&ev[1], 1, 2, S, 3, prompt, NULL); // blocks 3-7 find no room
+    cr_assert(!cached(h, 0, &F[3]) && !cached(h, 1, &S[3]));
     pkv_hybrid_destroy(h);
 }
 
