@@ -4,9 +4,10 @@
 // with different block sizes (hashes from block_hash.h's pkv_hash_block, parents,
 // token ids, block sizes, a windowed run after released blocks), BlockRemoved under
 // pressure naming the group and hash, state snapshots as the state group's
-// blocks, a full cache, overflow, the reset, bad parameters, and a randomized test that replays
-// the event stream into a set of (group, hash) and checks it against the caches
-// (pkv_hybrid_cached_block and the stats) after every operation, in every layout.
+// blocks, a full cache, overflow, the reset, bad parameters, and a randomized
+// test that replays the event stream into a set of (group, hash) and checks it
+// against the caches (pkv_hybrid_cached_block and the stats) after every
+// operation, in every layout.
 #include <criterion/criterion.h>
 #include <stdlib.h>
 #include <string.h>
@@ -118,8 +119,9 @@ static pkv_seq_id appended(pkv_hybrid *h, uint32_t n) {
 static int32_t prompt[32] = {11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26,
                              27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42};
 
-Test(hybrid_events, stored_per_group_with_hashes_parents_tokens_and_block_sizes) {
-    const pkv_hybrid_params p = swa_params(16, 64);
+static void stored_per_group(pkv_hybrid_layout layout) {
+    pkv_hybrid_params p = swa_params(16, 64);
+    p.layout = layout;
     pkv_hybrid *h = create(&p);
     pkv_block_hash F[4], S[8];
     prompt_hashes(F, 4, S, 8);
@@ -153,6 +155,12 @@ Test(hybrid_events, stored_per_group_with_hashes_parents_tokens_and_block_sizes)
     cr_assert_eq(pkv_hybrid_validate(h), PKV_OK);
     pkv_hybrid_destroy(h);
 }
+
+Test(hybrid_events, stored_per_group_with_hashes_parents_tokens_and_block_sizes) {
+    stored_per_group(PKV_HYBRID_PARTITION);
+}
+
+Test(hybrid_events, stored_per_group_under_lcm) { stored_per_group(PKV_HYBRID_LCM); }
 
 Test(hybrid_events, a_windowed_run_after_released_blocks_names_its_uncached_parent) {
     const pkv_hybrid_params p = swa_params(16, 64);
