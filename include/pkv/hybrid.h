@@ -105,6 +105,26 @@
 //   evicts that group's oldest evictable block, or stops.
 // - Accounting: a cache-only block is in neither blocks_held nor free_bytes of
 //   pkv_hybrid_group_stats; cached_evictable counts it.
+// - Events (params.event_capacity > 0): vLLM's KV events, for engines that route
+//   requests by cache contents, in one bounded buffer for the manager (every
+//   group's events in emission order) drained with pkv_hybrid_take_events. An
+//   event's group is the group index as in params.groups (PAGED: the first token
+//   group, whose table every token group shares), block_size that group's B_g.
+//   BlockStored when pkv_hybrid_cache_prefix adds entries: per group and call, one
+//   event per run of consecutive new blocks, with their hashes, the token ids of
+//   those blocks, and as parent the chained hash of the block before the run (none
+//   for a run starting at block 0). A FULL/MLA group's new blocks are one run that
+//   continues its cached chain. A windowed group may add several runs in one call
+//   (blocks cached already or released split them), and a run's parent need not be
+//   cached: the hash is chained, so it names the prefix all the same. A refresh
+//   (cached already) emits nothing. BlockRemoved, one hash each, whenever an entry
+//   leaves a cache: eviction for an append, a full cache's insert, a sequence's
+//   state slot; none at destroy. States: a snapshot is a BlockStored of the state
+//   group with one hash (the prefix hash at the boundary n, chained at S tokens per
+//   block), the last S token ids, block_size S and parent the hash at n - S (none
+//   at n = S); its eviction a BlockRemoved. AllBlocksCleared on
+//   pkv_hybrid_reset_prefix_cache. A full buffer drops events, counts them, and
+//   the next drain ends with an OVERFLOW record: the consumer must resynchronise.
 //
 // Ownership: the manager owns its pools, sets and state pool; every pointer it
 // returns points into it (borrowed, valid until the next call that changes it).
@@ -120,6 +140,7 @@
 #include "pkv/block_hash.h"
 #include "pkv/model_config.h"
 #include "pkv/pool.h"
+#include "pkv/prefix_pool.h"
 #include "pkv/seq.h"
 #include "pkv/status.h"
 
@@ -162,10 +183,15 @@ typedef struct pkv_hybrid_params {
                                 // the cache may hold per token group (clamped to the
                                 // blocks of the group's pool)
     pkv_hash_algo prefix_hash;  // the cache's block hash; default PKV_HASH_SHA256
+    // KV events (the "Prefix cache" rules at the top; they need the cache):
+    pkv_medium medium;          // reported in events; default PKV_MEDIUM_GPU
+    uint32_t event_capacity;    // events buffered between drains; 0 = events off (default)
+    uint32_t event_payload;     // hashes + token ids buffered between drains (0: 64 per
+                                // event), as pkv_prefix_pool_params
 } pkv_hybrid_params;
 
 // Defaults: no groups, elem_bytes 2, PAGED, budget 0, block_size 16, block_sizes
-// all 0, max_seqs 256, no prefix cache, prefix_hash SHA-256.
+// all 0, max_seqs 256, no prefix cache, prefix_hash SHA-256, medium GPU, events off.
 void pkv_hybrid_params_default(pkv_hybrid_params *params);
 
 // Build a manager. *out is owned by the caller (pkv_hybrid_destroy).
@@ -178,7 +204,10 @@ void pkv_hybrid_params_default(pkv_hybrid_params *params);
 // PKV_POOL_MAX_BLOCKS; LCM: a budget below one large page). PKV_ERR_LIMIT (LCM):
 // the large page, the LCM of the token groups' page bytes, would pass 1 GiB.
 // PKV_ERR_UNSUPPORTED: prefix_hash is an algorithm this build lacks (with the
-// cache on); PKV_ERR_INVALID_ARG for an unknown one.
+// cache on); PKV_ERR_INVALID_ARG for an unknown one, for a medium that is none of
+// pkv_medium's, and for event_capacity > 0 without a prefix cache (events report
+// the cache's contents: without one there is nothing to report, and a router fed
+// an empty stream would believe the engine caches nothing).
 pkv_status pkv_hybrid_create(const pkv_hybrid_params *params, pkv_hybrid **out);
 
 // Release everything. NULL does nothing.
@@ -370,6 +399,34 @@ pkv_status pkv_hybrid_prefix_match_get(const pkv_hybrid *h, const int32_t *token
 // cannot grow.
 pkv_status pkv_hybrid_seq_create_cached(pkv_hybrid *h, const int32_t *tokens, uint32_t n,
                                         pkv_seq_id *id, uint32_t *cached_tokens);
+
+// Drain the KV events emitted since the last drain, every group's in emission
+// order (the "Prefix cache" rules at the top), as pkv_prefix_pool_take_events:
+// *events (borrowed, valid until the next call that changes the manager) and *n,
+// ending with a PKV_EVENT_OVERFLOW record when events were dropped. Events off:
+// *n = 0. PKV_ERR_INVALID_ARG for NULL.
+pkv_status pkv_hybrid_take_events(pkv_hybrid *h, const pkv_kv_event **events, uint32_t *n);
+
+// Whether group g's cache holds `hash` (a block of B_g tokens; a state group: the
+// state at a multiple of the state interval): PKV_OK and *block (optional) the
+// block or state slot holding it, else PKV_ERR_NOT_FOUND. Read-only (no LRU
+// change): a consumer of the events can check its view against it. A PAGED token
+// group reads the one table's cache. PKV_ERR_INVALID_ARG for NULL or g >=
+// num_groups; PKV_ERR_UNSUPPORTED without a cache.
+pkv_status pkv_hybrid_cached_block(const pkv_hybrid *h, uint32_t g, const pkv_block_hash *hash,
+                                   pkv_block_id *block);
+
+// Events lost to a full buffer since create (0 for NULL or with events off).
+uint64_t pkv_hybrid_events_dropped(const pkv_hybrid *h);
+
+// vLLM's reset_prefix_cache: drop every cache entry of every group (token blocks
+// and states) and emit one PKV_EVENT_ALL_BLOCKS_CLEARED (group 0: it covers every
+// group) instead of a BlockRemoved per entry. Refused with PKV_ERR_BUSY (nothing
+// changed) while a sequence or a queued copy holds a cached block or state (as
+// vLLM refuses while blocks are in use): take the copies and free the sequences
+// that share cached blocks first. Dropped entries count as prefix_evictions.
+// PKV_ERR_UNSUPPORTED without a cache.
+pkv_status pkv_hybrid_reset_prefix_cache(pkv_hybrid *h);
 
 // A snapshot of one group's memory (plain data, caller-owned).
 typedef struct pkv_hybrid_group_stats {

@@ -83,14 +83,23 @@ static int group_from(PyObject *d, Py_ssize_t g, pkv_kv_group *out) {
 
 static int Hybrid_init(HybridObject *self, PyObject *args, PyObject *kw) {
     static char *kwlist[] = {"groups", "budget_bytes", "layout", "block_size", "block_sizes",
-                             "elem_bytes", "max_seqs", "prefix_cache_blocks", NULL};
+                             "elem_bytes", "max_seqs", "prefix_cache_blocks", "event_capacity",
+                             "event_payload", "medium", NULL};
     PyObject *gobj, *sizes = Py_None;
     unsigned long long budget = 0;
-    const char *layout = "shared-page";
-    unsigned int block_size = 16, elem_bytes = 2, max_seqs = 256, cache_blocks = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|$KsIOIII:HybridKV", kwlist, &gobj, &budget, &layout,
-                                     &block_size, &sizes, &elem_bytes, &max_seqs, &cache_blocks))
+    const char *layout = "shared-page", *medium = "GPU";
+    unsigned int block_size = 16, elem_bytes = 2, max_seqs = 256, cache_blocks = 0, event_cap = 0,
+                 event_payload = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|$KsIOIIIIIs:HybridKV", kwlist, &gobj, &budget, &layout,
+                                     &block_size, &sizes, &elem_bytes, &max_seqs, &cache_blocks,
+                                     &event_cap, &event_payload, &medium))
         return -1;
+    if (event_cap && !cache_blocks) {
+        pkvpy_raise(PKV_ERR_INVALID_ARG, "HybridKV",
+                    "event_capacity %u needs prefix_cache_blocks > 0: events report the prefix "
+                    "cache's contents", event_cap);
+        return -1;
+    }
     if (budget == 0) {
         pkvpy_raise(PKV_ERR_INVALID_ARG, "HybridKV", "budget_bytes (keyword, > 0) is required");
         return -1;
@@ -101,6 +110,9 @@ static int Hybrid_init(HybridObject *self, PyObject *args, PyObject *kw) {
     }
     pkv_hybrid_params prm;
     pkv_hybrid_params_default(&prm);
+    if (pkvpy_medium(medium, "HybridKV", &prm.medium) < 0) return -1;
+    prm.event_capacity = event_cap;
+    prm.event_payload = event_payload;
     if (pkv_hybrid_layout_parse(layout, &prm.layout) != PKV_OK) {
         pkvpy_raise(PKV_ERR_INVALID_ARG, "HybridKV",
                     "layout '%s' is none of 'paged', 'partition', 'shared-page', 'lcm'", layout);
@@ -497,6 +509,26 @@ static PyObject *Hybrid_validate(HybridObject *self, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
+static PyObject *Hybrid_take_events(HybridObject *self, PyObject *unused) {
+    if (ready(self, "HybridKV.take_events") < 0) return NULL;
+    const pkv_kv_event *ev;
+    uint32_t n;
+    pkv_hybrid_take_events(self->h, &ev, &n);
+    return pkvpy_events_list(ev, n);
+}
+
+static PyObject *Hybrid_reset_prefix_cache(HybridObject *self, PyObject *unused) {
+    if (ready(self, "HybridKV.reset_prefix_cache") < 0) return NULL;
+    pkv_status st = pkv_hybrid_reset_prefix_cache(self->h);
+    if (st == PKV_ERR_BUSY) Py_RETURN_FALSE; // vLLM's reset_prefix_cache answers False
+    if (st != PKV_OK) return pkvpy_raise(st, "HybridKV.reset_prefix_cache", "no prefix cache");
+    Py_RETURN_TRUE;
+}
+
+static PyObject *Hybrid_get_events_dropped(HybridObject *self, void *c) {
+    return PyLong_FromUnsignedLongLong(pkv_hybrid_events_dropped(self->h));
+}
+
 static PyObject *Hybrid_get_num_groups(HybridObject *self, void *c) {
     return PyLong_FromUnsignedLong(self->num_groups);
 }
@@ -553,10 +585,22 @@ static PyMethodDef hybrid_methods[] = {
     {"prefix_match", (PyCFunction)Hybrid_prefix_match, METH_O,
      "prefix_match(tokens) -> dict: cached_tokens, hit_blocks and evictable_hit per group;\n"
      "changes nothing."},
+    {"take_events", (PyCFunction)Hybrid_take_events, METH_NOARGS,
+     "take_events() -> [event tuples], oldest first, every group's in emission order, as\n"
+     "PrefixPool.take_events: ('BlockStored', hashes, parent|None, token_ids, block_size,\n"
+     "None, medium, group) per run of new blocks cache_prefix (or a state cache_state) added;\n"
+     "('BlockRemoved', [hash], medium, group) per evicted entry; ('AllBlocksCleared', medium)\n"
+     "after reset_prefix_cache; ('Overflow', n) last if n were dropped (resynchronise).\n"
+     "Empty with events off (event_capacity=0)."},
+    {"reset_prefix_cache", (PyCFunction)Hybrid_reset_prefix_cache, METH_NOARGS,
+     "reset_prefix_cache() -> bool: drop every cached block and state (one AllBlocksCleared\n"
+     "event); False, nothing changed, while a sequence or queued copy holds a cached block."},
     {NULL, NULL, 0, NULL},
 };
 
 static PyGetSetDef hybrid_getset[] = {
+    {"events_dropped", (getter)Hybrid_get_events_dropped, NULL, "events lost to a full buffer since "
+     "creation", NULL},
     {"num_groups", (getter)Hybrid_get_num_groups, NULL, "KV cache groups", NULL},
     {"layout", (getter)Hybrid_get_layout, NULL, "'paged', 'partition', 'shared-page' or 'lcm'", NULL},
     {"block_sizes", (getter)Hybrid_get_block_sizes, NULL, "tokens per block of each group (0: state)", NULL},
@@ -573,11 +617,15 @@ PyTypeObject pkvpy_Hybrid_Type = {
     .tp_dealloc = (destructor)Hybrid_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "HybridKV(groups, *, budget_bytes, layout='shared-page', block_size=16,\n"
-              "block_sizes=None, elem_bytes=2, max_seqs=256)\n"
+              "block_sizes=None, elem_bytes=2, max_seqs=256, prefix_cache_blocks=0,\n"
+              "event_capacity=0, event_payload=0, medium='GPU')\n"
               "KV cache groups of a heterogeneous model (include/pkv/hybrid.h). groups: a dict per\n"
               "group: kind ('full', 'sliding', 'chunked', 'mla', 'state'), layers, kv_heads,\n"
               "head_dim, window, latent_dim, rope_dim, sinks, state_bytes. layout: 'paged' (every\n"
-              "layer as full attention), 'partition', 'shared-page' (vLLM) or 'lcm' (Jenga).",
+              "layer as full attention), 'partition', 'shared-page' (vLLM) or 'lcm' (Jenga).\n"
+              "event_capacity > 0 (needs prefix_cache_blocks > 0): vLLM-style KV events per group,\n"
+              "drained with take_events(); event_payload bounds their hashes + token ids (0: 64\n"
+              "per event); medium ('GPU', 'CPU', 'DISK') is what they report.",
     .tp_methods = hybrid_methods,
     .tp_getset = hybrid_getset,
     .tp_init = (initproc)Hybrid_init,

@@ -168,6 +168,13 @@ PyArrayObject *pkvpy_tokens(PyObject *obj, const char *what);
 
 // PrefixPool, BlockHasher and HASH_ALGOS, added to the module. 0 on success.
 int pkvpy_prefix_pool_init(PyObject *module);
+// KV events (prefix_pool.h's pkv_kv_event, borrowed) as a new list of tuples:
+//   ("BlockStored", hashes, parent|None, token_ids, block_size, lora_id|None, medium, group)
+//   ("BlockRemoved", hashes, medium, group), ("AllBlocksCleared", medium), ("Overflow", n).
+// NULL with an exception set on failure. Needs pkvpy_prefix_pool_init to have run.
+PyObject *pkvpy_events_list(const pkv_kv_event *events, uint32_t n);
+// pkv_medium from "GPU", "CPU" or "DISK"; -1 with InvalidArgument naming `what` else.
+int pkvpy_medium(const char *name, const char *what, pkv_medium *medium);
 
 // ---- hybrid.c ----
 

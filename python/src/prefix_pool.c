@@ -183,6 +183,16 @@ static const int32_t *tokens_from(PyObject *obj, PyArrayObject **keep, int32_t *
 
 // ---- PrefixPool ----
 
+int pkvpy_medium(const char *name, const char *what, pkv_medium *medium) {
+    for (int i = 0; i < 3; i++)
+        if (strcmp(name, medium_names[i]) == 0) {
+            *medium = (pkv_medium)i;
+            return 0;
+        }
+    pkvpy_raise(PKV_ERR_INVALID_ARG, what, "medium %s is not GPU, CPU or DISK", name);
+    return -1;
+}
+
 static PyObject *PP_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     static char *kwlist[] = {"num_blocks", "enable_caching", "num_groups", "medium",
                              "event_capacity", "event_payload", NULL};
@@ -197,11 +207,7 @@ static PyObject *PP_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     prm.num_groups = groups;
     prm.event_capacity = cap;
     prm.event_payload = payload;
-    int m = -1;
-    for (int i = 0; i < 3; i++)
-        if (strcmp(medium, medium_names[i]) == 0) m = i;
-    if (m < 0) return pkvpy_raise(PKV_ERR_INVALID_ARG, "PrefixPool", "medium %s is not GPU, CPU or DISK", medium);
-    prm.medium = (pkv_medium)m;
+    if (pkvpy_medium(medium, "PrefixPool", &prm.medium) < 0) return NULL;
     PrefixPoolObject *self = (PrefixPoolObject *)type->tp_alloc(type, 0);
     if (!self) return NULL;
     pkv_status st = pkv_prefix_pool_create(&prm, &self->pool);
@@ -669,10 +675,8 @@ fail:
 //   ("BlockRemoved", hashes, medium, group)
 //   ("AllBlocksCleared", medium)
 //   ("Overflow", dropped)
-static PyObject *PP_take_events(PrefixPoolObject *self, PyObject *unused) {
-    const pkv_kv_event *ev;
-    uint32_t n;
-    pkv_prefix_pool_take_events(self->pool, &ev, &n);
+// (the tuples of pkvpy_events_list, shared with HybridKV.take_events).
+PyObject *pkvpy_events_list(const pkv_kv_event *ev, uint32_t n) {
     PyObject *l = PyList_New(n);
     for (uint32_t i = 0; l && i < n; i++) {
         const pkv_kv_event *e = &ev[i];
@@ -713,6 +717,13 @@ static PyObject *PP_take_events(PrefixPoolObject *self, PyObject *unused) {
         PyList_SET_ITEM(l, i, t);
     }
     return l;
+}
+
+static PyObject *PP_take_events(PrefixPoolObject *self, PyObject *unused) {
+    const pkv_kv_event *ev;
+    uint32_t n;
+    pkv_prefix_pool_take_events(self->pool, &ev, &n);
+    return pkvpy_events_list(ev, n);
 }
 
 // The packed drain's records: one int64 row per event, these columns (KV_EVENT_FIELDS).

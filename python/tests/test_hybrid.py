@@ -147,3 +147,75 @@ def test_prefix_cache_off_by_default():
         kv.cache_prefix(s, np.arange(4, dtype=np.int32))
     assert kv.create_cached(np.arange(4, dtype=np.int32))[1] == 0
     assert kv.state_interval == 0
+
+
+def events_kv(**kw):
+    # Full (block 4) and sliding (W = 4, block 2), a pool each; kw overrides.
+    args = dict(budget_bytes=256, layout="partition", block_sizes=[4, 2], elem_bytes=1, max_seqs=4,
+                prefix_cache_blocks=64, event_capacity=64, medium="CPU")
+    args.update(kw)
+    return pagedkv.HybridKV([FULL, SLIDING], **args)
+
+
+def test_kv_events_name_the_group():
+    kv = events_kv()
+    h = pagedkv.BlockHasher("sha256")
+    prompt = list(range(100, 116))
+    a = kv.create()
+    kv.step([a], [10])
+    assert kv.take_events() == []
+    kv.cache_prefix(a, np.array(prompt[:10], dtype=np.int32))
+    full, swa = h.hash_blocks(prompt, 4), h.hash_blocks(prompt, 2)
+    assert kv.take_events() == [
+        ("BlockStored", full[:2], None, prompt[:8], 4, None, "CPU", 0),
+        ("BlockStored", swa[:5], None, prompt[:10], 2, None, "CPU", 1)]
+    kv.step([a], [6])  # the sliding group releases blocks 0-2 (still cached)
+    kv.cache_prefix(a, np.array(prompt, dtype=np.int32))
+    assert kv.take_events() == [
+        ("BlockStored", full[2:4], full[1], prompt[8:16], 4, None, "CPU", 0),
+        ("BlockStored", swa[5:8], swa[4], prompt[10:16], 2, None, "CPU", 1)]
+    # A reset waits for the sequence (vLLM answers False), then clears every group.
+    assert kv.reset_prefix_cache() is False
+    kv.free(a)
+    assert kv.reset_prefix_cache() is True
+    assert kv.take_events() == [("AllBlocksCleared", "CPU")]
+    assert kv.group_stats(0)["cached_blocks"] == 0 and kv.group_stats(1)["cached_blocks"] == 0
+    kv.validate()
+
+
+def test_kv_events_eviction_and_overflow():
+    kv = events_kv(budget_bytes=64)  # full: 4 blocks, sliding: 8
+    h = pagedkv.BlockHasher("sha256")
+    prompt = list(range(8))
+    a = kv.create()
+    kv.step([a], [8])
+    kv.cache_prefix(a, np.array(prompt, dtype=np.int32))
+    kv.free(a)
+    assert len(kv.take_events()) == 2
+    b = kv.create()
+    kv.step([b], [12])  # full: evicts its leaf; sliding: 2 of its 4
+    ev = kv.take_events()
+    assert ("BlockRemoved", [h.hash_blocks(prompt, 4)[1]], "CPU", 0) in ev
+    removed = [e for e in ev if e[0] == "BlockRemoved" and e[3] == 1]
+    assert len(removed) == 2 and all(e[1][0] in h.hash_blocks(prompt, 2) for e in removed)
+    assert len(ev) == 3 and kv.events_dropped == 0
+    # One slot for two groups' events: the drain ends with the count of the rest.
+    kv = events_kv(event_capacity=1)
+    a = kv.create()
+    kv.step([a], [8])
+    kv.cache_prefix(a, np.array(prompt, dtype=np.int32))
+    ev = kv.take_events()
+    assert [e[0] for e in ev] == ["BlockStored", "Overflow"] and ev[1] == ("Overflow", 1)
+    assert kv.events_dropped == 1
+
+
+def test_kv_events_need_the_prefix_cache():
+    with pytest.raises(pagedkv.InvalidArgument, match="prefix_cache_blocks"):
+        events_kv(prefix_cache_blocks=0)
+    with pytest.raises(pagedkv.InvalidArgument, match="medium"):
+        events_kv(medium="TAPE")
+    kv = events_kv(event_capacity=0)  # events off: the cache works, nothing to drain
+    a = kv.create()
+    kv.step([a], [8])
+    assert kv.cache_prefix(a, np.arange(8, dtype=np.int32)) == 6
+    assert kv.take_events() == []

@@ -9,6 +9,7 @@
 #define PKV_HYBRID_INTERNAL_H
 
 #include "pkv/hybrid.h"
+#include "kv_events.h"
 
 typedef struct pkvi_hcache pkvi_hcache; // hybrid_prefix_cache.c
 
@@ -91,6 +92,9 @@ struct pkv_hybrid {
     uint64_t clock;
     uint32_t state_interval;
     int has_state;
+    // KV events (hybrid_events.c): off (capacity 0) without params.event_capacity.
+    pkvi_event_buf events;
+    pkv_medium medium;
     // Batch scratch: per-sequence lengths before the append, [cap_scratch].
     uint32_t *old_len;
     pkv_seq_id *gids;
@@ -171,6 +175,16 @@ pkv_status pkvi_hybrid_take_slot(pkv_hybrid *h, uint32_t g, pkv_block_id *slot);
 // about a cached state left to it alone.
 void pkvi_hybrid_prefix_unpinned(pkv_hybrid *h, uint32_t g, pkv_block_id src, pkv_block_id dst);
 
+// ---- hybrid_events.c ----
+// Check the event params, make the buffer and hand it to every cache (after the
+// caches exist). PKV_ERR_INVALID_ARG: a bad medium.
+pkv_status pkvi_hybrid_events_init(pkv_hybrid *h, const pkv_hybrid_params *params);
+// BlockStored of group g: hashes[0..nh-1], their nh x block_size token ids, parent
+// (NULL: none).
+void pkvi_hybrid_emit_stored(pkv_hybrid *h, uint32_t g, const pkv_block_hash *parent,
+                             const pkv_block_hash *hashes, uint32_t nh, const int32_t *tokens,
+                             uint32_t block_size);
+
 // ---- hybrid_prefix_cache.c: one group's cache of full blocks (see the file) ----
 typedef struct pkvi_hcache_stats {
     uint32_t entries, evictable;
@@ -182,6 +196,10 @@ pkv_status pkvi_hcache_create(pkv_pool *pool, uint32_t max_entries, int chained,
                               uint64_t *clock, pkvi_hcache **out);
 // Release every reference and free. NULL does nothing.
 void pkvi_hcache_destroy(pkvi_hcache *c);
+// Report every eviction from now on as a BlockRemoved of `group` into `events`
+// (borrowed; NULL: report nothing).
+void pkvi_hcache_set_events(pkvi_hcache *c, pkvi_event_buf *events, uint32_t group,
+                            pkv_medium medium);
 // The set hook (seqset_internal.h): `block`'s refcount just dropped to 1.
 void pkvi_hcache_block_unused(void *ctx, pkv_block_id block);
 // The entry cached under key, or -1.

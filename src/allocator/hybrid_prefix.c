@@ -26,7 +26,8 @@ static uint64_t gcd64(uint64_t a, uint64_t b) {
 }
 
 pkv_status pkvi_hybrid_prefix_init(pkv_hybrid *h, const pkv_hybrid_params *params) {
-    if (params->prefix_cache_blocks == 0) return PKV_OK;
+    // Events report the cache's contents: asked for without a cache, refuse.
+    if (params->prefix_cache_blocks == 0) return params->event_capacity ? PKV_ERR_INVALID_ARG : PKV_OK;
     if ((unsigned)params->prefix_hash > PKV_HASH_FNV1A_64) return PKV_ERR_INVALID_ARG;
     pkv_status st = pkv_hasher_create(params->prefix_hash, NULL, 0, &h->hasher);
     uint64_t S = 1;
@@ -47,6 +48,7 @@ pkv_status pkvi_hybrid_prefix_init(pkv_hybrid *h, const pkv_hybrid_params *param
                                 &hg->cache);
         if (st == PKV_OK) pkvi_seqset_set_hook(hg->set, pkvi_hcache_block_unused, hg->cache);
     }
+    if (st == PKV_OK) st = pkvi_hybrid_events_init(h, params);
     return st;
 }
 
@@ -65,6 +67,7 @@ void pkvi_hybrid_prefix_teardown(pkv_hybrid *h) {
     }
     pkv_hasher_destroy(h->hasher);
     h->hasher = NULL;
+    pkvi_events_free(&h->events);
 }
 
 // The hit rule of group g: its kind, or FULL where the window rule is off (PAGED);
@@ -257,25 +260,55 @@ pkv_status pkv_hybrid_seq_create_cached(pkv_hybrid *h, const int32_t *tokens, ui
     return PKV_OK;
 }
 
+static uint64_t inserts_of(const pkvi_hcache *c) {
+    pkvi_hcache_stats cs;
+    pkvi_hcache_get_stats(c, &cs);
+    return cs.inserts;
+}
+
+// BlockStored of group g's new blocks from .. to - 1 (nothing when from >= to):
+// keys holds every block's hash so far, the parent is the one before `from`.
+static void emit_run(pkv_hybrid *h, uint32_t g, const pkv_block_hash *keys, uint32_t from,
+                     uint32_t to, const int32_t *tokens, uint32_t bs) {
+    if (from < to)
+        pkvi_hybrid_emit_stored(h, g, from ? &keys[from - 1] : NULL, keys + from, to - from,
+                                tokens + (size_t)from * bs, bs);
+}
+
 // Offer group g's full blocks of tokens[0..n-1] of the sequence with set id gid.
-static pkv_status insert_group(pkv_hybrid *h, pkvi_hgroup *hg, pkv_seq_id gid,
-                               const int32_t *tokens, uint32_t n) {
+// With events on, each run of consecutive new entries becomes one BlockStored.
+static pkv_status insert_group(pkv_hybrid *h, uint32_t g, pkv_seq_id gid, const int32_t *tokens,
+                               uint32_t n) {
+    pkvi_hgroup *hg = &h->groups[g];
+    const uint32_t bs = hg->block_size, full = n / bs;
+    const int events = pkvi_events_on(&h->events);
+    pkv_block_hash keys_small[64];
+    pkv_block_hash *keys = keys_small; // events: every block's hash, for the runs' parents
+    if (events && full > 64 && !(keys = malloc((size_t)full * sizeof *keys)))
+        return PKV_ERR_OUT_OF_MEMORY;
     const pkv_block_id *table;
     uint32_t nb;
     pkv_status st = pkv_seq_block_table(hg->set, gid, &table, &nb);
     pkv_hash_chain chain;
     pkv_hash_chain_init(&chain);
     int32_t parent = -1;
-    const uint32_t full = n / hg->block_size;
-    for (uint32_t i = 0; i < full && st == PKV_OK; i++) {
+    uint32_t run = 0, i = 0; // the current run of new entries: blocks run .. i - 1
+    for (; i < full && st == PKV_OK; i++) {
         pkv_block_hash key;
-        st = pkv_hash_chain_next(h->hasher, &chain, tokens + (size_t)i * hg->block_size,
-                                 hg->block_size, NULL, &key);
+        st = pkv_hash_chain_next(h->hasher, &chain, tokens + (size_t)i * bs, bs, NULL, &key);
         int32_t e = -1;
+        const uint64_t before = inserts_of(hg->cache);
         if (st == PKV_OK) st = pkvi_hcache_insert(hg->cache, &key, table[i], parent, &e);
+        if (events) keys[i] = key;
+        if (st != PKV_OK || inserts_of(hg->cache) == before) { // not new: the run ends here
+            if (events) emit_run(h, g, keys, run, i, tokens, bs);
+            run = i + 1;
+        }
         if (e < 0 && !hg->windowed) break; // a chain ends at its first gap
         parent = e;
     }
+    if (events) emit_run(h, g, keys, run, i, tokens, bs);
+    if (keys != keys_small) free(keys);
     return st;
 }
 
@@ -294,7 +327,7 @@ pkv_status pkv_hybrid_cache_prefix(pkv_hybrid *h, pkv_seq_id id, const int32_t *
         if (!hg->cache) continue;
         pkvi_hcache_get_stats(hg->cache, &cs);
         before += cs.inserts;
-        if (st == PKV_OK && hg->set) st = insert_group(h, hg, r->gid[g], tokens, n);
+        if (st == PKV_OK && hg->set) st = insert_group(h, g, r->gid[g], tokens, n);
         pkvi_hcache_get_stats(hg->cache, &cs);
         after += cs.inserts;
     }
@@ -320,9 +353,11 @@ void pkvi_hybrid_prefix_unpinned(pkv_hybrid *h, uint32_t g, pkv_block_id src, pk
 // Snapshot state group g's state of sequence r (length n) under `key`: a slot of
 // the cache's own (an old snapshot may make room), filled by a queued copy from
 // the sequence's slot. Nothing when the prefix is cached already (refreshed) or
-// no slot can be had.
+// no slot can be had. A new snapshot is a BlockStored of the last S tokens
+// (last: tokens[n-S..n-1]), parent the hash at n - S (NULL at n = S).
 static pkv_status snapshot_state(pkv_hybrid *h, uint32_t g, const pkvi_hrecord *r,
-                                 const pkv_block_hash *key, uint32_t *added) {
+                                 const pkv_block_hash *key, const pkv_block_hash *parent,
+                                 const int32_t *last, uint32_t *added) {
     pkvi_hgroup *hg = &h->groups[g];
     int32_t e = -1;
     if (pkvi_hcache_find(hg->cache, key) >= 0) return pkvi_hcache_insert(hg->cache, key, -1, -1, &e);
@@ -331,6 +366,7 @@ static pkv_status snapshot_state(pkv_hybrid *h, uint32_t g, const pkvi_hrecord *
     pkv_status st = pkvi_hcache_insert(hg->cache, key, slot, -1, &e);
     if (st == PKV_OK && e >= 0) {
         pkvi_hybrid_queue_state_copy(h, g, r->gid[g], slot);
+        pkvi_hybrid_emit_stored(h, g, parent, key, 1, last, h->state_interval);
         (*added)++;
     }
     pkv_pool_release(hg->pool, slot); // the cache and the copy's pin hold it now
@@ -352,10 +388,13 @@ pkv_status pkv_hybrid_cache_state(pkv_hybrid *h, pkv_seq_id id, const int32_t *t
         if (h->groups[g].set || !h->groups[g].cache) continue;
         pkv_hash_chain chain;
         pkv_hash_chain_init(&chain);
-        pkv_block_hash key;
-        for (uint32_t i = 0; i < n / S && st == PKV_OK; i++)
+        pkv_block_hash key = {0}, prev = {0};
+        for (uint32_t i = 0; i < n / S && st == PKV_OK; i++) {
+            prev = key;
             st = pkv_hash_chain_next(h->hasher, &chain, tokens + (size_t)i * S, S, NULL, &key);
-        if (st == PKV_OK) st = snapshot_state(h, g, r, &key, &added);
+        }
+        if (st == PKV_OK)
+            st = snapshot_state(h, g, r, &key, n > S ? &prev : NULL, tokens + (n - S), &added);
         r = pkvi_hybrid_rec(h, id);
     }
     if (cached) *cached = added;

@@ -48,6 +48,9 @@ struct pkvi_hcache {
     int32_t *heap;         // [max_entries]: evictable entries, min last_use on top
     uint32_t heap_n;
     pkvi_hcache_stats stats;
+    pkvi_event_buf *events; // borrowed: where evictions are reported (NULL: nowhere)
+    uint32_t group;         // the group index events name
+    pkv_medium medium;
 };
 
 pkv_status pkvi_hcache_create(pkv_pool *pool, uint32_t max_entries, int chained,
@@ -95,6 +98,13 @@ void pkvi_hcache_destroy(pkvi_hcache *c) {
     free(c->entry_of);
     free(c->heap);
     free(c);
+}
+
+void pkvi_hcache_set_events(pkvi_hcache *c, pkvi_event_buf *events, uint32_t group,
+                            pkv_medium medium) {
+    c->events = events;
+    c->group = group;
+    c->medium = medium;
 }
 
 // ---- eviction heap ----
@@ -196,6 +206,7 @@ static void table_del(pkvi_hcache *c, int32_t x) {
 
 static void evict(pkvi_hcache *c, int32_t x) {
     hentry *en = &c->e[x];
+    if (c->events) pkvi_events_removed(c->events, c->group, c->medium, &en->key);
     heap_del(c, x);
     table_del(c, x);
     c->entry_of[en->block] = -1;

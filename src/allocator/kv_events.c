@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// The prefix pool's bounded event buffer (kv_events.h).
+// The bounded event buffer of the prefix pool and the hybrid manager (kv_events.h).
 #include <stdlib.h>
 #include <string.h>
 
@@ -51,6 +51,28 @@ void pkvi_events_emit(pkvi_event_buf *b, const pkv_kv_event *e, const pkv_block_
     x->tokens = nt ? b->tokens + b->nt : NULL;
     if (nt) memcpy(b->tokens + b->nt, tokens, (size_t)nt * sizeof *tokens);
     b->nt += nt;
+}
+
+// An event that carries at most one hash and no token ids.
+static void emit_bare(pkvi_event_buf *b, pkv_kv_event_kind kind, uint32_t group, pkv_medium medium,
+                      const pkv_block_hash *hash) {
+    if (!b->cap) return;
+    pkv_kv_event e;
+    memset(&e, 0, sizeof e);
+    e.kind = kind;
+    e.group = group;
+    e.medium = medium;
+    e.lora_id = PKV_NO_LORA;
+    pkvi_events_emit(b, &e, hash, hash ? 1 : 0, NULL, 0);
+}
+
+void pkvi_events_removed(pkvi_event_buf *b, uint32_t group, pkv_medium medium,
+                         const pkv_block_hash *hash) {
+    emit_bare(b, PKV_EVENT_BLOCK_REMOVED, group, medium, hash);
+}
+
+void pkvi_events_cleared(pkvi_event_buf *b, pkv_medium medium) {
+    emit_bare(b, PKV_EVENT_ALL_BLOCKS_CLEARED, 0, medium, NULL);
 }
 
 void pkvi_events_take(pkvi_event_buf *b, const pkv_kv_event **events, uint32_t *n) {

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// Internal: the prefix pool's bounded event buffer. Events and their payload
+// Internal: the bounded event buffer of the prefix pool and the hybrid KV manager. Events and their payload
 // (hashes, token ids) sit in fixed arrays filled between two drains; a drain lends
 // them out and the next emission starts the arrays over. An event that does not
 // fit is dropped and counted; the drain then ends with one OVERFLOW record (its
@@ -29,6 +29,13 @@ static inline int pkvi_events_on(const pkvi_event_buf *b) { return b->cap != 0; 
 // Drops (and counts) it when the buffer is full.
 void pkvi_events_emit(pkvi_event_buf *b, const pkv_kv_event *e, const pkv_block_hash *hashes,
                       uint32_t nh, const int32_t *tokens, uint32_t nt);
+
+// BlockRemoved of one hash (vLLM sends one per evicted block).
+void pkvi_events_removed(pkvi_event_buf *b, uint32_t group, pkv_medium medium,
+                         const pkv_block_hash *hash);
+
+// AllBlocksCleared (every group).
+void pkvi_events_cleared(pkvi_event_buf *b, pkv_medium medium);
 
 // Lend out everything emitted since the last drain (plus the overflow marker).
 void pkvi_events_take(pkvi_event_buf *b, const pkv_kv_event **events, uint32_t *n);

@@ -142,14 +142,7 @@ static void cache_insert(pkv_prefix_pool *p, int32_t b) {
 }
 
 static void emit_removed(pkv_prefix_pool *p, int32_t b) {
-    if (!pkvi_events_on(&p->events)) return;
-    pkv_kv_event e;
-    memset(&e, 0, sizeof e);
-    e.kind = PKV_EVENT_BLOCK_REMOVED;
-    e.group = p->blk[b].group;
-    e.medium = p->medium;
-    e.lora_id = PKV_NO_LORA;
-    pkvi_events_emit(&p->events, &e, &p->hash[b], 1, NULL, 0);
+    pkvi_events_removed(&p->events, p->blk[b].group, p->medium, &p->hash[b]);
 }
 
 // Drop block b's hash (it must be cached): it is found no more.
@@ -402,14 +395,7 @@ pkv_status pkv_prefix_pool_reset(pkv_prefix_pool *p) {
     }
     p->num_cached = 0;
     memset(p->table, 0xff, ((size_t)p->table_mask + 1) * sizeof *p->table);
-    if (pkvi_events_on(&p->events)) {
-        pkv_kv_event e;
-        memset(&e, 0, sizeof e);
-        e.kind = PKV_EVENT_ALL_BLOCKS_CLEARED;
-        e.medium = p->medium;
-        e.lora_id = PKV_NO_LORA;
-        pkvi_events_emit(&p->events, &e, NULL, 0, NULL, 0);
-    }
+    pkvi_events_cleared(&p->events, p->medium);
     return PKV_OK;
 }
 
