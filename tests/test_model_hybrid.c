@@ -303,3 +303,66 @@ LAYOUT_TESTS(tiny, "tiny")
 LAYOUT_TESTS(tiny_swa, "tiny-swa")
 LAYOUT_TESTS(tiny_mla, "tiny-mla")
 LAYOUT_TESTS(tiny_hybrid, "tiny-hybrid")
+
+static pkv_hybrid *make_hybrid(const char *preset, pkv_hybrid_layout layout, size_t elem_bytes) {
+    pkv_model_config c;
+    pkv_kv_group groups[PKV_MAX_KV_GROUPS];
+    uint32_t n = 0;
+    cr_assert_eq(pkv_model_preset(preset, &c), PKV_OK);
+    cr_assert_eq(pkv_model_kv_groups(&c, groups, &n), PKV_OK);
+    pkv_hybrid_params hp;
+    pkv_hybrid_params_default(&hp);
+    hp.groups = groups;
+    hp.num_groups = n;
+    hp.elem_bytes = elem_bytes;
+    hp.layout = layout;
+    hp.budget_bytes = 4u << 20;
+    hp.max_seqs = 4;
+    pkv_hybrid *h = NULL;
+    cr_assert_eq(pkv_hybrid_create(&hp, &h), PKV_OK);
+    return h;
+}
+
+Test(model_hybrid, create_checks_groups_dtype_and_sizes_the_pools) {
+    pkv_model_config c;
+    cr_assert_eq(pkv_model_preset("tiny-swa", &c), PKV_OK);
+    pkv_model_params mp = pkv_model_params_default();
+    pkv_model *m = NULL;
+    cr_assert_eq(pkv_model_create(&c, &mp, &m), PKV_OK);
+    pkv_model_hybrid_store *s = (pkv_model_hybrid_store *)1;
+    // Another model's groups, another element size, another dtype.
+    pkv_hybrid *other = make_hybrid("tiny-hybrid", PKV_HYBRID_PARTITION, 4);
+    cr_assert_eq(pkv_model_hybrid_store_create(m, other, PKV_DTYPE_F32, &s), PKV_ERR_INVALID_ARG);
+    cr_assert_null(s);
+    pkv_hybrid_destroy(other);
+    pkv_hybrid *half = make_hybrid("tiny-swa", PKV_HYBRID_PARTITION, 2);
+    cr_assert_eq(pkv_model_hybrid_store_create(m, half, PKV_DTYPE_F32, &s), PKV_ERR_INVALID_ARG);
+    cr_assert_eq(pkv_model_hybrid_store_create(m, half, PKV_DTYPE_F16, &s), PKV_ERR_UNSUPPORTED);
+    pkv_hybrid_destroy(half);
+    cr_assert_eq(pkv_model_hybrid_store_create(NULL, NULL, PKV_DTYPE_F32, &s), PKV_ERR_INVALID_ARG);
+    // The store's bytes are the manager's pools: SHARED_PAGE's shared pool, the sum
+    // of PARTITION's, PAGED's pages (each group's part, stats count per group), LCM's
+    // large pages (within the budget).
+    const pkv_hybrid_layout layouts[4] = {PKV_HYBRID_PAGED, PKV_HYBRID_PARTITION,
+                                          PKV_HYBRID_SHARED_PAGE, PKV_HYBRID_LCM};
+    for (int k = 0; k < 4; k++) {
+        pkv_hybrid *h = make_hybrid("tiny-swa", layouts[k], 4);
+        cr_assert_eq(pkv_model_hybrid_store_create(m, h, PKV_DTYPE_F32, &s), PKV_OK);
+        pkv_hybrid_group_stats g0, g1;
+        cr_assert_eq(pkv_hybrid_group_stats_get(h, 0, &g0), PKV_OK);
+        cr_assert_eq(pkv_hybrid_group_stats_get(h, 1, &g1), PKV_OK);
+        const uint64_t bytes = pkv_model_hybrid_store_bytes(s);
+        if (layouts[k] == PKV_HYBRID_PARTITION || layouts[k] == PKV_HYBRID_PAGED)
+            cr_assert_eq(bytes, g0.capacity_bytes + g1.capacity_bytes);
+        else if (layouts[k] == PKV_HYBRID_LCM)
+            cr_assert(bytes > 0 && bytes <= (4u << 20), "%llu", (unsigned long long)bytes);
+        else
+            cr_assert_eq(bytes, g0.capacity_bytes, "%s: %llu vs %llu",
+                         pkv_hybrid_layout_name(layouts[k]), (unsigned long long)bytes,
+                         (unsigned long long)g0.capacity_bytes);
+        pkv_model_hybrid_store_destroy(s);
+        pkv_hybrid_destroy(h);
+    }
+    pkv_model_hybrid_store_destroy(NULL);
+    pkv_model_destroy(m);
+}
