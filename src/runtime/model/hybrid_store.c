@@ -19,7 +19,9 @@ struct pkv_model_hybrid_store {
     pkv_model *model;
     pkv_hybrid *kv;
     pkvi_hybrid_memory mem;
-    float *region[PKV_MAX_KV_GROUPS];      // [mem.num_regions]
+    float *region[PKV_MAX_KV_GROUPS];      // [mem.num_regions], carved from `arena`
+    void *arena;                           // every region, one allocation
+    pkv_backend *backend;                  // borrowed: arena's allocator; NULL: malloc
     uint32_t num_groups;
     pkv_kv_group groups[PKV_MAX_KV_GROUPS];
     uint32_t block_size[PKV_MAX_KV_GROUPS];
@@ -86,8 +88,24 @@ static pkv_status bind_groups(pkv_model_hybrid_store *s) {
     return PKV_OK;
 }
 
-pkv_status pkv_model_hybrid_store_create(pkv_model *model, pkv_hybrid *kv, pkv_dtype dtype,
-                                         pkv_model_hybrid_store **out) {
+// Every byte figure of the map times k: the map of the same manager with elements
+// k times wider (bytes per token, pages and LCM's large page all scale by k, so
+// every block keeps its place).
+static void scale_memory(pkvi_hybrid_memory *mem, uint64_t k) {
+    mem->elem_bytes *= k;
+    for (uint32_t r = 0; r < mem->num_regions; r++) mem->region_bytes[r] *= k;
+    for (uint32_t g = 0; g < PKV_MAX_KV_GROUPS; g++) {
+        pkvi_hybrid_addr *a = &mem->group[g];
+        a->base *= k;
+        a->page_bytes *= k;
+        a->page_stride *= k;
+        a->chunk_bytes *= k;
+    }
+}
+
+pkv_status pkvi_hybrid_store_create(pkv_model *model, pkv_hybrid *kv, pkv_dtype dtype,
+                                    int widen, pkv_backend *backend,
+                                    pkv_model_hybrid_store **out) {
     if (!out) return PKV_ERR_INVALID_ARG;
     *out = NULL;
     if (!model || !kv) return PKV_ERR_INVALID_ARG;
@@ -99,12 +117,25 @@ pkv_status pkv_model_hybrid_store_create(pkv_model *model, pkv_hybrid *kv, pkv_d
     s->model = model;
     s->kv = kv;
     pkv_status st = pkvi_hybrid_memory_get(kv, &s->mem);
-    if (st == PKV_OK && s->mem.elem_bytes != pkv_dtype_size(dtype)) st = PKV_ERR_INVALID_ARG;
+    const size_t es = pkv_dtype_size(dtype);
+    if (st == PKV_OK && widen && s->mem.elem_bytes && es % s->mem.elem_bytes == 0)
+        scale_memory(&s->mem, es / s->mem.elem_bytes);
+    if (st == PKV_OK && s->mem.elem_bytes != es) st = PKV_ERR_INVALID_ARG;
     if (st == PKV_OK) st = bind_groups(s);
-    for (uint32_t r = 0; r < s->mem.num_regions && st == PKV_OK; r++) {
-        const uint64_t bytes = s->mem.region_bytes[r];
-        if (bytes > SIZE_MAX) st = PKV_ERR_OUT_OF_MEMORY;
-        else if (!(s->region[r] = calloc(1, (size_t)bytes))) st = PKV_ERR_OUT_OF_MEMORY;
+    // One allocation for every region (the arena a replay counts as one call),
+    // zeroed: untouched host pages would read as the shared zero page.
+    const uint64_t total = pkv_model_hybrid_store_bytes(s);
+    if (st == PKV_OK && (total == 0 || total > SIZE_MAX)) st = PKV_ERR_OUT_OF_MEMORY;
+    if (st == PKV_OK && backend) {
+        st = pkv_backend_alloc(backend, (size_t)total, &s->arena);
+        if (st == PKV_OK) s->backend = backend;
+        if (st == PKV_OK) st = pkv_backend_memset(backend, s->arena, 0, (size_t)total);
+    } else if (st == PKV_OK && !(s->arena = calloc(1, (size_t)total))) {
+        st = PKV_ERR_OUT_OF_MEMORY;
+    }
+    for (uint64_t r = 0, at = 0; r < s->mem.num_regions && st == PKV_OK; r++) {
+        s->region[r] = (float *)((char *)s->arena + at);
+        at += s->mem.region_bytes[r];
     }
     if (st == PKV_OK && s->state_group >= 0)
         st = pkv_model_state_store_create(model, s->mem.state_slots, &s->states);
@@ -116,9 +147,17 @@ pkv_status pkv_model_hybrid_store_create(pkv_model *model, pkv_hybrid *kv, pkv_d
     return PKV_OK;
 }
 
+pkv_status pkv_model_hybrid_store_create(pkv_model *model, pkv_hybrid *kv, pkv_dtype dtype,
+                                         pkv_model_hybrid_store **out) {
+    return pkvi_hybrid_store_create(model, kv, dtype, 0, NULL, out);
+}
+
 void pkv_model_hybrid_store_destroy(pkv_model_hybrid_store *s) {
     if (!s) return;
-    for (uint32_t r = 0; r < PKV_MAX_KV_GROUPS; r++) free(s->region[r]);
+    if (s->backend)
+        pkv_backend_free(s->backend, s->arena, (size_t)pkv_model_hybrid_store_bytes(s));
+    else
+        free(s->arena);
     for (uint32_t g = 0; g < PKV_MAX_KV_GROUPS; g++) free(s->table[g]);
     pkv_model_state_store_destroy(s->states);
     free(s->keys);
@@ -161,53 +200,55 @@ static pkv_status reserve(void **buf, uint64_t *cap, uint64_t need, size_t each)
     return PKV_OK;
 }
 
-// Take token group o's queued block copies and copy every group on its table
-// (PAGED: every token group's part of the page) from src to dst.
-static pkv_status run_block_copies(pkv_model_hybrid_store *s, uint32_t o) {
-    uint32_t n = pkv_hybrid_pending_copies(s->kv, o);
-    if (n == 0) return PKV_OK;
+static pkv_status take_copies(pkv_model_hybrid_store *s, uint32_t g, uint32_t *n) {
+    *n = pkv_hybrid_pending_copies(s->kv, g);
+    if (*n == 0) return PKV_OK;
     uint64_t cap = s->cap_copies;
-    TRY(reserve((void **)&s->copies, &cap, n, sizeof *s->copies));
+    TRY(reserve((void **)&s->copies, &cap, *n, sizeof *s->copies));
     s->cap_copies = (uint32_t)cap;
-    TRY(pkv_hybrid_take_copies(s->kv, o, s->copies, s->cap_copies, &n));
-    for (uint32_t g = 0; g < s->num_groups; g++) {
-        const pkvi_hybrid_addr *a = &s->mem.group[g];
-        if (s->groups[g].kind == PKV_LAYER_STATE || a->owner != o) continue;
+    return pkv_hybrid_take_copies(s->kv, g, s->copies, s->cap_copies, n);
+}
+
+pkv_status pkvi_hybrid_store_apply_copies(pkv_model_hybrid_store *s, uint32_t g,
+                                          const pkv_block_copy *copies, uint32_t n) {
+    if (!s || g >= s->num_groups || (n && !copies)) return PKV_ERR_INVALID_ARG;
+    if (s->groups[g].kind == PKV_LAYER_STATE) {
+        // The first state group's copies {src slot, dst slot} go to the states (dst
+        // gets src's, or none when src holds none); the others' name the same forks.
+        if ((int32_t)g != s->state_group) return PKV_OK;
+        for (uint32_t i = 0; i < n; i++) {
+            const int64_t src = copies[i].src, dst = copies[i].dst;
+            if (src == dst) continue;
+            pkv_model_state_store_release(s->states, dst); // a stale entry, if any
+            if (pkv_model_state_store_tokens(s->states, src) > 0)
+                TRY(pkv_model_state_store_fork(s->states, src, dst));
+        }
+        return PKV_OK;
+    }
+    // Every group on g's table (PAGED: every token group's part of the page).
+    const uint32_t o = s->mem.group[g].owner;
+    for (uint32_t h = 0; h < s->num_groups; h++) {
+        const pkvi_hybrid_addr *a = &s->mem.group[h];
+        if (s->groups[h].kind == PKV_LAYER_STATE || a->owner != o) continue;
         char *base = (char *)s->region[a->region];
-        for (uint32_t i = 0; i < n; i++)
-            memcpy(base + pkvi_hybrid_block_offset(a, (uint32_t)s->copies[i].dst),
-                   base + pkvi_hybrid_block_offset(a, (uint32_t)s->copies[i].src),
+        for (uint32_t i = 0; i < n; i++) {
+            if ((uint32_t)copies[i].src >= a->num_blocks || (uint32_t)copies[i].dst >= a->num_blocks)
+                return PKV_ERR_INVALID_ARG;
+            memcpy(base + pkvi_hybrid_block_offset(a, (uint32_t)copies[i].dst),
+                   base + pkvi_hybrid_block_offset(a, (uint32_t)copies[i].src),
                    (size_t)a->page_bytes);
+        }
     }
     return PKV_OK;
 }
 
-// Take state group g's queued copies {src slot, dst slot}; the first state group's
-// go to the states (dst gets src's states, or none when src holds none).
-static pkv_status run_state_copies(pkv_model_hybrid_store *s, uint32_t g) {
-    uint32_t n = pkv_hybrid_pending_copies(s->kv, g);
-    if (n == 0) return PKV_OK;
-    uint64_t cap = s->cap_copies;
-    TRY(reserve((void **)&s->copies, &cap, n, sizeof *s->copies));
-    s->cap_copies = (uint32_t)cap;
-    TRY(pkv_hybrid_take_copies(s->kv, g, s->copies, s->cap_copies, &n));
-    if ((int32_t)g != s->state_group) return PKV_OK;
-    for (uint32_t i = 0; i < n; i++) {
-        const int64_t src = s->copies[i].src, dst = s->copies[i].dst;
-        if (src == dst) continue;
-        pkv_model_state_store_release(s->states, dst); // a stale entry, if any
-        if (pkv_model_state_store_tokens(s->states, src) > 0)
-            TRY(pkv_model_state_store_fork(s->states, src, dst));
-    }
-    return PKV_OK;
-}
-
+// Take and run every queued copy (a PAGED alias's queue is its owner's).
 static pkv_status run_copies(pkv_model_hybrid_store *s) {
     for (uint32_t g = 0; g < s->num_groups; g++) {
-        if (s->groups[g].kind == PKV_LAYER_STATE)
-            TRY(run_state_copies(s, g));
-        else if (s->mem.group[g].owner == g)
-            TRY(run_block_copies(s, g));
+        if (s->groups[g].kind != PKV_LAYER_STATE && s->mem.group[g].owner != g) continue;
+        uint32_t n = 0;
+        TRY(take_copies(s, g, &n));
+        TRY(pkvi_hybrid_store_apply_copies(s, g, s->copies, n));
     }
     return PKV_OK;
 }
