@@ -121,6 +121,7 @@ static void recount(hybrid_policy *p, uint32_t r) {
 
 // Run mode: keep group g's n copies just taken for the executor.
 static pkv_status keep(hybrid_policy *p, uint32_t g, uint32_t n) {
+    if (n == 0) return PKV_OK; // (the buffers may still be NULL)
     if (p->nrun + n > p->run_cap) {
         uint32_t c = p->run_cap ? p->run_cap : 64;
         while (c < p->nrun + n) c *= 2;
