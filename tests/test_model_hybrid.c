@@ -7,7 +7,8 @@
 // (pkv_model_forward_nocache). After every step every byte of the store that no
 // live block uses is poisoned with NaN, so a step that read a released (or never
 // written) block would give NaN or different logits; sliding groups must hold a
-// bounded number of blocks while the sequences grow. Tolerance as test_model.c:
+// bounded number of blocks while the sequences grow, and blocks their window
+// released must be taken again by some sequence. Tolerance as test_model.c:
 // 1e-4 absolute on O(1) logits.
 #include <criterion/criterion.h>
 #include <math.h>
@@ -41,7 +42,13 @@ typedef struct world {
     uint32_t len[MAXS];
     uint64_t rng;
     float *lh, *lp, *ln;               // [MAXS][V] hybrid, paged, no-cache logits
+    // Sliding groups: blocks held after the last step, blocks the window released
+    // while their sequence lived, and how many of those a sequence took again.
+    uint8_t *held[PKV_MAX_KV_GROUPS], *released[PKV_MAX_KV_GROUPS];
+    uint64_t reused;
 } world;
+
+#define TRACKED_BLOCKS (1u << 16)
 
 static int32_t rand_token(world *w) {
     w->rng = w->rng * 6364136223846793005ull + 1442695040888963407ull;
@@ -86,6 +93,12 @@ static void world_init(world *w, const char *preset, pkv_hybrid_layout layout) {
     cr_assert_not_null(w->lh);
     w->lp = w->lh + (size_t)MAXS * w->V;
     w->ln = w->lp + (size_t)MAXS * w->V;
+    for (uint32_t g = 0; g < w->num_groups; g++) {
+        if (w->groups[g].kind != PKV_LAYER_SLIDING) continue;
+        w->held[g] = calloc(TRACKED_BLOCKS, 1);
+        w->released[g] = calloc(TRACKED_BLOCKS, 1);
+        cr_assert(w->held[g] && w->released[g]);
+    }
 }
 
 static void world_fini(world *w) {
@@ -100,6 +113,35 @@ static void world_fini(world *w) {
     pkv_hybrid_destroy(w->h);
     pkv_model_destroy(w->m);
     free(w->lh);
+    for (uint32_t g = 0; g < PKV_MAX_KV_GROUPS; g++) {
+        free(w->held[g]);
+        free(w->released[g]);
+    }
+}
+
+// Sliding groups after a step in which no sequence was freed: a block held before
+// and not now was released by the window; one of those held again was reused.
+static void track_reuse(world *w) {
+    for (uint32_t g = 0; g < w->num_groups; g++) {
+        if (!w->held[g]) continue;
+        uint8_t *now = calloc(TRACKED_BLOCKS, 1);
+        cr_assert_not_null(now);
+        for (uint32_t i = 0; i < w->n; i++) {
+            const pkv_block_id *table = NULL;
+            uint32_t nb = 0, first = 0;
+            cr_assert_eq(pkv_hybrid_block_table(w->h, w->hid[i], g, &table, &nb, &first), PKV_OK);
+            for (uint32_t j = first; j < nb; j++) {
+                cr_assert_lt((uint32_t)table[j], TRACKED_BLOCKS);
+                now[table[j]] = 1;
+            }
+        }
+        for (uint32_t b = 0; b < TRACKED_BLOCKS; b++) {
+            if (now[b] && !w->held[g][b] && w->released[g][b]) w->reused++, w->released[g][b] = 0;
+            if (!now[b] && w->held[g][b]) w->released[g][b] = 1;
+        }
+        free(w->held[g]);
+        w->held[g] = now;
+    }
 }
 
 // NaN into every byte of the store that no live block of any group uses: the
@@ -275,6 +317,10 @@ static void run_scenario(const char *preset, pkv_hybrid_layout layout) {
             poison_free_memory(&w);
         }
         decode(&w, step, step % 8 == 0 || step == steps);
+        track_reuse(&w);
+        if (step == 22) // the freed sequence's blocks were not the window's
+            for (uint32_t g = 0; g < w.num_groups; g++)
+                if (w.held[g]) memset(w.released[g], 0, TRACKED_BLOCKS);
         check_sliding_bounded(&w, layout);
         poison_free_memory(&w);
     }
@@ -286,6 +332,12 @@ static void run_scenario(const char *preset, pkv_hybrid_layout layout) {
         if (windowed && layout != PKV_HYBRID_PAGED)
             cr_assert_gt(st.blocks_released, 0, "group %u released nothing", g);
     }
+    // A block the window released went to a sequence again (and was written there,
+    // so a stale read of it would have seen another sequence's K/V).
+    int sliding = 0;
+    for (uint32_t g = 0; g < w.num_groups; g++) sliding |= w.groups[g].kind == PKV_LAYER_SLIDING;
+    if (sliding && layout != PKV_HYBRID_PAGED)
+        cr_assert_gt(w.reused, 0, "no released sliding block was reused");
     world_fini(&w);
 }
 
