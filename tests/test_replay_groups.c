@@ -466,3 +466,64 @@ Test(replay_groups, paged_shares_no_prefix_with_a_state_group) {
     cr_assert_gt(r.prefix_cached_tokens, 0);
     pkv_trace_destroy(t);
 }
+
+// Run mode (issue 23 item 6): hybrid-partition, -shared-page and -lcm run the
+// decoder over the model's hybrid store, their manager's pools, windows freed and
+// reused for real; the tokens they compute must be paged's (which keeps every
+// token of every layer) on a trace that decodes past the window (16) and the chunk
+// (32) and forks samples (copy-on-write blocks, state copies). Run mode's paged
+// executor keeps no state store, so for a model with a state layer the three
+// layouts must agree with each other (tests/test_model_hybrid.c checks the store
+// against a recompute for every kind).
+static void run_mode_equals_paged(const char *preset, int has_state) {
+    pkv_trace_request rq[6];
+    for (uint32_t i = 0; i < 6; i++)
+        rq[i] = (pkv_trace_request){0.001 * i, 3 + (i * 7) % 19, 30 + (i * 5) % 17, 1 + i % 2, -1, 0, 0};
+    pkv_trace *t = make_trace(rq, 6);
+    pkv_replay_params p = pkv_replay_params_default();
+    cr_assert_eq(pkv_model_preset(preset, &p.model), PKV_OK);
+    p.mode = PKV_REPLAY_RUN;
+    p.kv_mem_bytes = 32u << 20;
+    p.block_size = 4;
+    p.watermark = 0;
+    p.validate = 1;
+    p.run_threads = 1;
+    p.alloc_model = pkv_alloc_model_none();
+    pkv_replay_report ref;
+    int have_ref = 0;
+    if (!has_state) {
+        p.policy = PKV_POLICY_PAGED;
+        cr_assert_eq(pkv_replay_run(t, &p, &ref), PKV_OK, "%s", ref.failure);
+        cr_assert_str_eq(ref.run.layout, "paged");
+        cr_assert_eq(ref.requests.completed, 6);
+        have_ref = 1;
+    }
+    const pkv_policy hy[] = {PKV_POLICY_HYBRID_PARTITION, PKV_POLICY_HYBRID_SHARED_PAGE,
+                             PKV_POLICY_HYBRID_LCM};
+    for (size_t i = 0; i < 3; i++) {
+        p.policy = hy[i];
+        pkv_replay_report r;
+        cr_assert_eq(pkv_replay_run(t, &p, &r), PKV_OK, "%s: %s", preset, r.failure);
+        cr_assert_str_eq(r.run.layout, "hybrid", "%s %s", preset, r.policy);
+        cr_assert_eq(r.requests.completed, 6);
+        uint64_t released = 0;
+        for (uint32_t g = 0; g < r.memory.num_groups; g++) released += r.memory.groups[g].blocks_released;
+        cr_assert_gt(released, 0, "%s %s: the window freed nothing", preset, r.policy);
+        if (!have_ref) {
+            ref = r;
+            have_ref = 1;
+            continue;
+        }
+        cr_assert_eq(r.run.tokens, ref.run.tokens, "%s %s", preset, r.policy);
+        cr_assert_eq(r.run.token_hash, ref.run.token_hash, "%s %s computed other tokens than %s",
+                     preset, r.policy, ref.policy);
+    }
+    pkv_trace_destroy(t);
+}
+
+Test(replay_groups, run_mode_hybrid_store_tiny_swa, .timeout = 300) {
+    run_mode_equals_paged("tiny-swa", 0);
+}
+Test(replay_groups, run_mode_hybrid_store_tiny_hybrid, .timeout = 300) {
+    run_mode_equals_paged("tiny-hybrid", 1);
+}

@@ -38,6 +38,7 @@
 #include <stdint.h>
 
 #include "pkv/cache.h"
+#include "pkv/hybrid.h"
 #include "pkv/model_config.h"
 #include "pkv/seq.h"
 #include "pkv/status.h"
@@ -297,6 +298,58 @@ pkv_status pkv_model_set_state_store(pkv_model *model, pkv_model_state_store *st
 // A one-line description of the model's last state-store error ("" if none); owned by
 // the model, valid until its next call.
 const char *pkv_model_last_error(const pkv_model *model);
+
+// ---- hybrid store: the per-group pools of a pkv_hybrid ----------------------
+
+// A KV store laid out as a hybrid KV manager (pkv/hybrid.h) addresses its pools:
+// host memory for each of the manager's pools (PAGED, SHARED_PAGE, LCM: one
+// region; PARTITION: one per token group), block b of group g at the bytes the
+// layout gives it (LCM: small page b inside large page b / k_g), so that a block
+// the window rule released and another sequence took is the same memory for
+// both. A page of group g holds B_g tokens of each of the group's layers, layer
+// by layer in model order: [kv_heads][B_g][head_dim] K then V (FULL, SLIDING,
+// CHUNKED), [B_g][latent_dim + rope_dim] (MLA). State groups keep no pages: the
+// store keeps each sequence's states in a pkv_model_state_store of its own, keyed
+// by the sequence's slot in the first state group (one entry holds every state
+// layer; the queued state copies of that group are applied to it, those of the
+// other state groups are taken and dropped). Every layer, full ones included,
+// runs through the CPU decoder's heterogeneous loop, which reads each layer's
+// keys through its own group's table and refuses (PKV_ERR_CORRUPT, naming the
+// layer in pkv_model_last_error) a read of a released block.
+// CPU fp32 only: the loop is the CPU decoder's and the pools are host memory, so
+// a CUDA model gets PKV_ERR_UNSUPPORTED.
+// Ownership: model and kv are borrowed and must outlive the store; the store owns
+// its memory. Thread-safety: one thread at a time, with its model and manager.
+typedef struct pkv_model_hybrid_store pkv_model_hybrid_store;
+
+// Create a store for `model` over `kv`, whose groups must be the model's
+// (pkv_model_kv_groups: same kind, layers, heads, head_dim, window, latent and
+// rope dims, sinks, state bytes, in order) with elem_bytes the size of dtype.
+// dtype: PKV_DTYPE_F32 (else PKV_ERR_UNSUPPORTED). PKV_ERR_INVALID_ARG for NULL
+// or a mismatch, PKV_ERR_UNSUPPORTED on a CUDA model, PKV_ERR_OUT_OF_MEMORY.
+pkv_status pkv_model_hybrid_store_create(pkv_model *model, pkv_hybrid *kv, pkv_dtype dtype,
+                                         pkv_model_hybrid_store **out);
+void pkv_model_hybrid_store_destroy(pkv_model_hybrid_store *store); // NULL does nothing
+
+// Bytes of K/V memory the store holds: the sum of the manager's pools (PAGED:
+// blocks x every token group's part; LCM: large pages x large page bytes).
+uint64_t pkv_model_hybrid_store_bytes(const pkv_model_hybrid_store *store);
+
+// The paged step protocol over the manager: the caller appended the new tokens with
+// pkv_hybrid_append (or _batch) first; the step takes and runs every queued copy
+// (pkv_hybrid_take_copies: block copies of each token group within the group's
+// memory, the state copies on the store's states) and then computes the new
+// tokens' K/V into their blocks. Arguments, outputs and errors as
+// pkv_model_prefill_paged / pkv_model_decode_paged, seqs being the manager's ids;
+// also PKV_ERR_CORRUPT (above). A sequence whose new tokens start at position 0
+// starts from a zero state.
+pkv_status pkv_model_prefill_hybrid(pkv_model *model, pkv_model_hybrid_store *store,
+                                    uint32_t num_seqs, const pkv_seq_id *seqs,
+                                    const uint32_t *counts, const int32_t *tokens,
+                                    float *logits, int32_t *next_tokens);
+pkv_status pkv_model_decode_hybrid(pkv_model *model, pkv_model_hybrid_store *store,
+                                   uint32_t num_seqs, const pkv_seq_id *seqs,
+                                   const int32_t *tokens, float *logits, int32_t *next_tokens);
 
 // ---- profile ---------------------------------------------------------------
 

@@ -7,8 +7,9 @@
 // key k_r (rope_dim) per token and attend with the up-projections absorbed: score =
 // (W_uk^T q_n) . c + q_r . k_r, output W_uv (sum of weights x c). The model's pkv_cache
 // is uniform (kv_heads x head_dim per token), so an MLA layer's latent fills the first
-// K heads' rows of its token, the rest of the row unused (per-group caches: pkv_hybrid).
-// One loop serves the paged and the contiguous store, decode and prefill, so the cached
+// K heads' rows of its token, the rest of the row unused (a hybrid store, per-group
+// pools of a pkv_hybrid, keeps just latent + rope per token: hybrid_store.c).
+// One loop serves the paged, contiguous and hybrid stores, decode and prefill, so the cached
 // path and pkv_model_forward_nocache (prefill over a contiguous scratch store) compute
 // the same math. fp32 stores only. State layers: state_store.c.
 #include <stdlib.h>
@@ -80,6 +81,19 @@ static uint32_t window_start(const pkv_kv_group *g, uint32_t p) {
 static uint64_t key_offset(const pkv_model *m, const pkvi_kv_target *kv, uint32_t i, uint32_t h,
                            uint32_t j) {
     const pkvi_scratch *s = &m->s;
+    if (kv->kind == PKVI_KV_HYBRID) {
+        // A released block (a hole, negative) must never be read: that is the bug
+        // the hybrid store's tests prove absent. Flag it (the layer then fails) and
+        // read block 0 of the group instead of memory outside it.
+        const int32_t block = kv->h_table[(size_t)i * kv->max_blocks + j / kv->block_size];
+        uint64_t off = 0;
+        if (block < 0)
+            *kv->h_fault = 1;
+        else
+            off = (uint64_t)((uint32_t)block / kv->h_per_chunk) * kv->h_chunk +
+                  (uint64_t)((uint32_t)block % kv->h_per_chunk) * kv->h_page;
+        return off + h * kv->head_stride + (uint64_t)(j % kv->block_size) * kv->token_stride;
+    }
     if (kv->kind == PKVI_KV_PAGED) {
         const uint64_t block = (uint64_t)s->table[(size_t)i * kv->max_blocks + j / kv->block_size];
         return block * kv->block_stride + h * kv->head_stride +
@@ -186,22 +200,13 @@ static pkv_status mla_attention(pkv_model *m, uint32_t layer, const pkvi_call *c
     return PKV_OK;
 }
 
-pkv_status pkvi_hetero_attention_cpu(pkv_model *m, uint32_t layer, const pkvi_call *call,
-                                     const pkvi_kv_target *kv) {
+// One attention layer (not a state layer) over K at kc and V at vc.
+static pkv_status attend_layer(pkv_model *m, uint32_t layer, const pkvi_call *call,
+                               const pkvi_kv_target *kv, const pkv_kv_group g, float *kc,
+                               float *vc) {
     const pkv_model_config *c = &m->cfg;
     pkvi_scratch *s = &m->s;
-    if (kv->dtype != PKV_DTYPE_F32) return PKV_ERR_UNSUPPORTED;
-    const pkv_kv_group g = layer_group(c, layer);
-    if (g.kind == PKV_LAYER_STATE) return pkvi_state_layer_cpu(m, layer, call);
     const uint32_t H = c->num_heads, kvh = c->num_kv_heads, hd = c->head_dim, rep = H / kvh;
-    float *kc, *vc;
-    if (kv->kind == PKVI_KV_PAGED) {
-        kc = (float *)kv->base + kv->layer_stride * layer;
-        vc = kc + kv->kv_stride;
-    } else {
-        kc = (float *)kv->ck + kv->c_layer_stride * layer;
-        vc = (float *)kv->cv + kv->c_layer_stride * layer;
-    }
     if (g.kind == PKV_LAYER_MLA) return mla_attention(m, layer, call, kv, kc);
     write_kv(m, call, kv, kc, vc);
     const float scale = 1.0f / sqrtf((float)hd);
@@ -237,4 +242,32 @@ pkv_status pkvi_hetero_attention_cpu(pkv_model *m, uint32_t layer, const pkvi_ca
         }
     }
     return PKV_OK;
+}
+
+pkv_status pkvi_hetero_attention_cpu(pkv_model *m, uint32_t layer, const pkvi_call *call,
+                                     const pkvi_kv_target *kv) {
+    if (kv->dtype != PKV_DTYPE_F32) return PKV_ERR_UNSUPPORTED;
+    const pkv_kv_group g = layer_group(&m->cfg, layer);
+    if (g.kind == PKV_LAYER_STATE) return pkvi_state_layer_cpu(m, layer, call);
+    float *kc, *vc;
+    if (kv->kind == PKVI_KV_HYBRID) {
+        pkvi_kv_target lt;
+        pkvi_hybrid_layer_target(kv, layer, &lt, &kc, &vc);
+        *lt.h_fault = 0;
+        pkv_status st = attend_layer(m, layer, call, &lt, g, kc, vc);
+        if (st == PKV_OK && *lt.h_fault) {
+            pkvi_set_error(m, "layer %u (%s) read a block its group released", layer,
+                           pkv_layer_kind_name(g.kind));
+            return PKV_ERR_CORRUPT;
+        }
+        return st;
+    }
+    if (kv->kind == PKVI_KV_PAGED) {
+        kc = (float *)kv->base + kv->layer_stride * layer;
+        vc = kc + kv->kv_stride;
+    } else {
+        kc = (float *)kv->ck + kv->c_layer_stride * layer;
+        vc = (float *)kv->cv + kv->c_layer_stride * layer;
+    }
+    return attend_layer(m, layer, call, kv, g, kc, vc);
 }

@@ -677,3 +677,29 @@ pkv_status pkv_model_forward_nocache(pkv_model *m, uint32_t S, const uint32_t *l
     free(rows);
     return st;
 }
+
+// ---- shared with hybrid_store.c (model_internal.h) ----------------------------
+
+pkv_status pkvi_scratch_reserve(pkv_model *m, uint32_t T, uint32_t S, uint32_t table) {
+    return scratch_reserve(m, T, S, table);
+}
+
+pkv_status pkvi_fill_tokens(pkv_model *m, uint32_t S, const uint32_t *counts,
+                            const int32_t *tokens, uint32_t *T_out) {
+    return fill_tokens(m, S, counts, tokens, T_out);
+}
+
+pkv_status pkvi_ones_for(pkv_model *m, uint32_t S, uint32_t **out) { return ones_for(m, S, out); }
+
+pkv_status pkvi_run_step(pkv_model *m, const pkvi_call *call, const pkvi_kv_target *kv,
+                         double t0, float *logits, int32_t *next_tokens) {
+    m->prof.bookkeeping += pkvi_now_seconds() - t0;
+    float *host_logits = logits ? logits : m->meta.logits;
+    pkv_status st = run_layers(m, call, kv, host_logits);
+    if (st == PKV_OK) pkvi_states_commit(m, call);
+    m->prof.total += pkvi_now_seconds() - t0;
+    m->prof.forward_calls++;
+    m->prof.tokens += call->num_tokens;
+    if (st != PKV_OK) return st;
+    return finish(m, call->num_seqs, logits, next_tokens, host_logits);
+}

@@ -100,7 +100,15 @@ typedef struct pkvi_meta {
 } pkvi_meta;
 
 // The KV target of one forward pass, as the ops see it.
-typedef enum pkvi_kv_kind { PKVI_KV_PAGED = 0, PKVI_KV_CONTIG = 1 } pkvi_kv_kind;
+// HYBRID: the per-group pools of a pkv_hybrid (hybrid_store.c), CPU fp32 only;
+// every layer goes through hetero_cpu.c, which resolves the layer's group first.
+typedef enum pkvi_kv_kind {
+    PKVI_KV_PAGED = 0,
+    PKVI_KV_CONTIG = 1,
+    PKVI_KV_HYBRID = 2,
+} pkvi_kv_kind;
+
+struct pkv_model_hybrid_store;
 
 typedef struct pkvi_kv_target {
     pkvi_kv_kind kind;
@@ -120,6 +128,16 @@ typedef struct pkvi_kv_target {
     // both kinds: the longest context of this call, which plans CUDA split-K (so
     // that layouts split alike, whatever their table width)
     uint32_t max_len;
+    // hybrid: the store (pkvi_hybrid_layer_target resolves a layer from it into
+    // the fields below, and block_size, max_blocks, head_stride, token_stride):
+    // block b of the layer's group at (b / h_per_chunk) h_chunk + (b % h_per_chunk)
+    // h_page elements from the layer's K; h_table [S][max_blocks] the group's
+    // tables, negative for a released block (reading one sets *h_fault)
+    struct pkv_model_hybrid_store *hybrid;
+    const int32_t *h_table;
+    uint64_t h_page, h_chunk;
+    uint32_t h_per_chunk;
+    int *h_fault;
 } pkvi_kv_target;
 
 typedef struct pkvi_call {
@@ -202,6 +220,27 @@ pkv_status pkvi_state_layer_cpu(pkv_model *m, uint32_t layer, const pkvi_call *c
 pkv_status pkvi_states_nocache_begin(pkv_model *m, uint32_t S, pkv_model_state_store **saved);
 void pkvi_states_nocache_end(pkv_model *m, uint32_t S, pkv_model_state_store *saved);
 void pkvi_set_error(pkv_model *m, const char *fmt, ...);
+
+// ---- hybrid_store.c: the model's store over a pkv_hybrid's pools ----
+// Resolve `layer` of a PKVI_KV_HYBRID target: *out gets kv with the layer's group
+// table, block size and strides; *kc / *vc the layer's K / V in block 0 of its
+// group (MLA: *vc is NULL, the latent row lives at K).
+void pkvi_hybrid_layer_target(const pkvi_kv_target *kv, uint32_t layer, pkvi_kv_target *out,
+                              float **kc, float **vc);
+
+// ---- model.c: the engine step, shared with the stores of other files ----
+// Grow scratch for T tokens, S sequences, `table` block-table entries.
+pkv_status pkvi_scratch_reserve(pkv_model *m, uint32_t T, uint32_t S, uint32_t table);
+// Fill tok/tseq/indptr/last/pos of the packed tokens from meta.lens (set first);
+// checks every token id.
+pkv_status pkvi_fill_tokens(pkv_model *m, uint32_t S, const uint32_t *counts,
+                            const int32_t *tokens, uint32_t *T_out);
+// counts of 1 for a decode step of S sequences (a buffer of the model's).
+pkv_status pkvi_ones_for(pkv_model *m, uint32_t S, uint32_t **out);
+// Run the layers of a prepared step (metadata filled, states bound), commit the
+// states, count the profile from t0 and fill the outputs.
+pkv_status pkvi_run_step(pkv_model *m, const pkvi_call *call, const pkvi_kv_target *kv,
+                         double t0, float *logits, int32_t *next_tokens);
 #if PKV_HAVE_CUDA
 extern const pkvi_ops pkvi_model_cuda_ops;
 #endif

@@ -297,7 +297,9 @@ static pkv_status attend_quant(pkv_model *m, uint32_t layer, const pkvi_call *ca
 static pkv_status cpu_attention(pkv_model *m, uint32_t layer, const pkvi_call *call,
                                 const pkvi_kv_target *kv) {
     pkvi_scratch *s = &m->s;
-    if (!pkvi_layer_is_plain(&m->cfg, layer)) return pkvi_hetero_attention_cpu(m, layer, call, kv);
+    // A hybrid store's layers all go through the one loop that resolves their group.
+    if (kv->kind == PKVI_KV_HYBRID || !pkvi_layer_is_plain(&m->cfg, layer))
+        return pkvi_hetero_attention_cpu(m, layer, call, kv);
     if (pkv_dtype_is_quantized(kv->dtype)) {
         if (kv->kind != PKVI_KV_PAGED) return PKV_ERR_UNSUPPORTED;
         return attend_quant(m, layer, call, kv);

@@ -8,6 +8,7 @@
 
 #include <stdint.h>
 
+#include "pkv/hybrid.h"
 #include "pkv/policy.h"
 #include "pkv/replay.h"
 #include "pkv/seq.h"
@@ -80,6 +81,14 @@ extern const pkv_policy_vtable pkvi_policy_hybrid_partition_vtable;
 extern const pkv_policy_vtable pkvi_policy_hybrid_shared_page_vtable;
 extern const pkv_policy_vtable pkvi_policy_hybrid_lcm_vtable;
 extern const pkv_policy_vtable pkvi_policy_hybrid_vmm_vtable;
+// Run mode over the model's hybrid store (run.c): the manager of a hybrid-partition,
+// -shared-page or -lcm policy (NULL for any other), which from now on keeps the
+// copies it takes; the manager's id of (r, child) (-1 if none); the copies taken
+// since the last call, in order, group by group (borrowed until the next call).
+pkv_hybrid *pkvi_policy_hybrid_run(pkvi_policy *pol);
+pkv_seq_id pkvi_policy_hybrid_seq(const pkvi_policy *pol, uint32_t r, uint32_t child);
+uint32_t pkvi_policy_hybrid_take_kept(pkvi_policy *pol, const pkv_block_copy **copies,
+                                      const uint8_t **groups);
 
 // The device memory model a malloc-per-request / realloc-copy replay of p uses
 // (DEFAULT resolved; arena in run mode), and the label of p's allocator in

@@ -18,7 +18,16 @@
 //   pages are mapped behind it as it grows (at the start of the step that needs
 //   them, timed in it) and unmapped once the policy releases it (at the start of
 //   the next step); the contiguous kernel reads the rows in place, token-major;
-// - every other policy (malloc-per-token, plugins with neither) is run over a
+// - the hybrid policies with a manager of their own (hybrid-partition,
+//   hybrid-shared-page, hybrid-lcm; CPU runs) are run over the model's hybrid
+//   store (pkv/model.h): host memory laid out as the policy's pkv_hybrid
+//   addresses its blocks (fp32 elements: the manager's byte map widened from the
+//   trace's dtype, as paged's fp32 cache sits over a pool sized in it), so the
+//   window rule frees blocks for real and other sequences reuse them; the copies
+//   the policy takes from its manager are run on the store at the start of the
+//   next step (timed in it);
+// - every other policy (malloc-per-token, hybrid-vmm, a hybrid policy on CUDA,
+//   plugins with neither) is run over a
 //   per-token table that the executor keeps (a pkv_seqset of block size 1 over
 //   one arena of the policy's capacity): malloc-per-token's real layout. Forks
 //   share the prompt in this table; the copies the policy reports are executed
@@ -44,6 +53,7 @@
 #include "pkv_config.h"
 #include "replay_internal.h"
 #include "src/allocator/clock.h"
+#include "src/runtime/model/hybrid_store.h"
 #include "src/runtime/model/model_internal.h"
 
 #if PKV_HAVE_CUDA
@@ -71,6 +81,7 @@ typedef struct run_exec {
     uint32_t *free_rows;  // [max_rows] store rows not in use (a stack)
     uint32_t nfree;
     uint8_t *fork_pending; // [sum of n]: (r, child) must copy child 0's K/V first
+    pkv_model_hybrid_store *hstore; // hybrid policies: the store over their manager
     pkv_vmm_space *vmm;   // vmm policy: each sequence a slot of a VMM space, store
                           // rows = slots (vAttention's layout); else NULL
     uint64_t vmm_tb;      // K/V bytes of one token in one layer buffer (K or V)
@@ -395,6 +406,10 @@ static pkv_status sync_vmm(run_exec *x, const pkvi_step_batch *b) {
 // when it first appears and append the step's new slots; in the store, append
 // them to its row (placed by sync_rows).
 static pkv_status seq_for(run_exec *x, const pkvi_step_seq *s, pkv_seq_id *id) {
+    if (x->hstore) { // the policy appended the step's tokens to its manager
+        *id = pkvi_policy_hybrid_seq(x->pol, s->r, s->child);
+        return *id >= 0 ? PKV_OK : PKV_ERR_CORRUPT;
+    }
     if (x->store) {
         *id = *mirror(x, s->r, s->child);
         if (*id < 0) return PKV_ERR_CORRUPT;
@@ -424,6 +439,23 @@ static pkv_status execute_copies(run_exec *x, uint64_t bytes) {
     return PKV_OK;
 }
 
+// Hybrid policies: run the copies the policy took from its manager since the
+// last step (copy-on-write blocks, forks' states), in order, on the store.
+static pkv_status hybrid_copies(run_exec *x) {
+    const pkv_block_copy *c;
+    const uint8_t *g;
+    const uint32_t n = pkvi_policy_hybrid_take_kept(x->pol, &c, &g);
+    for (uint32_t i = 0; i < n; i++) {
+        pkv_status st = pkvi_hybrid_store_apply_copies(x->hstore, g[i], &c[i], 1);
+        if (st != PKV_OK) return st;
+        uint32_t r;
+        uint64_t off, bytes;
+        if (pkvi_hybrid_store_block(x->hstore, g[i], (uint32_t)c[i].dst, &r, &off, &bytes) == PKV_OK)
+            x->copied += bytes; // block copies (a state copy is not counted)
+    }
+    return PKV_OK;
+}
+
 // Each position once: a preempted request recomputes positions it had hashed.
 static void hash_outputs(run_exec *x, uint32_t n) {
     for (uint32_t i = 0; i < n; i++) {
@@ -449,7 +481,9 @@ static pkv_status run_step(pkvi_executor *e, const pkvi_step_batch *b, double *s
     pkv_status st = reserve(x, b->num_seqs, ptok > nd ? ptok : nd);
     if (st != PKV_OK) return st;
     const double t0 = pkvi_now_seconds();
-    if (x->vmm) {
+    if (x->hstore) {
+        if ((st = hybrid_copies(x)) != PKV_OK) return st;
+    } else if (x->vmm) {
         if ((st = sync_vmm(x, b)) != PKV_OK) return st; // pages mapped, forks copied
     } else if (x->store) {
         if ((st = sync_rows(x, b)) != PKV_OK) return st; // the copies, on the real rows
@@ -475,7 +509,10 @@ static pkv_status run_step(pkvi_executor *e, const pkvi_step_batch *b, double *s
                 x->tokens_in[k++] = token_at(x, s->r, s->child, s->ctx - s->new_tokens + j,
                                              reqs[s->r].prompt_tokens);
         }
-        if (x->store) {
+        if (x->hstore) {
+            st = pkv_model_prefill_hybrid(x->model, x->hstore, np, x->ids, x->counts, x->tokens_in,
+                                          NULL, x->next);
+        } else if (x->store) {
             for (uint32_t i = 0; i < np; i++) x->rows[i] = (uint32_t)x->ids[i];
             st = pkv_model_prefill_contig(x->model, x->store, np, x->rows, x->counts, x->tokens_in,
                                           NULL, x->next);
@@ -493,7 +530,9 @@ static pkv_status run_step(pkvi_executor *e, const pkvi_step_batch *b, double *s
             x->order[i] = s;
             x->tokens_in[i] = token_at(x, s->r, s->child, s->ctx - 1, reqs[s->r].prompt_tokens);
         }
-        if (x->store) {
+        if (x->hstore) {
+            st = pkv_model_decode_hybrid(x->model, x->hstore, nd, x->ids, x->tokens_in, NULL, x->next);
+        } else if (x->store) {
             for (uint32_t i = 0; i < nd; i++) x->rows[i] = (uint32_t)x->ids[i];
             st = pkv_model_decode_contig(x->model, x->store, nd, x->rows, x->tokens_in, NULL, x->next);
         } else {
@@ -515,6 +554,8 @@ static pkv_status run_step(pkvi_executor *e, const pkvi_step_batch *b, double *s
 
 // The store's arena goes back to the backend (counted and timed as a free).
 static void free_store(run_exec *x) {
+    pkv_model_hybrid_store_destroy(x->hstore);
+    x->hstore = NULL;
     pkv_contig_kv_destroy(x->store);
     x->store = NULL;
     pkv_vmm_space_destroy(x->vmm);
@@ -682,7 +723,12 @@ pkv_status pkvi_executor_run_create(const pkv_replay_params *p, pkvi_policy *pol
     const int quantized = st == PKV_OK && pkv_dtype_is_quantized(cp.dtype);
     const int use_vmm = st == PKV_OK && !x->set && (pol->vt == &pkvi_policy_vmm_vtable || pol->vt == &pkvi_policy_vmm_sync_vtable) && !quantized;
     const int use_store = st == PKV_OK && !x->set && pol->vt->extent_of && !quantized;
-    if (st == PKV_OK && !x->set && !use_store && !use_vmm) {
+    // Hybrid policies on the CPU over their manager's pools (the store is the CPU
+    // decoder's fp32 host memory: on CUDA they stay on the per-token table).
+    pkv_hybrid *hyb = NULL;
+    if (st == PKV_OK && !x->set && !p->run_cuda && cp.dtype == PKV_DTYPE_F32)
+        hyb = pkvi_policy_hybrid_run(pol);
+    if (st == PKV_OK && !x->set && !use_store && !use_vmm && !hyb) {
         if (slots > PKV_POOL_MAX_BLOCKS) st = PKV_ERR_INVALID_ARG;
         if (st == PKV_OK) st = pkv_pool_create((uint32_t)slots, &x->own_pool);
         if (st == PKV_OK) st = pkv_seqset_create(x->own_pool, 1, &x->own);
@@ -697,6 +743,8 @@ pkv_status pkvi_executor_run_create(const pkv_replay_params *p, pkvi_policy *pol
     }
     if (st == PKV_OK && use_vmm) {
         st = create_vmm(x, p, &cp);
+    } else if (st == PKV_OK && hyb) {
+        st = pkvi_hybrid_store_create(x->model, hyb, PKV_DTYPE_F32, 1, x->backend, &x->hstore);
     } else if (st == PKV_OK && use_store) {
         // One backend allocation (the arena sim counts), K half then V half.
         const uint64_t half = pkvi_contig_kv_arena_bytes(x->model, slots, cp.dtype);
@@ -728,7 +776,8 @@ pkv_status pkvi_executor_run_create(const pkv_replay_params *p, pkvi_policy *pol
 pkv_status pkvi_executor_run_alloc_stats(pkvi_executor *e, pkv_replay_report *rep) {
     run_exec *x = (run_exec *)e;
     snprintf(rep->run.layout, sizeof rep->run.layout, "%s",
-             x->vmm ? "vmm" : x->store ? "contiguous" : x->own ? "token-table" : "paged");
+             x->hstore ? "hybrid" : x->vmm ? "vmm" : x->store ? "contiguous"
+                                       : x->own ? "token-table" : "paged");
     pkv_vmm_stats vs;
     memset(&vs, 0, sizeof vs);
     const int vmm = x->vmm != NULL;

@@ -32,8 +32,9 @@
 // (append_prompt), so that later requests of the group can hit there. Cache-only blocks count as free, in neither used nor reserved;
 // used is then the manager's tokens_visible per group (a block shared across
 // requests counted once, as paged's fill does), which without a cache equals
-// the per-request count above. Run mode keeps the K/V in the per-token table
-// (no seqset).
+// the per-request count above. Run mode keeps the K/V in the model's hybrid store
+// over this manager's pools (pkvi_policy_hybrid_run; run.c), the copies the
+// policy takes handed to it.
 #include <stdlib.h>
 #include <string.h>
 
@@ -70,6 +71,12 @@ typedef struct hybrid_policy {
     uint64_t group_cached[PKV_MAX_KV_GROUPS]; // per group: tokens of the blocks shared
     uint32_t blocked_r;      // with a cache: the last request refused admission, and
     uint64_t blocked_avail;  // free + evictable bytes then (skip identical retries)
+    // Run mode (pkvi_policy_hybrid_run): the copies taken since the executor's last
+    // look, in order, with their group; the executor runs them on its store.
+    int keep_copies;
+    pkv_block_copy *run_copies;
+    uint8_t *run_group;
+    uint32_t nrun, run_cap;
 } hybrid_policy;
 
 static uint64_t ceil_div64(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
@@ -113,7 +120,28 @@ static void recount(hybrid_policy *p, uint32_t r) {
     p->kept_total += p->kept[r];
 }
 
-// Take every group's queued copies (sim mode moves nothing) and count them.
+// Run mode: keep group g's n copies just taken for the executor.
+static pkv_status keep(hybrid_policy *p, uint32_t g, uint32_t n) {
+    if (n == 0) return PKV_OK; // (the buffers may still be NULL)
+    if (p->nrun + n > p->run_cap) {
+        uint32_t c = p->run_cap ? p->run_cap : 64;
+        while (c < p->nrun + n) c *= 2;
+        pkv_block_copy *k = realloc(p->run_copies, (size_t)c * sizeof *k);
+        if (!k) return PKV_ERR_OUT_OF_MEMORY;
+        p->run_copies = k;
+        uint8_t *kg = realloc(p->run_group, c);
+        if (!kg) return PKV_ERR_OUT_OF_MEMORY;
+        p->run_group = kg;
+        p->run_cap = c;
+    }
+    memcpy(p->run_copies + p->nrun, p->copies, (size_t)n * sizeof *p->run_copies);
+    memset(p->run_group + p->nrun, (int)g, n);
+    p->nrun += n;
+    return PKV_OK;
+}
+
+// Take every group's queued copies (sim mode moves nothing; run mode keeps them
+// for the executor) and count them.
 static pkv_status drain_copies(hybrid_policy *p) {
     for (uint32_t g = 0; g < p->groups.n; g++) {
         uint32_t n = 0;
@@ -126,6 +154,7 @@ static pkv_status drain_copies(hybrid_policy *p) {
             st = pkv_hybrid_take_copies(p->h, g, p->copies, p->copies_cap, &n);
         }
         if (st != PKV_OK) return st;
+        if (p->keep_copies && (st = keep(p, g, n)) != PKV_OK) return st;
         if (p->groups.g[g].kind != PKV_LAYER_STATE) p->cow_copies += n;
         p->copy_bytes += (double)n * (double)p->page[g];
     }
@@ -148,6 +177,8 @@ static void hybrid_destroy(void *pp) {
     free(p->kept);
     free(p->copies);
     free(p->tokens);
+    free(p->run_copies);
+    free(p->run_group);
     free(p);
 }
 
@@ -578,3 +609,33 @@ static pkv_status hybrid_validate(const void *pp) {
 HYBRID_TABLE(hybrid_partition, "hybrid-partition", PKV_HYBRID_PARTITION)
 HYBRID_TABLE(hybrid_shared_page, "hybrid-shared-page", PKV_HYBRID_SHARED_PAGE)
 HYBRID_TABLE(hybrid_lcm, "hybrid-lcm", PKV_HYBRID_LCM)
+
+// ---- run mode (run.c) ----
+
+static int is_hybrid(const pkvi_policy *pol) {
+    return pol->vt == &pkvi_policy_hybrid_partition_vtable ||
+           pol->vt == &pkvi_policy_hybrid_shared_page_vtable ||
+           pol->vt == &pkvi_policy_hybrid_lcm_vtable;
+}
+
+pkv_hybrid *pkvi_policy_hybrid_run(pkvi_policy *pol) {
+    if (!pol || !is_hybrid(pol)) return NULL;
+    hybrid_policy *p = pol->state;
+    p->keep_copies = 1;
+    return p->h;
+}
+
+pkv_seq_id pkvi_policy_hybrid_seq(const pkvi_policy *pol, uint32_t r, uint32_t child) {
+    const hybrid_policy *p = pol->state;
+    return child < p->nseq[r] ? p->seqs[p->seq_base[r] + child] : -1;
+}
+
+uint32_t pkvi_policy_hybrid_take_kept(pkvi_policy *pol, const pkv_block_copy **copies,
+                                      const uint8_t **groups) {
+    hybrid_policy *p = pol->state;
+    const uint32_t n = p->nrun;
+    *copies = p->run_copies;
+    *groups = p->run_group;
+    p->nrun = 0;
+    return n;
+}
