@@ -9,7 +9,6 @@
 // against a reference that labels blocks itself (copy-on-write and the window
 // rule computed here) and checks the managers' tables and blocks_held against it.
 #include <criterion/criterion.h>
-#include <stdio.h>
 #include <string.h>
 
 #include "pkv/hybrid.h"
@@ -286,7 +285,8 @@ Test(hybrid_swap, too_few_blocks_or_slots_change_nothing) {
             take_snap(host, &resident, 1, &h0);
             pkv_block_copy pairs[64];
             uint32_t off[NG + 1], np;
-            cr_assert_eq(pkv_hybrid_move(dev, ids, 2, host, moved, pairs, 64, off, &np),
+            // 40 tokens: 10 full blocks, more than host's pages hold (a slot is free).
+            cr_assert_eq(pkv_hybrid_move(dev, ids, 1, host, moved, pairs, 64, off, &np),
                          PKV_ERR_OUT_OF_BLOCKS, "%d->%d", f, t);
             take_snap(dev, ids, 2, &d1);
             take_snap(host, &resident, 1, &h1);
@@ -461,4 +461,265 @@ Test(hybrid_swap, cached_blocks_stay_in_the_source_cache) {
     cr_assert_eq(pkv_hybrid_validate(b), PKV_OK);
     pkv_hybrid_destroy(a);
     pkv_hybrid_destroy(b);
+}
+
+// ---- randomized: two managers, appends, forks, frees and moves ----
+
+#define RSEQS 12
+#define RMAXLEN 96
+#define RLABELS (1 << 16)
+
+// A sequence of the reference: which manager holds it and, per token group, a
+// label per table entry (0: a hole). Two entries share a block iff they share a
+// label; the labels move with the sequence.
+typedef struct rseq {
+    int live, mgr;
+    pkv_seq_id id;
+    uint32_t len, holes[2];
+    uint32_t lab[2][RMAXLEN];
+} rseq;
+
+typedef struct rworld {
+    uint64_t rng;
+    pkv_hybrid *h[2];
+    int paged;
+    uint32_t bs[2];
+    rseq s[RSEQS];
+    uint32_t next_label;
+    uint32_t moves_ok, moves_refused;
+    // Check scratch: label -> block and block -> label, stamped per check.
+    int32_t l2b[RLABELS];
+    uint32_t lstamp[RLABELS];
+    int32_t b2l[4096];
+    uint32_t bstamp[4096];
+    uint32_t stamp;
+} rworld;
+
+static uint32_t rnd(rworld *w, uint32_t n) {
+    w->rng = w->rng * 6364136223846793005ull + 1442695040888963407ull;
+    return (uint32_t)(w->rng >> 33) % n;
+}
+
+static uint32_t nblocks(uint32_t len, uint32_t b) { return (len + b - 1) / b; }
+
+// 1 if another live sequence of manager m holds label l in group g.
+static int shared_label(const rworld *w, const rseq *self, uint32_t g, uint32_t l) {
+    for (int i = 0; i < RSEQS; i++) {
+        const rseq *o = &w->s[i];
+        if (o == self || !o->live || o->mgr != self->mgr) continue;
+        for (uint32_t j = o->holes[g]; j < nblocks(o->len, w->bs[g]); j++)
+            if (o->lab[g][j] == l) return 1;
+    }
+    return 0;
+}
+
+// The reference's append: the window rule at the first query, copy-on-write of a
+// shared partial last block, new blocks.
+static void ref_append(rworld *w, rseq *r, uint32_t n) {
+    for (uint32_t g = 0; g < 2; g++) {
+        const uint32_t b = w->bs[g];
+        if (g == 1 && !w->paged) {
+            const uint32_t first_live = r->len >= 4 ? r->len - 3 : 0; // W = 4
+            for (uint32_t j = r->holes[g]; j < first_live / b; j++) r->lab[g][j] = 0;
+            if (first_live / b > r->holes[g]) r->holes[g] = first_live / b;
+        }
+        const uint32_t old = nblocks(r->len, b);
+        if (r->len % b && shared_label(w, r, g, r->lab[g][old - 1]))
+            r->lab[g][old - 1] = ++w->next_label;
+        for (uint32_t j = old; j < nblocks(r->len + n, b); j++) r->lab[g][j] = ++w->next_label;
+    }
+    r->len += n;
+}
+
+static void take_copies_all(pkv_hybrid *h) {
+    for (uint32_t g = 0; g < NG; g++) {
+        pkv_block_copy c[256];
+        uint32_t n;
+        cr_assert_eq(pkv_hybrid_take_copies(h, g, c, 256, &n), PKV_OK);
+    }
+}
+
+// Everything the reference knows, against both managers.
+static void rcheck(rworld *w) {
+    for (int m = 0; m < 2; m++) {
+        const pkv_hybrid *h = w->h[m];
+        cr_assert_eq(pkv_hybrid_validate(h), PKV_OK);
+        uint32_t live = 0;
+        for (int i = 0; i < RSEQS; i++) live += w->s[i].live && w->s[i].mgr == m;
+        cr_assert_eq(pkv_hybrid_live_count(h), live);
+        for (uint32_t g = 0; g < 2; g++) {
+            w->stamp++;
+            uint64_t distinct = 0;
+            for (int i = 0; i < RSEQS; i++) {
+                const rseq *r = &w->s[i];
+                if (!r->live || r->mgr != m) continue;
+                uint32_t len;
+                cr_assert_eq(pkv_hybrid_seq_length(h, r->id, &len), PKV_OK);
+                cr_assert_eq(len, r->len);
+                const pkv_block_id *t;
+                uint32_t holes;
+                cr_assert_eq(table_of(h, r->id, g, &t, &holes), nblocks(r->len, w->bs[g]));
+                cr_assert_eq(holes, r->holes[g], "seq %d group %u holes", i, g);
+                for (uint32_t j = holes; j < nblocks(r->len, w->bs[g]); j++) {
+                    const uint32_t l = r->lab[g][j];
+                    cr_assert(l > 0 && t[j] >= 0 && t[j] < 4096);
+                    if (w->lstamp[l] != w->stamp) {
+                        w->lstamp[l] = w->stamp;
+                        w->l2b[l] = t[j];
+                        distinct++;
+                    }
+                    if (w->bstamp[t[j]] != w->stamp) {
+                        w->bstamp[t[j]] = w->stamp;
+                        w->b2l[t[j]] = (int32_t)l;
+                    }
+                    cr_assert(w->l2b[l] == t[j] && w->b2l[t[j]] == (int32_t)l,
+                              "manager %d group %u seq %d entry %u (label %u, block %d; label's "
+                              "block %d, block's label %d): sharing differs from the reference",
+                              m, g, i, j, l, t[j], w->l2b[l], w->b2l[t[j]]);
+                }
+            }
+            cr_assert_eq(held(h, g), distinct, "manager %d group %u blocks_held", m, g);
+        }
+        cr_assert_eq(held(h, 2), live, "manager %d state slots", m);
+    }
+}
+
+static rseq *pick(rworld *w, int live) {
+    int start = (int)rnd(w, RSEQS);
+    for (int k = 0; k < RSEQS; k++) {
+        rseq *r = &w->s[(start + k) % RSEQS];
+        if (r->live == live) return r;
+    }
+    return NULL;
+}
+
+static void rop_move(rworld *w) {
+    const int m = (int)rnd(w, 2);
+    pkv_seq_id ids[3], new_ids[3];
+    rseq *who[3];
+    uint32_t n = 0, want = 1 + rnd(w, 3);
+    for (int i = 0; i < RSEQS && n < want; i++) {
+        rseq *r = &w->s[(i + (int)rnd(w, RSEQS)) % RSEQS];
+        int dup = 0;
+        for (uint32_t k = 0; k < n; k++) dup |= who[k] == r;
+        if (r->live && r->mgr == m && !dup) who[n] = r, ids[n++] = r->id;
+    }
+    if (!n) return;
+    // Expected pairs: distinct labels per token group, a slot per sequence.
+    uint32_t expect = n;
+    w->stamp++;
+    for (uint32_t g = 0; g < 2; g++) {
+        if (g == 1 && w->paged) continue; // the alias has no pairs of its own
+        for (uint32_t k = 0; k < n; k++)
+            for (uint32_t j = who[k]->holes[g]; j < nblocks(who[k]->len, w->bs[g]); j++) {
+                const uint32_t l = who[k]->lab[g][j];
+                if (w->lstamp[l] != w->stamp) w->lstamp[l] = w->stamp, expect++;
+            }
+    }
+    pkv_hybrid_move_size sz;
+    cr_assert_eq(pkv_hybrid_move_size_get(w->h[m], ids, n, w->h[1 - m], &sz), PKV_OK);
+    cr_assert_eq(sz.num_pairs, expect);
+    pkv_block_copy pairs[256];
+    uint32_t off[NG + 1], np;
+    pkv_status st = pkv_hybrid_move(w->h[m], ids, n, w->h[1 - m], new_ids, pairs, 256, off, &np);
+    cr_assert_eq(np, expect);
+    if (st == PKV_ERR_OUT_OF_BLOCKS) {
+        w->moves_refused++;
+        return;
+    }
+    cr_assert_eq(st, PKV_OK, "%s", pkv_status_str(st));
+    w->moves_ok++;
+    // The moved sequences share among themselves only: their labels are renamed
+    // (one new label per old one), so they share nothing with those left behind or
+    // already in `to`.
+    w->stamp++;
+    for (uint32_t g = 0; g < 2; g++)
+        for (uint32_t k = 0; k < n; k++)
+            for (uint32_t j = who[k]->holes[g]; j < nblocks(who[k]->len, w->bs[g]); j++) {
+                uint32_t *l = &who[k]->lab[g][j];
+                if (w->lstamp[*l] != w->stamp) {
+                    w->lstamp[*l] = w->stamp;
+                    w->l2b[*l] = (int32_t)++w->next_label;
+                }
+                *l = (uint32_t)w->l2b[*l];
+            }
+    for (uint32_t k = 0; k < n; k++) who[k]->mgr = 1 - m, who[k]->id = new_ids[k];
+}
+
+static void rop(rworld *w) {
+    const uint32_t op = rnd(w, 10);
+    rseq *r = pick(w, 1);
+    if (op < 2 || !r) { // create
+        rseq *f = pick(w, 0);
+        if (!f) return;
+        const int m = (int)rnd(w, 2);
+        pkv_seq_id id;
+        pkv_status st = pkv_hybrid_seq_create(w->h[m], &id);
+        if (st == PKV_ERR_OUT_OF_BLOCKS) return; // no state slot
+        cr_assert_eq(st, PKV_OK);
+        memset(f, 0, sizeof *f);
+        *f = (rseq){.live = 1, .mgr = m, .id = id};
+    } else if (op < 5) { // append
+        const uint32_t n = 1 + rnd(w, 5);
+        if (r->len + n > RMAXLEN) return;
+        pkv_status st = pkv_hybrid_append(w->h[r->mgr], r->id, n, NULL);
+        if (st == PKV_ERR_OUT_OF_BLOCKS) return;
+        cr_assert_eq(st, PKV_OK);
+        ref_append(w, r, n);
+    } else if (op < 6) { // fork
+        rseq *f = pick(w, 0);
+        if (!f) return;
+        pkv_seq_id id;
+        pkv_status st = pkv_hybrid_seq_fork(w->h[r->mgr], r->id, &id);
+        if (st == PKV_ERR_OUT_OF_BLOCKS) return;
+        cr_assert_eq(st, PKV_OK);
+        *f = *r;
+        f->id = id;
+    } else if (op < 7) { // free
+        cr_assert_eq(pkv_hybrid_seq_free(w->h[r->mgr], r->id), PKV_OK);
+        r->live = 0;
+    } else {
+        rop_move(w);
+    }
+    take_copies_all(w->h[0]);
+    take_copies_all(w->h[1]);
+}
+
+Test(hybrid_swap, randomized_moves_between_two_managers_match_a_reference) {
+    static rworld w; // large scratch
+    uint32_t ok = 0, refused = 0;
+    for (uint64_t seed = 1; seed <= 80; seed++) {
+        memset(&w, 0, sizeof w);
+        w.rng = seed * 0x9E3779B97F4A7C15ull;
+        w.paged = seed % 5 == 0;
+        for (int m = 0; m < 2; m++) {
+            // Small budgets, so that appends and moves run out now and then.
+            const uint64_t budget = 6 * 100 + 200 + 100 * rnd(&w, 8);
+            if (w.paged) {
+                pkv_hybrid_params p;
+                pkv_hybrid_params_default(&p);
+                p.groups = GROUPS;
+                p.num_groups = NG;
+                p.elem_bytes = 1;
+                p.layout = PKV_HYBRID_PAGED;
+                p.budget_bytes = budget;
+                p.max_seqs = 6;
+                p.block_size = 4;
+                cr_assert_eq(pkv_hybrid_create(&p, &w.h[m]), PKV_OK);
+            } else {
+                w.h[m] = make(LAYOUTS[rnd(&w, 3)], budget + 400, 6); // LCM: a large page
+            }
+        }
+        w.bs[0] = 4;
+        w.bs[1] = w.paged ? 4 : 2;
+        for (int i = 0; i < 300; i++) {
+            rop(&w);
+            rcheck(&w);
+        }
+        ok += w.moves_ok;
+        refused += w.moves_refused;
+        pkv_hybrid_destroy(w.h[0]);
+        pkv_hybrid_destroy(w.h[1]);
+    }
+    cr_assert(ok > 100 && refused > 10, "moves: %u done, %u refused", ok, refused);
 }
