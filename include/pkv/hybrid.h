@@ -466,7 +466,8 @@ typedef struct pkv_hybrid_move_size {
 } pkv_hybrid_move_size;
 
 // Side-effect-free probe of pkv_hybrid_move(from, ids[0..n-1], to) (ids borrowed):
-// *size as above, whatever to's free space. Same argument checks as the move
+// *size as above, whatever to's free space; `to` may be NULL (the figures do not
+// depend on it: a manager of the same groups is assumed). Same checks as the move
 // (PKV_ERR_INVALID_ARG for a mismatch or a duplicate id, PKV_ERR_NOT_FOUND for a
 // stale one).
 pkv_status pkv_hybrid_move_size_get(const pkv_hybrid *from, const pkv_seq_id *ids, uint32_t n,

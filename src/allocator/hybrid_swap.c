@@ -148,8 +148,8 @@ static int copies_pending(const move *m) {
 
 pkv_status pkv_hybrid_move_size_get(const pkv_hybrid *from, const pkv_seq_id *ids, uint32_t n,
                                     const pkv_hybrid *to, pkv_hybrid_move_size *size) {
-    if (!size || (n && !ids)) return PKV_ERR_INVALID_ARG;
-    pkv_status st = check_pair(from, to, NULL, 0);
+    if (!from || !size || (n && !ids)) return PKV_ERR_INVALID_ARG;
+    pkv_status st = to ? check_pair(from, to, NULL, 0) : PKV_OK; // NULL: any match
     if (st != PKV_OK) return st;
     move m;
     // Planning writes only the sets' batch marks (from came from calloc: not
