@@ -443,6 +443,8 @@ pkv_status pkv_hybrid_validate(const pkv_hybrid *h);
 // - PAGED: one table serves every token group, so a PAGED manager moves only to
 //   and from another PAGED one; its pairs, under the first token group, move
 //   whole pages (every token group's part).
+// Thread-safety: a move changes both managers; neither may be in use by another
+// thread during it (the probe and the check only read them).
 
 // PKV_OK when sequences of `from` can move to `to`: the same number of groups, each
 // of the same kind and shape (pkv_kv_group equal) and block size, the same
