@@ -527,3 +527,32 @@ Test(replay_groups, run_mode_hybrid_store_tiny_swa, .timeout = 300) {
 Test(replay_groups, run_mode_hybrid_store_tiny_hybrid, .timeout = 300) {
     run_mode_equals_paged("tiny-hybrid", 1);
 }
+
+// A hybrid swap moves the request's live blocks (pkv_hybrid_move), not its context.
+// hybrid-lcm, tiny-swa (block 4: a page of 4 x 1024 bytes per group, large pages
+// the same), 32 pages. R0: prompt 4, 60 out; R1: prompt 36, 30 out. Step 0
+// prefills both (R0 1 + 1 pages, R1 9 + 9). Decode step k appends R0's token at
+// p = 3 + k and R1's at p = 35 + k. From length L >= 16 on a sliding table holds
+// ceil(L / 4) - floor((L - 16) / 4) blocks: 4 when 4 divides L, else 5. After
+// step 24 (R0 28 tokens: 7 + 4 pages; R1 60: 15 + 4) 30 pages are held; step 25
+// gives R0 its 8th full block and a sliding one (p = 28 releases nothing new:
+// floor(13 / 4) = 3 holes as before), the last 2 pages; R1's append at p = 60
+// needs 2 more and R1 is preempted. It holds 15 full blocks and 4 sliding ones
+// (holes 0..10): 19 x 4096 = 77824 bytes out and the same back in, where the
+// uniform charge, 60 tokens x 2048 bytes, would be 122880.
+Test(replay_groups, hybrid_swap_moves_the_window_not_the_context) {
+    pkv_replay_params p = swa_params(PKV_POLICY_HYBRID_LCM);
+    p.kv_mem_bytes = 32 * 4096;
+    p.preempt = PKV_PREEMPT_SWAP;
+    const pkv_trace_request q[2] = {{0, 4, 60, 1, -1, 0, 0}, {0, 36, 30, 1, -1, 0, 1}};
+    pkv_trace *t = make_trace(q, 2);
+    pkv_replay_report r;
+    cr_assert_eq(pkv_replay_run(t, &p, &r), PKV_OK, "%s", r.failure);
+    cr_assert_eq(r.requests.completed, 2);
+    cr_assert_eq(r.preemptions, 1);
+    cr_assert_eq(r.swap_fallbacks, 0);
+    cr_expect_eq(r.swap_out_bytes, 19 * 4096);
+    cr_expect_eq(r.swap_in_bytes, 19 * 4096);
+    cr_expect_eq(r.swap_bytes, 2 * 19 * 4096);
+    pkv_trace_destroy(t);
+}

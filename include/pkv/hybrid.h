@@ -473,6 +473,84 @@ pkv_status pkv_hybrid_group_stats_get(const pkv_hybrid *h, uint32_t g,
 // PKV_OK, PKV_ERR_CORRUPT or PKV_ERR_OUT_OF_MEMORY.
 pkv_status pkv_hybrid_validate(const pkv_hybrid *h);
 
+// ---- swap: moving sequences to another manager (0.3.0) ----
+//
+// An engine that preempts a sequence can move it to a second manager of the same
+// groups (a host "swap" manager; layouts may differ, e.g. LCM on the device and
+// PARTITION on the host) instead of recomputing it, and move it back later. Per
+// group the move is pkv_seq_move_group: each token group moves only the live
+// blocks of its tables (holes stay holes: a SLIDING group moves its window's
+// blocks, not the whole context) and a block shared by k of the moved sequences
+// becomes one block in `to` shared by the same k; each state group moves the
+// sequence's state slot. The new sequences have the same lengths, tables (block
+// ids aside) and holes. The caller copies the data of each pair {src, dst} (src in
+// from's pool of the group, dst in to's; pkv_cache_transfer on the group's caches)
+// before from's pools are written again.
+// - Queued copies: a copy-on-write copy or a state copy of `from` whose dst a moved
+//   sequence holds has not written its data yet: the move refuses with
+//   PKV_ERR_BUSY (nothing changed); take and run from's copies first
+//   (pkv_hybrid_take_copies). A queued copy that only reads a moved block or slot
+//   keeps its pin in `from` and may run later.
+// - Prefix cache: blocks from's cache also holds stay cached in `from` (the move
+//   drops only the sequences' references); to's cache is not fed (call
+//   pkv_hybrid_cache_prefix in `to` if wanted). To make room, `to` evicts its
+//   cache-only blocks and states as an append does (a refused move may leave some
+//   evicted).
+// - LCM: `to` takes large pages for its groups as an append does, before anything
+//   changes, so the move is all or nothing there too.
+// - PAGED: one table serves every token group, so a PAGED manager moves only to
+//   and from another PAGED one; its pairs, under the first token group, move
+//   whole pages (every token group's part).
+// Thread-safety: a move changes both managers; neither may be in use by another
+// thread during it (the probe and the check only read them).
+
+// PKV_OK when sequences of `from` can move to `to`: the same number of groups, each
+// of the same kind and shape (pkv_kv_group equal) and block size, the same
+// elem_bytes, both PAGED or neither, and two different managers. Else
+// PKV_ERR_INVALID_ARG and reason (optional, caller-owned, cap bytes) receives a
+// NUL-terminated sentence naming the first mismatch ("" when compatible).
+pkv_status pkv_hybrid_move_check(const pkv_hybrid *from, const pkv_hybrid *to, char *reason,
+                                 size_t cap);
+
+// What moving a set of sequences would take (plain data, caller-owned).
+typedef struct pkv_hybrid_move_size {
+    uint32_t blocks[PKV_MAX_KV_GROUPS]; // token group: distinct live blocks moved, i.e.
+                                        // blocks to's group g takes (a PAGED alias
+                                        // repeats the one table's figure); state
+                                        // group: slots (one per sequence)
+    uint64_t bytes[PKV_MAX_KV_GROUPS];  // bytes group g's data occupies in those:
+                                        // blocks x B_g x bytes_per_token_g; state
+                                        // group: slots x its state (every layer)
+    uint64_t total_bytes;               // sum of bytes[]: what the transfer copies
+    uint32_t num_pairs;                 // pairs pkv_hybrid_move writes (its cap)
+} pkv_hybrid_move_size;
+
+// Side-effect-free probe of pkv_hybrid_move(from, ids[0..n-1], to) (ids borrowed):
+// *size as above, whatever to's free space; `to` may be NULL (the figures do not
+// depend on it: a manager of the same groups is assumed). Same checks as the move
+// (PKV_ERR_INVALID_ARG for a mismatch or a duplicate id, PKV_ERR_NOT_FOUND for a
+// stale one).
+pkv_status pkv_hybrid_move_size_get(const pkv_hybrid *from, const pkv_seq_id *ids, uint32_t n,
+                                    const pkv_hybrid *to, pkv_hybrid_move_size *size);
+
+// Move sequences ids[0..n-1] (borrowed) of `from` to `to` (the rules above).
+// new_ids[i] (caller-owned, n entries) receives ids[i]'s id in `to`; ids[i] is no
+// longer live in `from`. pairs (caller-owned, cap entries): group g's pairs are
+// pairs[offsets[g] .. offsets[g + 1] - 1] (offsets: caller-owned, num_groups + 1
+// entries): a token group's {src block, dst block} per distinct block moved, in
+// increasing src order; a state group's {src slot, dst slot} per sequence, in ids
+// order; none for a PAGED alias. *npairs = offsets[num_groups], the total.
+// All or nothing over every group and both managers: PKV_ERR_BUFFER_TOO_SMALL
+// (cap < *npairs; offsets and *npairs filled), PKV_ERR_NOT_FOUND (a stale id),
+// PKV_ERR_INVALID_ARG (a duplicate id, a mismatch as pkv_hybrid_move_check),
+// PKV_ERR_BUSY (a queued copy writes a moved block or slot), PKV_ERR_OUT_OF_BLOCKS
+// (to's pools or state slots too few, counting what its layout and cache can
+// free), PKV_ERR_OUT_OF_MEMORY / PKV_ERR_LIMIT (host metadata, ids) change neither
+// manager (but for entries to's cache evicted to make room).
+pkv_status pkv_hybrid_move(pkv_hybrid *from, const pkv_seq_id *ids, uint32_t n, pkv_hybrid *to,
+                           pkv_seq_id *new_ids, pkv_block_copy *pairs, uint32_t cap,
+                           uint32_t *offsets, uint32_t *npairs);
+
 #ifdef __cplusplus
 }
 #endif

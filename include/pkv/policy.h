@@ -198,7 +198,7 @@ typedef struct pkv_policy_vtable {
     uint64_t (*reservation)(const void *state, uint32_t r, uint32_t nseq, uint32_t len,
                             uint32_t final_len);
     // Slots request r's KV occupies, counting shared slots once (what a swap
-    // moves). Optional: NULL means nseq x len.
+    // moves). Asked at a swap-out, before release. Optional: NULL means nseq x len.
     uint64_t (*request_slots)(const void *state, uint32_t r, uint32_t nseq, uint32_t len,
                               uint32_t prompt);
     // Check every internal invariant (pkv-replay --validate). Optional.

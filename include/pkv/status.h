@@ -25,7 +25,8 @@ typedef enum pkv_status {
     PKV_ERR_IO = -10,              // a file could not be opened, read or written
     PKV_ERR_FORMAT = -11,          // a file or text did not follow its documented format
     PKV_ERR_BUSY = -12,            // the object is bound elsewhere: a set attached to another
-                                   // prefix cache, or detached while it holds cached blocks
+                                   // prefix cache, or detached while it holds cached blocks;
+                                   // a hybrid move while a queued copy writes a moved block
     PKV_ERR_LIMIT = -13,           // a count would pass its limit: a block refcount at
                                    // INT32_MAX, more than 2^20 live sequences in one set
     PKV_ERR_RELEASED = -14,        // the tokens asked for were released by a window rule

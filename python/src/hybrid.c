@@ -502,6 +502,59 @@ static PyObject *Hybrid_group_stats(HybridObject *self, PyObject *arg) {
     return d;
 }
 
+extern PyTypeObject pkvpy_Hybrid_Type; // below
+
+// move_to(other, ids) -> (new_ids, pairs): pkv_hybrid_move sized by its probe.
+static PyObject *Hybrid_move_to(HybridObject *self, PyObject *args) {
+    PyObject *other_obj, *ids_obj;
+    if (!PyArg_ParseTuple(args, "O!O:move_to", &pkvpy_Hybrid_Type, &other_obj, &ids_obj)) return NULL;
+    HybridObject *other = (HybridObject *)other_obj;
+    if (ready(self, "HybridKV.move_to") < 0 || ready(other, "HybridKV.move_to") < 0) return NULL;
+    char why[160];
+    pkv_status st = pkv_hybrid_move_check(self->h, other->h, why, sizeof why);
+    if (st != PKV_OK) return pkvpy_raise(st, "HybridKV.move_to", "%s", why);
+    PyArrayObject *ids = pkvpy_int_vector(ids_obj, NPY_INT32, "HybridKV.move_to(ids)");
+    if (!ids) return NULL;
+    const uint32_t n = (uint32_t)PyArray_DIM(ids, 0);
+    pkv_hybrid_move_size sz;
+    st = pkv_hybrid_move_size_get(self->h, PyArray_DATA(ids), n, other->h, &sz);
+    if (st != PKV_OK) {
+        Py_DECREF(ids);
+        return pkvpy_raise(st, "HybridKV.move_to", "%u sequences: an id not live, or twice", n);
+    }
+    PyArrayObject *new_ids = pkvpy_new_vector(n, NPY_INT32);
+    pkv_block_copy *buf = PyMem_Malloc((size_t)(sz.num_pairs ? sz.num_pairs : 1) * sizeof *buf);
+    uint32_t off[PKV_MAX_KV_GROUPS + 1], np = 0;
+    if (!new_ids || !buf) {
+        Py_DECREF(ids);
+        Py_XDECREF(new_ids);
+        PyMem_Free(buf);
+        return PyErr_NoMemory();
+    }
+    st = pkv_hybrid_move(self->h, PyArray_DATA(ids), n, other->h, PyArray_DATA(new_ids), buf,
+                         sz.num_pairs, off, &np);
+    Py_DECREF(ids);
+    PyObject *pairs = st == PKV_OK ? PyList_New(self->num_groups) : NULL;
+    for (uint32_t g = 0; pairs && g < self->num_groups; g++) {
+        PyObject *a = pkvpy_copies_array(buf + off[g], off[g + 1] - off[g]);
+        if (!a) Py_CLEAR(pairs);
+        else PyList_SET_ITEM(pairs, g, a);
+    }
+    PyMem_Free(buf);
+    if (st != PKV_OK) {
+        Py_DECREF(new_ids);
+        return pkvpy_raise(st, "HybridKV.move_to", "%u sequences (%llu bytes; out of blocks: the "
+                           "target's pools or state slots are short; busy: a fork's or "
+                           "copy-on-write copy not taken by step() yet); nothing moved",
+                           n, (unsigned long long)sz.total_bytes);
+    }
+    if (!pairs) {
+        Py_DECREF(new_ids);
+        return NULL;
+    }
+    return Py_BuildValue("(NN)", new_ids, pairs);
+}
+
 static PyObject *Hybrid_validate(HybridObject *self, PyObject *unused) {
     if (ready(self, "HybridKV.validate") < 0) return NULL;
     pkv_status st = pkv_hybrid_validate(self->h);
@@ -572,6 +625,11 @@ static PyMethodDef hybrid_methods[] = {
      "group_stats(group) -> dict: kind, block_size, page/capacity/used/free/padding bytes,\n"
      "blocks held and released, tokens held."},
     {"validate", (PyCFunction)Hybrid_validate, METH_NOARGS, "validate(): raise CorruptError if inconsistent."},
+    {"move_to", (PyCFunction)Hybrid_move_to, METH_VARARGS,
+     "move_to(other, ids) -> (new_ids, pairs): swap sequences to another HybridKV of the same\n"
+     "groups and block sizes (pkv_hybrid_move): new_ids int32 [n] in other; pairs per group,\n"
+     "int32 [k, 2] (src, dst) blocks (state group: slots) to copy; only live blocks move, a\n"
+     "block shared by the moved sequences once. All or nothing."},
     {"create_cached", (PyCFunction)Hybrid_create_cached, METH_O,
      "create_cached(tokens) -> (id, cached_tokens). A new sequence starting with the longest\n"
      "prefix of tokens every group has cached (<= len - 1; per-group rules, pkv/hybrid.h):\n"

@@ -219,3 +219,27 @@ def test_kv_events_need_the_prefix_cache():
     kv.step([a], [8])
     assert kv.cache_prefix(a, np.arange(8, dtype=np.int32)) == 6
     assert kv.take_events() == []
+
+
+def test_move_to_swaps_the_window_and_keeps_sharing():
+    dev, host = make([FULL, SLIDING, STATE], layout="lcm"), make([FULL, SLIDING, STATE])
+    s = dev.create()
+    for _ in range(9):
+        dev.step([s], [1])
+    c = dev.fork(s)
+    dev.step([s, c], [0, 0])  # runs the fork's state copy
+    # 9 tokens, block 2: full 5 blocks; sliding (query at 8 sees 5..8) 2 holes, 3 live.
+    new_ids, pairs = dev.move_to(host, [s, c])
+    assert len(new_ids) == 2 and dev.live == 0 and host.live == 2
+    assert [p.shape for p in pairs] == [(5, 2), (3, 2), (2, 2)]  # shared blocks once
+    assert list(host.block_table(int(new_ids[1]), 1)[:2]) == [-1, -1]
+    assert (host.block_table(int(new_ids[0]), 0) == host.block_table(int(new_ids[1]), 0)).all()
+    assert sorted(pairs[1][:, 1]) == sorted(host.block_table(int(new_ids[0]), 1)[2:])
+    assert host.length(int(new_ids[0])) == 9
+    host.validate()
+    dev.validate()
+    # A model of other groups is refused, naming the difference; nothing moves.
+    other = make([FULL, dict(SLIDING, window=8), STATE])
+    with pytest.raises(pagedkv.InvalidArgument, match="group 1: window 4 in from, 8 in to"):
+        host.move_to(other, new_ids)
+    assert host.live == 2

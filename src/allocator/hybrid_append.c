@@ -259,3 +259,7 @@ pkv_status pkv_hybrid_blocks_needed(const pkv_hybrid *h, pkv_seq_id id, uint32_t
                                     uint32_t *blocks) {
     return pkv_hybrid_blocks_needed_batch(h, &id, &n, 1, blocks);
 }
+
+int pkvi_hybrid_fit(pkv_hybrid *h, const int64_t *need) {
+    return pools_fit(h, need) || make_room(h, need);
+}

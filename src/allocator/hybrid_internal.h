@@ -155,6 +155,19 @@ void pkvi_hybrid_released(pkv_hybrid *h);
 pkv_status pkvi_hybrid_reserve_state_copies(pkv_hybrid *h);
 // Queue state group g's copy {src, dst} (room reserved), pinning both slots.
 void pkvi_hybrid_queue_state_copy(pkv_hybrid *h, uint32_t g, pkv_block_id src, pkv_block_id dst);
+// A new manager id and its cleared record (not live yet; its groups are the
+// caller's to fill): undo with pkvi_hybrid_record_drop.
+pkv_status pkvi_hybrid_record_new(pkv_hybrid *h, pkv_seq_id *id, pkvi_hrecord **r);
+// The record's token group ids are filled: give PAGED aliases theirs, make it live.
+void pkvi_hybrid_record_live(pkv_hybrid *h, pkvi_hrecord *r);
+// Retire a record (live or not) and its id; its groups must hold nothing.
+void pkvi_hybrid_record_drop(pkv_hybrid *h, pkv_seq_id id);
+
+// ---- hybrid_append.c ----
+// 1 if every pool has the net blocks need[g] (num_groups entries, owners only) its
+// groups need, after the layout made room and cache-only prefix blocks were
+// evicted as an append would (pkv/hybrid.h); 0 if they cannot be had.
+int pkvi_hybrid_fit(pkv_hybrid *h, const int64_t *need);
 
 // ---- hybrid_prefix.c ----
 // Create the caches after the layout built the sets (nothing when

@@ -186,3 +186,17 @@ pkv_status pkv_hybrid_state_slot(const pkv_hybrid *h, pkv_seq_id id, uint32_t g,
     *slot = r->gid[g];
     return PKV_OK;
 }
+
+pkv_status pkvi_hybrid_record_new(pkv_hybrid *h, pkv_seq_id *id, pkvi_hrecord **r) {
+    return new_record(h, id, r);
+}
+
+void pkvi_hybrid_record_live(pkv_hybrid *h, pkvi_hrecord *r) {
+    alias_ids(h, r);
+    r->live = 1;
+}
+
+void pkvi_hybrid_record_drop(pkv_hybrid *h, pkv_seq_id id) {
+    h->recs[(uint32_t)id & 0xFFFFFu].live = 0;
+    pkv_seq_free(h->ids, id);
+}

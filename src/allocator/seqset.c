@@ -685,12 +685,15 @@ static uint32_t find_block(const pkv_block_id *uniq, uint32_t n, pkv_block_id b)
     return lo;
 }
 
-pkv_status pkv_seq_move_group(pkv_seqset *from, const pkv_seq_id *ids, uint32_t n,
-                              pkv_seqset *to, pkv_seq_id *new_ids,
-                              pkv_block_copy *pairs, uint32_t cap, uint32_t *npairs) {
-    if (!from || !to || !npairs || (n && (!ids || !new_ids)) || (!pairs && cap) ||
-        from->pool == to->pool || from->block_size != to->block_size)
-        return PKV_ERR_INVALID_ARG;
+// A group move in steps (seqset_internal.h): plan counts the distinct live blocks
+// of the moved sequences (uniq: every table entry, then sorted and deduplicated;
+// dst: its new block; used: whether that new block has its first reference yet),
+// reserve takes the slots in `to` and sizes their tables, commit does what cannot
+// fail. Only plan and reserve can fail, and neither changes what a caller sees.
+pkv_status pkvi_seq_move_plan(pkv_seqset *from, const pkv_seq_id *ids, uint32_t n,
+                              pkvi_seq_move *mv) {
+    memset(mv, 0, sizeof *mv);
+    if (!from || (n && !ids)) return PKV_ERR_INVALID_ARG;
     pkv_status st = check_batch_ids(from, ids, n);
     if (st != PKV_OK) return st;
     uint64_t total = 0;
@@ -699,8 +702,6 @@ pkv_status pkv_seq_move_group(pkv_seqset *from, const pkv_seq_id *ids, uint32_t 
         total += s->num_blocks - s->holes; // holes move as holes
     }
     if (total > UINT32_MAX / 2) return PKV_ERR_OUT_OF_MEMORY;
-    // uniq: every table entry, then sorted and deduplicated; dst: its new block;
-    // used: whether that new block has its first reference yet.
     pkv_block_id *uniq = malloc(((size_t)total * 2 + 1) * sizeof *uniq);
     unsigned char *used = calloc((size_t)total + 1, 1);
     if (!uniq || !used) {
@@ -719,16 +720,24 @@ pkv_status pkv_seq_move_group(pkv_seqset *from, const pkv_seq_id *ids, uint32_t 
     qsort(uniq, t, sizeof *uniq, cmp_block);
     for (uint32_t i = 0; i < t; i++)
         if (d == 0 || uniq[i] != uniq[d - 1]) uniq[d++] = uniq[i];
-    pkv_block_id *dst = uniq + total;
-    *npairs = d;
-    if (cap < d) st = PKV_ERR_BUFFER_TOO_SMALL;
-    else if (!can_take(to, d)) st = PKV_ERR_OUT_OF_BLOCKS;
-    else st = reserve_slots(to, n);
-    // Take the slots in `to` and size their tables; undo on a failed table.
+    *mv = (pkvi_seq_move){.from = from, .ids = ids, .n = n, .uniq = uniq,
+                          .dst = uniq + total, .used = used, .blocks = d};
+    return PKV_OK;
+}
+
+int pkvi_seq_move_has_block(const pkvi_seq_move *mv, pkv_block_id b) {
+    return mv->blocks && mv->uniq[find_block(mv->uniq, mv->blocks, b)] == b;
+}
+
+pkv_status pkvi_seq_move_reserve(pkvi_seq_move *mv, pkv_seqset *to, pkv_seq_id *new_ids) {
+    if (!to || (mv->n && !new_ids) || to->pool == mv->from->pool ||
+        to->block_size != mv->from->block_size)
+        return PKV_ERR_INVALID_ARG;
+    pkv_status st = reserve_slots(to, mv->n);
     uint32_t taken = 0;
-    for (; st == PKV_OK && taken < n; taken++) {
+    for (; st == PKV_OK && taken < mv->n; taken++) {
         seq *c = take_slot(to);
-        const seq *s = get_seq(from, ids[taken]);
+        const seq *s = get_seq(mv->from, mv->ids[taken]);
         new_ids[taken] = id_of(to, c);
         if (!grow((void **)&c->blocks, &c->cap, s->num_blocks, sizeof(pkv_block_id))) {
             return_slot(to, c);
@@ -741,34 +750,68 @@ pkv_status pkv_seq_move_group(pkv_seqset *from, const pkv_seq_id *ids, uint32_t 
             taken--;
             return_slot(to, get_seq(to, new_ids[taken]));
         }
-        free(uniq);
-        free(used);
         return st;
     }
-    // Nothing can fail from here on.
-    if (d) pkv_pool_alloc(to->pool, d, dst);
-    for (uint32_t i = 0; i < n; i++) {
-        seq *s = get_seq(from, ids[i]), *c = get_seq(to, new_ids[i]);
+    mv->to = to;
+    mv->new_ids = new_ids;
+    return PKV_OK;
+}
+
+pkv_status pkvi_seq_move_commit(pkvi_seq_move *mv, pkv_block_copy *pairs) {
+    pkv_seqset *from = mv->from, *to = mv->to;
+    const uint32_t d = mv->blocks;
+    if (d) pkv_pool_alloc(to->pool, d, mv->dst);
+    for (uint32_t i = 0; i < mv->n; i++) {
+        seq *s = get_seq(from, mv->ids[i]), *c = get_seq(to, mv->new_ids[i]);
         for (uint32_t j = 0; j < s->holes; j++) c->blocks[j] = PKV_BLOCK_NONE;
         for (uint32_t j = s->holes; j < s->num_blocks; j++) {
-            uint32_t k = find_block(uniq, d, s->blocks[j]);
-            c->blocks[j] = dst[k];
-            if (used[k]) pkv_pool_retain(to->pool, dst[k]); // one more sharer
-            used[k] = 1;
+            uint32_t k = find_block(mv->uniq, d, s->blocks[j]);
+            c->blocks[j] = mv->dst[k];
+            if (mv->used[k]) pkv_pool_retain(to->pool, mv->dst[k]); // one more sharer
+            mv->used[k] = 1;
         }
         c->len = s->len;
         c->num_blocks = s->num_blocks;
         c->holes = s->holes;
     }
     for (uint32_t k = 0; k < d; k++) {
-        pairs[k].src = uniq[k];
-        pairs[k].dst = dst[k];
+        pairs[k].src = mv->uniq[k];
+        pairs[k].dst = mv->dst[k];
     }
-    for (uint32_t i = 0; i < n; i++)
-        if ((st = free_seq(from, get_seq(from, ids[i]))) != PKV_OK) break;
-    free(uniq);
-    free(used);
+    pkv_status st = PKV_OK;
+    for (uint32_t i = 0; i < mv->n && st == PKV_OK; i++)
+        st = free_seq(from, get_seq(from, mv->ids[i]));
+    mv->to = NULL; // the slots in `to` are the moved sequences now
+    pkvi_seq_move_abort(mv);
     return st;
+}
+
+void pkvi_seq_move_abort(pkvi_seq_move *mv) {
+    if (mv->to)
+        for (uint32_t i = mv->n; i > 0; i--) return_slot(mv->to, get_seq(mv->to, mv->new_ids[i - 1]));
+    free(mv->uniq);
+    free(mv->used);
+    memset(mv, 0, sizeof *mv);
+}
+
+pkv_status pkv_seq_move_group(pkv_seqset *from, const pkv_seq_id *ids, uint32_t n,
+                              pkv_seqset *to, pkv_seq_id *new_ids,
+                              pkv_block_copy *pairs, uint32_t cap, uint32_t *npairs) {
+    if (!from || !to || !npairs || (n && (!ids || !new_ids)) || (!pairs && cap) ||
+        from->pool == to->pool || from->block_size != to->block_size)
+        return PKV_ERR_INVALID_ARG;
+    pkvi_seq_move mv;
+    pkv_status st = pkvi_seq_move_plan(from, ids, n, &mv);
+    if (st != PKV_OK) return st;
+    *npairs = mv.blocks;
+    if (cap < mv.blocks) st = PKV_ERR_BUFFER_TOO_SMALL;
+    else if (!can_take(to, mv.blocks)) st = PKV_ERR_OUT_OF_BLOCKS;
+    else st = pkvi_seq_move_reserve(&mv, to, new_ids);
+    if (st != PKV_OK) {
+        pkvi_seq_move_abort(&mv);
+        return st;
+    }
+    return pkvi_seq_move_commit(&mv, pairs);
 }
 
 pkv_status pkv_seq_move(pkv_seqset *from, pkv_seq_id id, pkv_seqset *to, pkv_seq_id *new_id,

@@ -34,4 +34,33 @@ void *pkvi_seqset_hook_ctx(const pkv_seqset *set);
 int pkvi_seqset_holds_any(const pkv_seqset *set, int (*held)(const void *ctx, pkv_block_id b),
                           const void *ctx);
 
+// A move of sequences between sets in steps, for a caller that moves several sets
+// all or nothing (the hybrid manager's swap): pkv_seq_move_group is plan, then
+// reserve, then commit. Plan (checks ids as pkv_seq_move_group, counts the
+// distinct live blocks into `blocks`) and reserve (takes new_ids[0..n-1] in `to`,
+// caller-owned; different pools, same block size, else PKV_ERR_INVALID_ARG) may
+// fail and change nothing a caller sees; after a successful reserve the caller
+// checks that `to`'s pool has `blocks` free blocks, then commit cannot fail (but
+// for PKV_ERR_CORRUPT): it takes the blocks, fills the tables, frees the sequences
+// in `from` and writes `blocks` pairs {src, dst} (increasing src). Abort undoes a
+// plan or a reservation. Commit and abort free the plan; ids and new_ids are
+// borrowed until then.
+typedef struct pkvi_seq_move {
+    pkv_seqset *from, *to;   // to: set by reserve
+    const pkv_seq_id *ids;   // [n] in from
+    pkv_seq_id *new_ids;     // [n] in to (after reserve)
+    uint32_t n;
+    uint32_t blocks;         // distinct live blocks moved: the blocks `to` takes
+    pkv_block_id *uniq;      // [blocks] sorted, distinct, then their dst (uniq + total)
+    pkv_block_id *dst;
+    unsigned char *used;
+} pkvi_seq_move;
+pkv_status pkvi_seq_move_plan(pkv_seqset *from, const pkv_seq_id *ids, uint32_t n,
+                              pkvi_seq_move *mv);
+pkv_status pkvi_seq_move_reserve(pkvi_seq_move *mv, pkv_seqset *to, pkv_seq_id *new_ids);
+pkv_status pkvi_seq_move_commit(pkvi_seq_move *mv, pkv_block_copy *pairs);
+void pkvi_seq_move_abort(pkvi_seq_move *mv);
+// 1 if block b is one of the planned move's live blocks.
+int pkvi_seq_move_has_block(const pkvi_seq_move *mv, pkv_block_id b);
+
 #endif // PKV_SEQSET_INTERNAL_H

@@ -150,6 +150,12 @@ static uint32_t preempt_at(engine *e, uint32_t i, int requeue) {
     e->run_count--;
     if (pkvi_engine_record(e, v, EV_PREEMPT) != 0) e->rec_failed = 1;
     req_state *s = &e->st[v];
+    // A swap's size is asked before the release: a policy may measure what the
+    // request's sequences hold (the hybrid policies: their live blocks).
+    const uint64_t swap_bytes =
+        e->prm->preempt == PKV_PREEMPT_SWAP && !s->prefilling
+            ? pkvi_engine_request_slots(e, v, s->nseq, prompt_of(e, v) + s->emitted - 1) * e->bpt
+            : 0;
     pkvi_engine_release(e, v);
     e->run_seqs -= width(e, v);
     set_status(e, v, RS_WAITING);
@@ -161,14 +167,12 @@ static uint32_t preempt_at(engine *e, uint32_t i, int requeue) {
     } else {
         s->restore = 1;
         if (e->prm->preempt == PKV_PREEMPT_SWAP) {
-            const uint64_t bytes =
-                pkvi_engine_request_slots(e, v, s->nseq, prompt_of(e, v) + s->emitted - 1) * e->bpt;
-            if (e->swap_used + bytes <= e->prm->swap_space_bytes) {
+            if (e->swap_used + swap_bytes <= e->prm->swap_space_bytes) {
                 s->swapped = 1;
-                s->swap_bytes = bytes;
-                e->swap_used += bytes;
-                e->swap_out += bytes;
-                e->b.swap_bytes += bytes; // swap-out: charged to this step
+                s->swap_bytes = swap_bytes;
+                e->swap_used += swap_bytes;
+                e->swap_out += swap_bytes;
+                e->b.swap_bytes += swap_bytes; // swap-out: charged to this step
             } else {
                 e->swap_fallbacks++; // host pool full: recompute instead
             }

@@ -579,6 +579,22 @@ static uint64_t hybrid_reservation(const void *pp, uint32_t r, uint32_t nseq, ui
     return bytes * (p->tail_shared[r] ? 1 : nseq) / p->bpt;
 }
 
+// What a swap of request r moves, as pkv_hybrid_move would move it: each token
+// group's live blocks (a sliding group its window's, the samples' shared blocks
+// once) and a state slot per sample, in slots of bpt bytes rounded up. The engine
+// asks before it releases the request; a request that holds nothing here gets the
+// engine's default (nseq x len).
+static uint64_t hybrid_request_slots(const void *pp, uint32_t r, uint32_t nseq, uint32_t len,
+                                     uint32_t prompt) {
+    const hybrid_policy *p = pp;
+    (void)prompt;
+    pkv_hybrid_move_size sz;
+    if (!p->nseq[r] || pkv_hybrid_move_size_get(p->h, &p->seqs[p->seq_base[r]], p->nseq[r],
+                                                NULL, &sz) != PKV_OK)
+        return (uint64_t)(nseq ? nseq : 1) * len;
+    return ceil_div64(sz.total_bytes, p->bpt);
+}
+
 static pkv_status hybrid_validate(const void *pp) {
     const hybrid_policy *p = pp;
     return pkv_hybrid_validate(p->h);
@@ -603,6 +619,7 @@ static pkv_status hybrid_validate(const void *pp) {
         .release = hybrid_release,                                                            \
         .stats = hybrid_stats,                                                                \
         .reservation = hybrid_reservation,                                                    \
+        .request_slots = hybrid_request_slots,                                                \
         .validate = hybrid_validate,                                                          \
     };
 
