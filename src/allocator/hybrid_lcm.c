@@ -66,6 +66,7 @@ int pkvi_hybrid_lcm_fits_after_release(const pkv_hybrid *h, const int64_t *need,
         want[i] = gross > 0 ? (uint32_t)gross : 0;
         fr[i] = freed[g];
         emptied[i] = 0;
+        if (!freed[g]) continue; // dead[g] is NULL then
         // A large page empties when the release frees every live small page in it.
         const pkv_pool *pool = pkvi_lcm_pool(ly->lcm, i);
         qsort(dead[g], freed[g], sizeof *dead[g], by_id);
