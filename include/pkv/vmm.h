@@ -9,8 +9,11 @@
 // so buffer j is a [num_slots][buffer_bytes] tensor whose row s is one request's
 // whole (virtual, max-length) cache of that layer's K or V. Physical memory is
 // committed in pages of page_bytes behind each (slot, buffer) row from its start, as
-// the sequence grows, and released when it shrinks or finishes. A slot always has
-// the same number of pages mapped in every buffer: tokens span every layer.
+// the sequence grows, and released when it shrinks or finishes; a windowed layer's
+// row may also unmap its front (pkv_vmm_slot_map_range). A slot always has the same
+// contiguous run of pages mapped in every buffer: tokens span every layer. Several
+// spaces (one per KV cache group of a heterogeneous model) can share one physical
+// budget (pkv_vmm_budget, at the end of this header).
 //
 // Because each row is contiguous in virtual memory, a kernel written for a
 // contiguous cache reads it unchanged: with the token-major layout
@@ -132,7 +135,8 @@ pkv_status pkv_vmm_buffer_ptr(const pkv_vmm_space *space, uint32_t buffer, void 
 pkv_status pkv_vmm_slot_acquire(pkv_vmm_space *space, uint32_t *slot);
 
 // Back the first `bytes` of every row of `slot` with physical memory and nothing
-// beyond: maps ceil(bytes / page_bytes) - mapped pages per buffer when growing
+// beyond (pages a pkv_vmm_slot_map_range left unmapped at the front are mapped
+// again): maps ceil(bytes / page_bytes) - mapped pages per buffer when growing
 // (content of the pages already mapped is kept), unmaps the excess when shrinking
 // (those pages go back to the physical free list). All or nothing:
 // PKV_ERR_OUT_OF_BLOCKS when the physical budget cannot cover the growth;
@@ -144,8 +148,32 @@ pkv_status pkv_vmm_slot_acquire(pkv_vmm_space *space, uint32_t *slot);
 // the slot; that page is counted in pages_lost and never handed out again.
 pkv_status pkv_vmm_slot_resize(pkv_vmm_space *space, uint32_t slot, uint64_t bytes);
 
-// Pages mapped per buffer for `slot` (0 for a free slot or a bad index).
+// Pages mapped per buffer for `slot` (0 for a free slot or a bad index), from
+// pkv_vmm_slot_first_page on.
 uint64_t pkv_vmm_slot_pages(const pkv_vmm_space *space, uint32_t slot);
+
+// Back exactly the pages of every row of `slot` that hold bytes [first_byte,
+// end_byte) (pages first_byte / page_bytes .. ceil(end_byte / page_bytes) - 1) and
+// unmap every other page of the rows: a sliding-window or chunked-local layer's
+// row unmaps the pages that left its window from the front while it grows at the
+// back (the hybrid-vmm layout of docs/DESIGN.md). Pages in both the old and the new
+// range keep their mapping and content; an empty range (end_byte <= first_byte)
+// unmaps everything and keeps the slot. pkv_vmm_slot_resize(s, slot, bytes) is
+// pkv_vmm_slot_map_range(s, slot, 0, bytes). The pages the call unmaps are counted
+// as free before the budget check, so a window that slides by a page reuses the
+// page it gives up. PKV_ERR_INVALID_ARG when end_byte exceeds buffer_bytes or the
+// slot is not taken; PKV_ERR_OUT_OF_BLOCKS when the physical budget (the space's
+// max_pages and, when the space is in a pkv_vmm_budget, the shared one) cannot
+// cover the new pages: nothing changes. A failed map call (PKV_ERR_BACKEND /
+// PKV_ERR_OUT_OF_MEMORY) unmaps this call's new pages again; the pages that left
+// the range are unmapped already, so the slot keeps the overlap of its old and new
+// ranges (see pkv_vmm_slot_first_page).
+pkv_status pkv_vmm_slot_map_range(pkv_vmm_space *space, uint32_t slot, uint64_t first_byte,
+                                  uint64_t end_byte);
+
+// First mapped page of `slot`'s rows (0 for a free slot, a bad index or no page
+// mapped). The mapped pages are first .. first + pkv_vmm_slot_pages - 1.
+uint64_t pkv_vmm_slot_first_page(const pkv_vmm_space *space, uint32_t slot);
 
 // Unmap every page of `slot` and free the slot. PKV_ERR_INVALID_ARG for a slot that
 // is not taken; PKV_ERR_BACKEND when an unmap failed (the slot is freed anyway and the
@@ -164,6 +192,43 @@ pkv_status pkv_vmm_validate(const pkv_vmm_space *space);
 
 pkv_status pkv_vmm_get_stats(const pkv_vmm_space *space, pkv_vmm_stats *stats);
 void pkv_vmm_reset_stats(pkv_vmm_space *space); // keeps the pages_* gauges (peak = now)
+
+// ---- A physical budget shared by several spaces (the hybrid-vmm layout) ----
+//
+// A heterogeneous model (docs/DESIGN.md, "KV cache groups") needs one space per KV
+// cache group: rows of different bytes per token, and sliding groups that unmap
+// their front. A budget makes those spaces draw on one amount of physical memory,
+// as the groups of one GPU do: the bytes of the physical pages that exist in its
+// member spaces (mapped, cached free or lost) never exceed budget bytes. A space
+// that needs a page beyond the budget first takes its own cached free pages, then
+// releases other members' cached free pages (memfd: the page's memory is punched
+// out of the memfd; CUDA: cuMemRelease; each counted in that space's destroy_calls
+// and timed), so a page one group gave up can back another group's growth. Each
+// space's own max_pages still applies. MPROTECT spaces give their memory back at
+// unmap already, so reclaiming their cached pages costs no call.
+//
+// Ownership: the caller owns the budget and its spaces; destroying a space leaves
+// its budget (its pages stop counting). Thread-safety: one thread at a time over
+// the budget and every member space.
+typedef struct pkv_vmm_budget pkv_vmm_budget;
+
+typedef struct pkv_vmm_budget_stats {
+    uint64_t bytes;              // the budget
+    uint64_t bytes_used;         // physical bytes that exist now over the members
+    uint64_t bytes_used_peak;    // largest bytes_used seen
+    uint64_t pages_reclaimed;    // cached free pages released to make room for another member
+    uint32_t num_spaces;         // members now
+} pkv_vmm_budget_stats;
+
+// PKV_ERR_INVALID_ARG for 0 bytes or a NULL out; PKV_ERR_OUT_OF_MEMORY.
+pkv_status pkv_vmm_budget_create(uint64_t bytes, pkv_vmm_budget **out);
+// Spaces still in the budget leave it (their own max_pages then bounds them alone).
+// NULL does nothing.
+void pkv_vmm_budget_destroy(pkv_vmm_budget *budget);
+// Put `space` under `budget`. PKV_ERR_INVALID_ARG when either is NULL, the space is
+// in a budget already or has created a physical page (join before the first map).
+pkv_status pkv_vmm_budget_attach(pkv_vmm_budget *budget, pkv_vmm_space *space);
+pkv_status pkv_vmm_budget_get_stats(const pkv_vmm_budget *budget, pkv_vmm_budget_stats *stats);
 
 #ifdef __cplusplus
 }

@@ -3,9 +3,10 @@
 // slots, one page table per (slot, buffer) row, a stack of physical pages that exist
 // but are unmapped (reused before a new one is created, as vAttention keeps its
 // physical handles), the physical budget, and the counters and timers of every call.
-// Invariant (pkv_vmm_validate): each created physical page is either on the free
-// stack or in exactly one page-table entry; a slot maps the same number of pages in
-// every buffer, all of them a prefix of the row.
+// Invariant (pkv_vmm_validate): each physical page that exists is either on the
+// free stack, lost, or in exactly one page-table entry, and each id a shared
+// budget's reclaim released is on the released stack; a slot maps the same
+// contiguous run of pages (slot_first, slot_pages) in every buffer.
 #include <stdlib.h>
 #include <string.h>
 
@@ -25,7 +26,10 @@ pkv_vmm_params pkv_vmm_params_default(void) {
 
 static void free_tables(pkv_vmm_space *s) {
     free(s->slot_taken);
+    free(s->slot_first);
     free(s->slot_pages);
+    free(s->released);
+    free(s->is_released);
     free(s->page_table);
     free(s->free_pages);
 }
@@ -81,10 +85,14 @@ pkv_status pkvi_vmm_space_new(const pkvi_vmm_ops *ops, void *impl, uint64_t gran
     }
     uint64_t entries = (uint64_t)s->info.num_slots * s->info.num_buffers * s->info.pages_per_row;
     s->slot_taken = calloc(s->info.num_slots, 1);
+    s->slot_first = calloc(s->info.num_slots, sizeof *s->slot_first);
     s->slot_pages = calloc(s->info.num_slots, sizeof *s->slot_pages);
     s->page_table = malloc((size_t)entries * sizeof *s->page_table);
     s->free_pages = malloc((size_t)s->info.max_pages * sizeof *s->free_pages);
-    if (!s->slot_taken || !s->slot_pages || !s->page_table || !s->free_pages) {
+    s->released = malloc((size_t)s->info.max_pages * sizeof *s->released);
+    s->is_released = calloc((size_t)s->info.max_pages, 1);
+    if (!s->slot_taken || !s->slot_first || !s->slot_pages || !s->page_table ||
+        !s->free_pages || !s->released || !s->is_released) {
         space_free(s);
         return PKV_ERR_OUT_OF_MEMORY;
     }
@@ -135,14 +143,19 @@ static pkv_status do_unmap(pkv_vmm_space *s, uint32_t slot, uint32_t buffer, uin
     return st;
 }
 
-// One physical page: the free stack first, else a new one within the budget.
+// One physical page: the free stack first, else one within the budgets (the
+// space's max_pages, then the shared budget, which may release other members'
+// cached pages); an id a reclaim released is made again before a new id.
 static pkv_status take_page(pkv_vmm_space *s, uint32_t *id) {
     if (s->num_free > 0) {
         *id = s->free_pages[--s->num_free];
         return PKV_OK;
     }
-    if (s->num_created >= s->info.max_pages) return PKV_ERR_OUT_OF_BLOCKS;
-    uint32_t n = s->num_created;
+    if (pkvi_vmm_live_pages(s) >= s->info.max_pages) return PKV_ERR_OUT_OF_BLOCKS;
+    if (s->budget && !pkvi_vmm_budget_make_room(s->budget, s, s->info.page_bytes))
+        return PKV_ERR_OUT_OF_BLOCKS;
+    int reuse = s->num_released > 0;
+    uint32_t n = reuse ? s->released[s->num_released - 1] : s->num_created;
     if (s->ops->create) {
         double t0 = pkvi_now_seconds();
         pkv_status st = s->ops->create(s, n);
@@ -150,10 +163,36 @@ static pkv_status take_page(pkv_vmm_space *s, uint32_t *id) {
         s->stats.create_calls++;
         if (st != PKV_OK) return st;
     }
-    s->num_created++;
+    if (reuse) {
+        s->num_released--;
+        s->is_released[n] = 0;
+    } else {
+        s->num_created++;
+    }
     s->stats.pages_created++;
+    if (s->budget) pkvi_vmm_budget_charge(s->budget, (int64_t)s->info.page_bytes);
     *id = n;
     return PKV_OK;
+}
+
+int pkvi_vmm_release_one(pkv_vmm_space *s) {
+    if (s->num_free == 0) return 0;
+    uint32_t id = s->free_pages[--s->num_free];
+    if (s->ops->release_page) {
+        double t0 = pkvi_now_seconds();
+        pkv_status st = s->ops->release_page(s, id);
+        s->stats.destroy_seconds += pkvi_now_seconds() - t0;
+        s->stats.destroy_calls++;
+        if (st != PKV_OK) { // still holds its memory: keep it cached
+            s->free_pages[s->num_free++] = id;
+            return 0;
+        }
+    }
+    s->released[s->num_released++] = id;
+    s->is_released[id] = 1;
+    s->stats.pages_created--;
+    if (s->budget) pkvi_vmm_budget_charge(s->budget, -(int64_t)s->info.page_bytes);
+    return 1;
 }
 
 static pkv_status do_map(pkv_vmm_space *s, uint32_t slot, uint32_t buffer, uint64_t page) {
@@ -174,45 +213,81 @@ static pkv_status do_map(pkv_vmm_space *s, uint32_t slot, uint32_t buffer, uint6
     return PKV_OK;
 }
 
-static pkv_status shrink(pkv_vmm_space *s, uint32_t slot, uint64_t to) {
+// Page `p` of every buffer of `slot` (a "page group": one token range of every layer).
+static pkv_status unmap_group(pkv_vmm_space *s, uint32_t slot, uint64_t p) {
     pkv_status first = PKV_OK;
-    while (s->slot_pages[slot] > to) {
-        uint64_t p = s->slot_pages[slot] - 1;
-        for (uint32_t b = 0; b < s->info.num_buffers; b++) {
-            pkv_status st = do_unmap(s, slot, b, p);
-            if (st != PKV_OK && first == PKV_OK) first = st;
-        }
-        s->slot_pages[slot] = p;
+    for (uint32_t b = 0; b < s->info.num_buffers; b++) {
+        pkv_status st = do_unmap(s, slot, b, p);
+        if (st != PKV_OK && first == PKV_OK) first = st;
     }
     return first;
 }
 
-static pkv_status grow(pkv_vmm_space *s, uint32_t slot, uint64_t to) {
-    uint64_t from = s->slot_pages[slot];
-    uint64_t need = (to - from) * s->info.num_buffers;
-    uint64_t avail = s->num_free + (s->info.max_pages - s->num_created);
-    if (need > avail) return PKV_ERR_OUT_OF_BLOCKS; // before any call: nothing changes
-    for (uint64_t p = from; p < to; p++) {
-        for (uint32_t b = 0; b < s->info.num_buffers; b++) {
-            pkv_status st = do_map(s, slot, b, p);
-            if (st == PKV_OK) continue;
-            // Roll back this call's pages: the buffers of page p mapped so far, then
-            // whole pages down to `from`.
-            for (uint32_t c = 0; c < b; c++) (void)do_unmap(s, slot, c, p);
-            s->slot_pages[slot] = p;
-            (void)shrink(s, slot, from);
-            return st;
-        }
-        s->slot_pages[slot] = p + 1;
+static pkv_status map_group(pkv_vmm_space *s, uint32_t slot, uint64_t p) {
+    for (uint32_t b = 0; b < s->info.num_buffers; b++) {
+        pkv_status st = do_map(s, slot, b, p);
+        if (st == PKV_OK) continue;
+        for (uint32_t c = 0; c < b; c++) (void)do_unmap(s, slot, c, p);
+        return st;
     }
     return PKV_OK;
 }
 
+// Can `pages` new physical pages be had, with `freed` more on the free stack?
+static int can_take(const pkv_vmm_space *s, uint64_t pages, uint64_t freed) {
+    uint64_t cached = s->num_free + freed;
+    if (pages <= cached) return 1;
+    uint64_t fresh = pages - cached;
+    if (fresh > s->info.max_pages - pkvi_vmm_live_pages(s)) return 0;
+    if (!s->budget) return 1;
+    uint64_t room = pkvi_vmm_budget_room(s->budget, s);
+    return fresh <= room / s->info.page_bytes;
+}
+
+// Make pages [lo, hi) of every row of `slot` exactly the mapped ones. The pages
+// leaving the range are unmapped first (onto the free stack, so a sliding window
+// reuses them), then the new ones are mapped from the kept run outwards; a failed
+// map unmaps this call's new pages, leaving the kept run.
+static pkv_status set_range(pkv_vmm_space *s, uint32_t slot, uint64_t lo, uint64_t hi) {
+    if (hi <= lo) lo = hi = 0;
+    uint64_t old_lo = s->slot_first[slot], old_hi = old_lo + s->slot_pages[slot];
+    uint64_t keep_lo = old_lo > lo ? old_lo : lo, keep_hi = old_hi < hi ? old_hi : hi;
+    if (keep_hi <= keep_lo) keep_lo = keep_hi = lo; // nothing kept: grow from lo
+    uint64_t kept = keep_hi - keep_lo;
+    uint64_t nb = s->info.num_buffers;
+    if (!can_take(s, (hi - lo - kept) * nb, (old_hi - old_lo - kept) * nb))
+        return PKV_ERR_OUT_OF_BLOCKS; // before any call: nothing changes
+    pkv_status first = PKV_OK;
+    for (uint64_t p = old_hi; p-- > old_lo;) { // from the back, as a shrink does
+        if (p >= keep_lo && p < keep_hi) continue;
+        pkv_status st = unmap_group(s, slot, p);
+        if (st != PKV_OK && first == PKV_OK) first = st;
+    }
+    s->slot_first[slot] = keep_lo;
+    s->slot_pages[slot] = kept;
+    pkv_status st = PKV_OK;
+    uint64_t p = keep_lo;
+    while (st == PKV_OK && p > lo && (st = map_group(s, slot, p - 1)) == PKV_OK) p--;
+    uint64_t q = keep_hi;
+    while (st == PKV_OK && q < hi && (st = map_group(s, slot, q)) == PKV_OK) q++;
+    if (st != PKV_OK) { // roll this call's new pages back: the kept run stays
+        for (uint64_t r = p; r < keep_lo; r++) (void)unmap_group(s, slot, r);
+        for (uint64_t r = keep_hi; r < q; r++) (void)unmap_group(s, slot, r);
+        if (kept == 0) s->slot_first[slot] = 0;
+        return st;
+    }
+    s->slot_first[slot] = hi > lo ? lo : 0;
+    s->slot_pages[slot] = hi - lo;
+    return first;
+}
+
 void pkv_vmm_space_destroy(pkv_vmm_space *s) {
     if (!s) return;
-    for (uint32_t slot = 0; slot < s->info.num_slots; slot++) (void)shrink(s, slot, 0);
+    for (uint32_t slot = 0; slot < s->info.num_slots; slot++) (void)set_range(s, slot, 0, 0);
+    if (s->budget) pkvi_vmm_budget_leave(s->budget, s);
     if (s->ops->destroy_page) {
         for (uint32_t id = 0; id < s->num_created; id++) {
+            if (s->is_released[id]) continue; // its memory went back already
             double t0 = pkvi_now_seconds();
             s->ops->destroy_page(s, id);
             s->stats.destroy_seconds += pkvi_now_seconds() - t0;
@@ -251,12 +326,20 @@ pkv_status pkv_vmm_slot_acquire(pkv_vmm_space *s, uint32_t *slot) {
     return PKV_ERR_OUT_OF_BLOCKS;
 }
 
-pkv_status pkv_vmm_slot_resize(pkv_vmm_space *s, uint32_t slot, uint64_t bytes) {
+static uint64_t pages_for(const pkv_vmm_space *s, uint64_t bytes) {
+    return (bytes + s->info.page_bytes - 1) / s->info.page_bytes;
+}
+
+pkv_status pkv_vmm_slot_map_range(pkv_vmm_space *s, uint32_t slot, uint64_t first_byte,
+                                  uint64_t end_byte) {
     if (!s || slot >= s->info.num_slots || !s->slot_taken[slot]) return PKV_ERR_INVALID_ARG;
-    if (bytes > s->info.buffer_bytes) return PKV_ERR_INVALID_ARG; // outgrew the reservation
-    uint64_t to = (bytes + s->info.page_bytes - 1) / s->info.page_bytes;
-    if (to > s->slot_pages[slot]) return grow(s, slot, to);
-    return shrink(s, slot, to);
+    if (end_byte > s->info.buffer_bytes) return PKV_ERR_INVALID_ARG; // outgrew the reservation
+    if (end_byte <= first_byte) return set_range(s, slot, 0, 0);
+    return set_range(s, slot, first_byte / s->info.page_bytes, pages_for(s, end_byte));
+}
+
+pkv_status pkv_vmm_slot_resize(pkv_vmm_space *s, uint32_t slot, uint64_t bytes) {
+    return pkv_vmm_slot_map_range(s, slot, 0, bytes);
 }
 
 uint64_t pkv_vmm_slot_pages(const pkv_vmm_space *s, uint32_t slot) {
@@ -264,9 +347,14 @@ uint64_t pkv_vmm_slot_pages(const pkv_vmm_space *s, uint32_t slot) {
     return s->slot_pages[slot];
 }
 
+uint64_t pkv_vmm_slot_first_page(const pkv_vmm_space *s, uint32_t slot) {
+    if (!s || slot >= s->info.num_slots) return 0;
+    return s->slot_first[slot];
+}
+
 pkv_status pkv_vmm_slot_release(pkv_vmm_space *s, uint32_t slot) {
     if (!s || slot >= s->info.num_slots || !s->slot_taken[slot]) return PKV_ERR_INVALID_ARG;
-    pkv_status st = shrink(s, slot, 0);
+    pkv_status st = set_range(s, slot, 0, 0);
     s->slot_taken[slot] = 0;
     return st == PKV_OK ? PKV_OK : PKV_ERR_BACKEND;
 }
@@ -281,7 +369,8 @@ int64_t pkv_vmm_page_physical(const pkv_vmm_space *s, uint32_t slot, uint32_t bu
 
 pkv_status pkv_vmm_validate(const pkv_vmm_space *s) {
     if (!s) return PKV_ERR_INVALID_ARG;
-    if (s->num_created > s->info.max_pages || s->num_free > s->num_created)
+    if (s->num_created > s->info.max_pages || s->num_released > s->num_created ||
+        s->num_free > pkvi_vmm_live_pages(s))
         return PKV_ERR_CORRUPT;
     uint8_t *seen = calloc(s->num_created ? s->num_created : 1, 1);
     if (!seen) return PKV_ERR_OUT_OF_MEMORY;
@@ -289,17 +378,24 @@ pkv_status pkv_vmm_validate(const pkv_vmm_space *s) {
     uint64_t mapped = 0;
     for (uint32_t i = 0; i < s->num_free && st == PKV_OK; i++) {
         uint32_t id = s->free_pages[i];
-        if (id >= s->num_created || seen[id]++) st = PKV_ERR_CORRUPT;
+        if (id >= s->num_created || s->is_released[id] || seen[id]++) st = PKV_ERR_CORRUPT;
+    }
+    for (uint32_t i = 0; i < s->num_released && st == PKV_OK; i++) {
+        uint32_t id = s->released[i];
+        if (id >= s->num_created || !s->is_released[id] || seen[id]++) st = PKV_ERR_CORRUPT;
     }
     for (uint32_t slot = 0; slot < s->info.num_slots && st == PKV_OK; slot++) {
-        uint64_t n = s->slot_pages[slot];
-        if (!s->slot_taken[slot] && n) st = PKV_ERR_CORRUPT;
+        uint64_t lo = s->slot_first[slot], hi = lo + s->slot_pages[slot];
+        if (!s->slot_taken[slot] && hi > lo) st = PKV_ERR_CORRUPT;
+        if (hi > s->info.pages_per_row) st = PKV_ERR_CORRUPT;
         for (uint32_t b = 0; b < s->info.num_buffers && st == PKV_OK; b++) {
             const int32_t *r = row(s, slot, b);
             for (uint64_t p = 0; p < s->info.pages_per_row; p++) {
                 int32_t id = r[p];
-                if ((p < n) != (id >= 0) || (id >= 0 && ((uint32_t)id >= s->num_created ||
-                                                         seen[id]++))) {
+                int inside = p >= lo && p < hi; // mapped exactly in the slot's run
+                if (inside != (id >= 0) ||
+                    (id >= 0 && ((uint32_t)id >= s->num_created || s->is_released[id] ||
+                                 seen[id]++))) {
                     st = PKV_ERR_CORRUPT;
                     break;
                 }
@@ -307,10 +403,10 @@ pkv_status pkv_vmm_validate(const pkv_vmm_space *s) {
             }
         }
     }
-    // Every created page was seen exactly once (no leak), and the gauge agrees.
-    if (st == PKV_OK && (mapped + s->num_free + s->stats.pages_lost != s->num_created ||
-                         mapped != s->stats.pages_mapped ||
-                         s->num_created != s->stats.pages_created))
+    // Every page that exists was seen exactly once (no leak), and the gauges agree.
+    uint64_t live = pkvi_vmm_live_pages(s);
+    if (st == PKV_OK && (mapped + s->num_free + s->stats.pages_lost != live ||
+                         mapped != s->stats.pages_mapped || live != s->stats.pages_created))
         st = PKV_ERR_CORRUPT;
     free(seen);
     return st;

@@ -114,6 +114,11 @@ static void cuda_destroy_page(pkv_vmm_space *s, uint32_t id) {
     (void)c->fn.release(c->handles[id]);
 }
 
+static pkv_status cuda_release_page(pkv_vmm_space *s, uint32_t id) {
+    cuda_impl *c = s->impl;
+    return cu_status(c->fn.release(c->handles[id]));
+}
+
 static pkv_status cuda_map(pkv_vmm_space *s, void *addr, uint32_t id) {
     cuda_impl *c = s->impl;
     CUdeviceptr p = (CUdeviceptr)(uintptr_t)addr;
@@ -150,6 +155,7 @@ static const pkvi_vmm_ops cuda_ops = {
     .unreserve = cuda_unreserve,
     .create = cuda_create_page,
     .destroy_page = cuda_destroy_page,
+    .release_page = cuda_release_page,
     .map = cuda_map,
     .unmap = cuda_unmap,
     .destroy = cuda_destroy,

@@ -67,6 +67,22 @@ static pkv_status memfd_create_page(pkv_vmm_space *s, uint32_t id) {
     return err == 0 ? PKV_OK : PKV_ERR_OUT_OF_MEMORY;
 }
 
+// MEMFD, for a shared budget's reclaim: the page's memory goes back to the system
+// (a later create fallocates it again).
+static pkv_status memfd_release_page(pkv_vmm_space *s, uint32_t id) {
+    host_impl *h = s->impl;
+#if defined(FALLOC_FL_PUNCH_HOLE) && defined(FALLOC_FL_KEEP_SIZE)
+    if (fallocate(h->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                  (off_t)((uint64_t)id * h->page), (off_t)h->page) != 0)
+        return PKV_ERR_BACKEND;
+    return PKV_OK;
+#else
+    (void)h;
+    (void)id;
+    return PKV_ERR_UNSUPPORTED; // the page stays cached: no reclaim from this space
+#endif
+}
+
 static pkv_status memfd_map(pkv_vmm_space *s, void *addr, uint32_t id) {
     host_impl *h = s->impl;
     // MAP_POPULATE: build the page-table entries now, so the cost is in this call
@@ -130,6 +146,7 @@ static const pkvi_vmm_ops memfd_ops = {
     .unreserve = host_unreserve,
     .create = memfd_create_page,
     .destroy_page = NULL, // the memfd goes with close()
+    .release_page = memfd_release_page,
     .map = memfd_map,
     .unmap = memfd_unmap,
     .destroy = host_destroy,
@@ -142,6 +159,7 @@ static const pkvi_vmm_ops mprotect_ops = {
     .unreserve = host_unreserve,
     .create = NULL,
     .destroy_page = NULL,
+    .release_page = NULL, // an unmapped page's memory went back at unmap
     .map = mprotect_map,
     .unmap = mprotect_unmap,
     .destroy = host_destroy,
