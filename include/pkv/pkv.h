@@ -15,6 +15,7 @@
 #include "pkv/prefix_pool.h"
 #include "pkv/hybrid_hit.h"
 #include "pkv/hybrid.h"
+#include "pkv/hybrid_vmm.h"
 #include "pkv/attention.h"
 #include "pkv/model_config.h"
 #include "pkv/model.h"
