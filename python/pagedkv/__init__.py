@@ -56,7 +56,7 @@ from ._core import (  # noqa: F401
 _TESTBED = {
     "Trace": "_testbed", "load_trace": "_testbed", "parse_trace": "_testbed",
     "generate_trace": "_testbed", "TRACE_DTYPE": "_testbed", "POLICIES": "_testbed",
-    "MODEL_PRESETS": "_testbed", "GPU_PRESETS": "_testbed",
+    "MODEL_PRESETS": "_testbed", "GPU_PRESETS": "_testbed", "HybridVMM": "_testbed",
     "replay": "_report", "make_trace": "_report", "ReplayReport": "_report",
     "sweep": "_sweep", "SweepReport": "_sweep", "SweepError": "_sweep",
 }
@@ -78,7 +78,7 @@ def __dir__():
 
 
 __all__ = [
-    "BlockPool", "SeqSet", "PrefixCache", "KVCache", "StepResult", "HybridKV", "HybridStep", "Trace",
+    "BlockPool", "SeqSet", "PrefixCache", "KVCache", "StepResult", "HybridKV", "HybridVMM", "HybridStep", "Trace",
     "load_trace", "parse_trace", "make_trace", "generate_trace", "replay", "ReplayReport",
     "sweep", "SweepReport", "SweepError",
     "PagedKVError", "InvalidArgument", "OutOfBlocks", "OutOfMemory", "NotFound",

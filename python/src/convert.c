@@ -111,21 +111,6 @@ PyArrayObject *pkvpy_int_vector(PyObject *obj, int typenum, const char *what) {
     return out;
 }
 
-int pkvpy_index(PyObject *obj, const char *what, const char *not_int, long long *v,
-                int *overflow) {
-    if (!PyIndex_Check(obj)) {
-        pkvpy_raise(PKV_ERR_INVALID_ARG, what, "%s, got %s", not_int, Py_TYPE(obj)->tp_name);
-        return -1;
-    }
-    PyObject *idx = PyNumber_Index(obj);
-    if (!idx)
-        return -1;
-    *overflow = 0;
-    *v = PyLong_AsLongLongAndOverflow(idx, overflow);
-    Py_DECREF(idx);
-    return *v == -1 && PyErr_Occurred() ? -1 : 0;
-}
-
 int pkvpy_u32(PyObject *obj, uint32_t *out, const char *what) {
     long long v;
     int overflow;

@@ -159,3 +159,20 @@ PyObject *pkvpy_raise_trace(pkv_status status, const char *what, const pkv_trace
     Py_DECREF(extra);
     return NULL;
 }
+
+// An integer argument (anything with __index__), shared by both modules: a
+// non-integer raises InvalidArgument naming `what`.
+int pkvpy_index(PyObject *obj, const char *what, const char *not_int, long long *v,
+                int *overflow) {
+    if (!PyIndex_Check(obj)) {
+        pkvpy_raise(PKV_ERR_INVALID_ARG, what, "%s, got %s", not_int, Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    PyObject *idx = PyNumber_Index(obj);
+    if (!idx)
+        return -1;
+    *overflow = 0;
+    *v = PyLong_AsLongLongAndOverflow(idx, overflow);
+    Py_DECREF(idx);
+    return *v == -1 && PyErr_Occurred() ? -1 : 0;
+}

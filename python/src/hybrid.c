@@ -14,72 +14,7 @@ typedef struct {
     uint32_t block_size[PKV_MAX_KV_GROUPS]; // 0 for a state group
 } HybridObject;
 
-static const char *const kind_names[] = {"full", "sliding", "chunked", "mla", "state"};
-
-// ---- construction ----
-
-// An unsigned field of a group dict; absent: *out keeps its default. -1 on error.
-static int dict_u64(PyObject *d, const char *key, uint64_t *out, uint64_t max, Py_ssize_t g) {
-    PyObject *v = PyDict_GetItemString(d, key); // borrowed
-    if (!v) return 0;
-    long long x;
-    int overflow = 0;
-    if (pkvpy_index(v, "HybridKV", "a group field must be an integer", &x, &overflow) < 0) return -1;
-    if (overflow || x < 0 || (unsigned long long)x > max) {
-        pkvpy_raise(PKV_ERR_INVALID_ARG, "HybridKV", "group %zd: %s must be in 0..%llu", g, key,
-                    (unsigned long long)max);
-        return -1;
-    }
-    *out = (uint64_t)x;
-    return 0;
-}
-
-static int group_from(PyObject *d, Py_ssize_t g, pkv_kv_group *out) {
-    if (!PyDict_Check(d)) {
-        pkvpy_raise(PKV_ERR_INVALID_ARG, "HybridKV", "group %zd must be a dict (kind, layers, ...)", g);
-        return -1;
-    }
-    static const char *const known[] = {"kind", "layers", "kv_heads", "head_dim", "window",
-                                        "latent_dim", "rope_dim", "sinks", "state_bytes", NULL};
-    PyObject *key, *val;
-    Py_ssize_t pos = 0;
-    while (PyDict_Next(d, &pos, &key, &val)) {
-        const char *k = PyUnicode_Check(key) ? PyUnicode_AsUTF8(key) : NULL;
-        int ok = 0;
-        for (int i = 0; k && known[i]; i++) ok |= strcmp(k, known[i]) == 0;
-        if (!ok) {
-            pkvpy_raise(PKV_ERR_INVALID_ARG, "HybridKV", "group %zd: unknown field '%s' (fields: kind, "
-                        "layers, kv_heads, head_dim, window, latent_dim, rope_dim, sinks, state_bytes)",
-                        g, k ? k : "(not a string)");
-            return -1;
-        }
-    }
-    memset(out, 0, sizeof *out);
-    PyObject *kind = PyDict_GetItemString(d, "kind");
-    const char *kname = kind && PyUnicode_Check(kind) ? PyUnicode_AsUTF8(kind) : NULL;
-    int k = 0;
-    while (kname && k < 5 && strcmp(kname, kind_names[k]) != 0) k++;
-    if (!kname || k == 5) {
-        pkvpy_raise(PKV_ERR_INVALID_ARG, "HybridKV",
-                    "group %zd: kind must be 'full', 'sliding', 'chunked', 'mla' or 'state'", g);
-        return -1;
-    }
-    out->kind = (pkv_layer_kind)k;
-    uint64_t layers = 0, heads = 0, dim = 0, window = 0, latent = 0, rope = 0, sinks = 0;
-    if (dict_u64(d, "layers", &layers, UINT32_MAX, g) < 0 || dict_u64(d, "kv_heads", &heads, UINT32_MAX, g) < 0 ||
-        dict_u64(d, "head_dim", &dim, UINT32_MAX, g) < 0 || dict_u64(d, "window", &window, UINT32_MAX, g) < 0 ||
-        dict_u64(d, "latent_dim", &latent, UINT32_MAX, g) < 0 || dict_u64(d, "rope_dim", &rope, UINT32_MAX, g) < 0 ||
-        dict_u64(d, "sinks", &sinks, 1, g) < 0 || dict_u64(d, "state_bytes", &out->state_bytes, UINT64_MAX, g) < 0)
-        return -1;
-    out->num_layers = (uint32_t)layers;
-    out->num_kv_heads = (uint32_t)heads;
-    out->head_dim = (uint32_t)dim;
-    out->window = (uint32_t)window;
-    out->latent_dim = (uint32_t)latent;
-    out->rope_dim = (uint32_t)rope;
-    out->sinks = (uint32_t)sinks;
-    return 0;
-}
+// ---- construction (a group's dict: groups.c) ----
 
 static int Hybrid_init(HybridObject *self, PyObject *args, PyObject *kw) {
     static char *kwlist[] = {"groups", "budget_bytes", "layout", "block_size", "block_sizes",
@@ -127,7 +62,8 @@ static int Hybrid_init(HybridObject *self, PyObject *args, PyObject *kw) {
         goto done;
     }
     for (Py_ssize_t g = 0; g < ng; g++)
-        if (group_from(PySequence_Fast_GET_ITEM(seq, g), g, &self->groups[g]) < 0) goto done;
+        if (pkvpy_group_from(PySequence_Fast_GET_ITEM(seq, g), g, &self->groups[g], "HybridKV") < 0)
+            goto done;
     if (sizes != Py_None) {
         PyArrayObject *a = pkvpy_int_vector(sizes, NPY_UINT32, "HybridKV block_sizes");
         if (!a) goto done;
@@ -478,7 +414,7 @@ static PyObject *Hybrid_group_stats(HybridObject *self, PyObject *arg) {
     pkv_hybrid_group_stats s;
     pkv_status st = pkv_hybrid_group_stats_get(self->h, g, &s);
     if (st != PKV_OK) return pkvpy_raise(st, "HybridKV.group_stats", "group %u", g);
-    PyObject *d = Py_BuildValue("{s:s,s:I,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "kind", kind_names[s.kind],
+    PyObject *d = Py_BuildValue("{s:s,s:I,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "kind", pkvpy_kind_names[s.kind],
                                 "block_size", s.block_size, "page_bytes", (unsigned long long)s.page_bytes,
                                 "capacity_bytes", (unsigned long long)s.capacity_bytes, "used_bytes",
                                 (unsigned long long)s.used_bytes, "free_bytes", (unsigned long long)s.free_bytes,
@@ -597,7 +533,7 @@ static PyObject *Hybrid_get_block_sizes(HybridObject *self, void *c) {
 static PyObject *Hybrid_get_kinds(HybridObject *self, void *c) {
     PyObject *l = PyList_New(self->num_groups);
     for (uint32_t g = 0; l && g < self->num_groups; g++)
-        PyList_SET_ITEM(l, g, PyUnicode_FromString(kind_names[self->groups[g].kind]));
+        PyList_SET_ITEM(l, g, PyUnicode_FromString(pkvpy_kind_names[self->groups[g].kind]));
     return l;
 }
 static PyObject *Hybrid_get_live(HybridObject *self, void *c) {

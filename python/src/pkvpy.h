@@ -181,4 +181,17 @@ int pkvpy_medium(const char *name, const char *what, pkv_medium *medium);
 // HybridKV and HybridStep (the hybrid KV manager), added to the module. 0 on success.
 int pkvpy_hybrid_init(PyObject *module);
 
+// ---- groups.c (compiled into both modules) ----
+
+// One KV cache group from its dict (kind, layers, kv_heads, head_dim, window,
+// latent_dim, rope_dim, sinks, state_bytes); -1 with an exception naming group g.
+int pkvpy_group_from(PyObject *d, Py_ssize_t g, pkv_kv_group *out, const char *what);
+extern const char *const pkvpy_kind_names[5]; // by pkv_layer_kind
+
+// ---- hybrid_vmm.c ----
+
+// HybridVMM (include/pkv/hybrid_vmm.h), added to _testbed (the VMM spaces live in
+// the full library, not the allocator core). 0 on success.
+int pkvpy_hybrid_vmm_init(PyObject *module);
+
 #endif // PKVPY_H

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 // Module pagedkv._testbed: traces and the replay (Trace, load_trace, parse_trace,
-// generate_trace, replay, and _replay_cli: pkv-replay's own code for pagedkv.sweep),
+// generate_trace, replay, HybridVMM, and _replay_cli: pkv-replay's own code for pagedkv.sweep),
 // against the full libpagedkv, whose CPU decoder needs BLAS and
 // OpenMP. pagedkv/__init__.py imports it on the first use of one of its names, so an
 // engine that only uses the allocator (pagedkv._core) never loads those libraries.
@@ -26,6 +26,7 @@ PyMODINIT_FUNC PyInit__testbed(void) {
         policies[i] = pkv_policy_name((pkv_policy)i);
     policies[PKV_POLICY_COUNT] = NULL;
     if (pkvpy_add_type(m, "Trace", &pkvpy_Trace_Type) < 0 || pkvpy_trace_init(m) < 0 ||
+        pkvpy_hybrid_vmm_init(m) < 0 ||
         PyModule_AddFunctions(m, pkvpy_trace_functions) < 0 ||
         PyModule_AddFunctions(m, pkvpy_sweep_functions) < 0 ||
         PyModule_AddObject(m, "POLICIES", pkvpy_names(policies)) < 0 ||
