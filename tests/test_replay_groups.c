@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "pkv/hybrid_vmm.h"
 #include "pkv/replay.h"
 #include "replay_helpers.h"
 
@@ -180,6 +181,50 @@ Test(replay_groups, hybrid_vmm_unmaps_pages_outside_the_window) {
     pkv_replay_report v = run_one(q, 0, NULL);
     cr_assert_eq(v.memory.peak_reserved_bytes, 2u * 3 * 4 * 4096);
     cr_assert_lt(r.memory.peak_reserved_bytes, v.memory.peak_reserved_bytes);
+}
+
+// The policy's model against the library: without map-ahead, hybrid-vmm's peak
+// pages per group on tiny-swa are what pkv_hybrid_vmm maps when the same request
+// grows the same way (an 8-token prefill, then one token at a time to 40), in
+// spaces of the same page and the same buffers (K and V of each layer).
+Test(replay_groups, hybrid_vmm_policy_holds_what_the_library_maps) {
+    pkv_replay_params p = swa_params(PKV_POLICY_HYBRID_VMM);
+    p.vmm_page_bytes = 4096;
+    p.vmm_map_ahead = 0;
+    pkv_replay_report r = run_one(p, 0, NULL);
+    pkv_kv_group groups[PKV_MAX_KV_GROUPS];
+    uint32_t ng = 0;
+    cr_assert_eq(pkv_model_kv_groups(&p.model, groups, &ng), PKV_OK);
+    pkv_hybrid_vmm_params hp;
+    pkv_hybrid_vmm_params_default(&hp);
+    hp.groups = groups;
+    hp.num_groups = ng;
+    hp.budget_bytes = p.kv_mem_bytes;
+    hp.max_seq_len = 64;
+    hp.page_bytes = 4096;
+    pkv_hybrid_vmm *h = NULL;
+    cr_assert_eq(pkv_hybrid_vmm_create(&hp, &h), PKV_OK);
+    uint32_t slot;
+    cr_assert_eq(pkv_hybrid_vmm_acquire(h, &slot), PKV_OK);
+    uint64_t peak[PKV_MAX_KV_GROUPS] = {0};
+    for (uint32_t n = 8; n <= 40; n++) {
+        cr_assert_eq(pkv_hybrid_vmm_set_length(h, slot, n), PKV_OK);
+        for (uint32_t g = 0; g < ng; g++) {
+            pkv_vmm_info info;
+            pkv_vmm_get_info(pkv_hybrid_vmm_space(h, g), &info);
+            uint64_t held = pkv_vmm_slot_pages(pkv_hybrid_vmm_space(h, g), slot) *
+                            info.num_buffers * info.page_bytes;
+            if (held > peak[g]) peak[g] = held;
+        }
+    }
+    cr_assert_eq(r.memory.num_groups, ng);
+    for (uint32_t g = 0; g < ng; g++)
+        cr_assert_eq(r.memory.groups[g].peak_held_bytes, peak[g], "group %u: policy %llu, library %llu",
+                     g, (unsigned long long)r.memory.groups[g].peak_held_bytes,
+                     (unsigned long long)peak[g]);
+    cr_assert_eq(peak[0], 2u * 4 * 4096, "the window spans two page groups at most");
+    cr_assert_eq(peak[1], 3u * 4 * 4096);
+    pkv_hybrid_vmm_destroy(h);
 }
 
 // A uniform model: hybrid-vmm is vmm without deferred reclamation (one FULL
