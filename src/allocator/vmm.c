@@ -258,7 +258,8 @@ static pkv_status set_range(pkv_vmm_space *s, uint32_t slot, uint64_t lo, uint64
     if (!can_take(s, (hi - lo - kept) * nb, (old_hi - old_lo - kept) * nb))
         return PKV_ERR_OUT_OF_BLOCKS; // before any call: nothing changes
     pkv_status first = PKV_OK;
-    for (uint64_t p = old_hi; p-- > old_lo;) { // from the back, as a shrink does
+    for (uint64_t end = old_hi; end > old_lo; end--) { // from the back, as a shrink does
+        uint64_t p = end - 1;
         if (p >= keep_lo && p < keep_hi) continue;
         pkv_status st = unmap_group(s, slot, p);
         if (st != PKV_OK && first == PKV_OK) first = st;
