@@ -532,14 +532,22 @@ Test(replay_groups, run_mode_hybrid_store_tiny_hybrid, .timeout = 300) {
 // hybrid-lcm, tiny-swa (block 4: a page of 4 x 1024 bytes per group, large pages
 // the same), 32 pages. R0: prompt 4, 60 out; R1: prompt 36, 30 out. Step 0
 // prefills both (R0 1 + 1 pages, R1 9 + 9). Decode step k appends R0's token at
-// p = 3 + k and R1's at p = 35 + k. From length L >= 16 on a sliding table holds
-// ceil(L / 4) - floor((L - 16) / 4) blocks: 4 when 4 divides L, else 5. After
-// step 24 (R0 28 tokens: 7 + 4 pages; R1 60: 15 + 4) 30 pages are held; step 25
-// gives R0 its 8th full block and a sliding one (p = 28 releases nothing new:
-// floor(13 / 4) = 3 holes as before), the last 2 pages; R1's append at p = 60
-// needs 2 more and R1 is preempted. It holds 15 full blocks and 4 sliding ones
-// (holes 0..10): 19 x 4096 = 77824 bytes out and the same back in, where the
-// uniform charge, 60 tokens x 2048 bytes, would be 122880.
+// p = 3 + k and R1's at p = 35 + k. An append at p >= 16 leaves floor((p - 15) / 4)
+// holes in a sliding table of ceil((p + 1) / 4) blocks. After step 24 (R0 28
+// tokens: 7 + 4 pages; R1 60: 15 + 4) 30 pages are held; step 25 gives R0 its 8th
+// full block and a sliding one (p = 28 releases nothing new: floor(13 / 4) = 3
+// holes as before), the last 2 pages; R1's append at p = 60 needs 2 more and R1
+// is preempted. It holds 15 full blocks and 4 sliding ones (holes 0..10): 19 x
+// 4096 = 77824 bytes move out, where the uniform charge, 60 tokens x 2048 bytes,
+// would be 122880. The swap-in brings those 19 pages back (swap_in), so R1 returns
+// whenever R0 holds at most 13 pages, and is preempted again at its next append
+// (p = 60 needs a full and a sliding page) while R0 grows:
+//   step 26: R0 30 tokens, 8 + 5 = 13 pages: R1 in (32);   step 27: R1 out again;
+//   step 28: R0 32 tokens, 8 + 4 (p = 31 releases block 3) = 12: in (31); step 29:
+//            R0's p = 32 takes 2 pages, 1 free: out; R0 9 + 5 = 14;
+//   step 32: R0 36 tokens, 9 + 4 (p = 35: 5 holes) = 13: in (32); step 33: out;
+// from then on R0 holds at least 10 full + 4 sliding pages, so R1 comes back when
+// R0 finishes (step 60) and stays. 4 swaps of 19 pages each way.
 Test(replay_groups, hybrid_swap_moves_the_window_not_the_context) {
     pkv_replay_params p = swa_params(PKV_POLICY_HYBRID_LCM);
     p.kv_mem_bytes = 32 * 4096;
@@ -549,10 +557,78 @@ Test(replay_groups, hybrid_swap_moves_the_window_not_the_context) {
     pkv_replay_report r;
     cr_assert_eq(pkv_replay_run(t, &p, &r), PKV_OK, "%s", r.failure);
     cr_assert_eq(r.requests.completed, 2);
-    cr_assert_eq(r.preemptions, 1);
+    cr_assert_eq(r.preemptions, 4);
     cr_assert_eq(r.swap_fallbacks, 0);
-    cr_expect_eq(r.swap_out_bytes, 19 * 4096);
-    cr_expect_eq(r.swap_in_bytes, 19 * 4096);
-    cr_expect_eq(r.swap_bytes, 2 * 19 * 4096);
+    cr_expect_eq(r.swap_out_bytes, 4 * 19 * 4096);
+    cr_expect_eq(r.swap_in_bytes, 4 * 19 * 4096);
+    cr_expect_eq(r.swap_bytes, 2 * 4 * 19 * 4096);
     pkv_trace_destroy(t);
+}
+
+// What a step holds of the sliding group, and whether requests wait after it.
+typedef struct swap_steps {
+    uint64_t held[256];
+    uint32_t waiting[256];
+    uint64_t n;
+} swap_steps;
+
+static void note_step(void *user, const pkv_replay_step *s) {
+    swap_steps *w = user;
+    if (s->index >= 256) return;
+    w->held[s->index] = s->groups[0].held_bytes;
+    w->waiting[s->index] = s->waiting;
+    w->n = s->index + 1;
+}
+
+// The steps in which nothing waits after a step in which a request waited: the
+// swap-ins of the preempted request.
+static uint32_t swap_in_steps(const swap_steps *w, uint64_t *at, uint32_t cap) {
+    uint32_t k = 0;
+    for (uint64_t i = 1; i < w->n && k < cap; i++)
+        if (w->waiting[i - 1] && !w->waiting[i]) at[k++] = i;
+    return k;
+}
+
+// The swap-in brings back what the swap-out moved (the trace, budget and schedule
+// of hybrid_swap_moves_the_window_not_the_context): R1, out at 60 tokens with 4
+// sliding blocks (holes 0..10), comes back with those 4, not its 15 blocks of
+// context. The sliding group then holds R0's sliding pages + 4 at each swap-in:
+// step 26: 5 + 4, step 28: 4 + 4, step 32: 4 + 4, step 60 (R0 gone): 4, and at most
+// 5 afterwards (R1 alone). Its peak is step 0's (R0 1 + R1 9 prompt blocks). Appending
+// R1's 60 tokens at once held all 15 sliding blocks at a swap-in: then no swap-in
+// fit before R0 finished (15 + 15 pages), and that step (61440 bytes) was the
+// group's peak. Shared-page has the same pages here (both groups 1024 bytes per
+// token: one page size).
+Test(replay_groups, hybrid_swap_in_restores_the_window) {
+    const pkv_policy pol[] = {PKV_POLICY_HYBRID_LCM, PKV_POLICY_HYBRID_SHARED_PAGE};
+    for (size_t i = 0; i < 2; i++) {
+        pkv_replay_params p = swa_params(pol[i]);
+        p.kv_mem_bytes = 32 * 4096;
+        p.preempt = PKV_PREEMPT_SWAP;
+        swap_steps w = {0};
+        p.on_step = note_step;
+        p.user = &w;
+        const pkv_trace_request q[2] = {{0, 4, 60, 1, -1, 0, 0}, {0, 36, 30, 1, -1, 0, 1}};
+        pkv_trace *t = make_trace(q, 2);
+        pkv_replay_report r;
+        cr_assert_eq(pkv_replay_run(t, &p, &r), PKV_OK, "%s", r.failure);
+        cr_assert_eq(r.requests.completed, 2, "%s", r.policy);
+        cr_assert_eq(r.swap_fallbacks, 0, "%s", r.policy);
+        uint64_t at[8];
+        const uint32_t k = swap_in_steps(&w, at, 8);
+        const uint64_t want_at[4] = {26, 28, 32, 60}, want_pages[4] = {9, 8, 8, 4};
+        cr_assert_eq(k, 4, "%s: %u swap-ins", r.policy, k);
+        for (uint32_t j = 0; j < 4; j++) {
+            cr_expect_eq(at[j], want_at[j], "%s: swap-in %u at step %llu", r.policy, j,
+                         (unsigned long long)at[j]);
+            cr_expect_eq(w.held[at[j]], want_pages[j] * 4096, "%s step %llu: %llu bytes", r.policy,
+                         (unsigned long long)at[j], (unsigned long long)w.held[at[j]]);
+        }
+        for (uint64_t s = at[3]; s < w.n; s++)
+            cr_expect_leq(w.held[s], 5 * 4096, "%s step %llu: %llu", r.policy,
+                          (unsigned long long)s, (unsigned long long)w.held[s]);
+        cr_expect_eq(r.memory.groups[0].peak_held_bytes, 10 * 4096, "%s: %llu", r.policy,
+                     (unsigned long long)r.memory.groups[0].peak_held_bytes);
+        pkv_trace_destroy(t);
+    }
 }
