@@ -632,3 +632,36 @@ Test(replay_groups, hybrid_swap_in_restores_the_window) {
         pkv_trace_destroy(t);
     }
 }
+
+// Run mode's copied_bytes over the model's hybrid store counts what the store
+// copies. tiny-hybrid under hybrid-partition (block 4 in every token group), one
+// request: prompt 6, 3 tokens out, n = 2. The prefill ends with a fork: a state
+// copy (the state layer: 4 KV heads x 64 x 64 fp32 = 65536 bytes) and, in each
+// token group, the partly filled block 1 (tokens 4, 5) shared. The first decode
+// appends sample 0 at p = 6: copy-on-write of that block in every token group
+// (sample 1 then owns the original); the second (p = 7) copies nothing. The store
+// is the decoder's fp32: a page is 4 tokens x (K + V) x layers x heads x dim x 4
+// bytes, full 4 x 2048 = 8192, sliding (2 layers) 16384, chunked 8192, MLA (one
+// 64 + 32 latent) 4 x 384 = 1536: 34304 bytes of blocks + 65536 of state.
+Test(replay_groups, run_mode_hybrid_store_counts_block_and_state_copies, .timeout = 120) {
+    const pkv_trace_request rq = {0, 6, 3, 2, -1, 0, 0};
+    pkv_trace *t = make_trace(&rq, 1);
+    pkv_replay_params p = pkv_replay_params_default();
+    cr_assert_eq(pkv_model_preset("tiny-hybrid", &p.model), PKV_OK);
+    p.policy = PKV_POLICY_HYBRID_PARTITION;
+    p.mode = PKV_REPLAY_RUN;
+    p.kv_mem_bytes = 32u << 20;
+    p.block_size = 4;
+    p.watermark = 0;
+    p.validate = 1;
+    p.run_threads = 1;
+    p.alloc_model = pkv_alloc_model_none();
+    pkv_replay_report r;
+    cr_assert_eq(pkv_replay_run(t, &p, &r), PKV_OK, "%s", r.failure);
+    cr_assert_eq(r.requests.completed, 1, "rejected %llu", (unsigned long long)r.requests.rejected);
+    cr_assert_str_eq(r.run.layout, "hybrid");
+    cr_assert_eq(r.cow_copies, 4, "%llu", (unsigned long long)r.cow_copies);
+    cr_expect_eq(r.run.copied_bytes, 8192 + 16384 + 8192 + 1536 + 65536, "%llu",
+                 (unsigned long long)r.run.copied_bytes);
+    pkv_trace_destroy(t);
+}
