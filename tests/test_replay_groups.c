@@ -665,3 +665,38 @@ Test(replay_groups, run_mode_hybrid_store_counts_block_and_state_copies, .timeou
                  (unsigned long long)r.run.copied_bytes);
     pkv_trace_destroy(t);
 }
+
+// hybrid-vmm has the same swap-in: its rows come back with the page groups the
+// swap-out unmapped, not mapped anew for the whole length. tiny-swa, pages of
+// 4096 bytes: a page group is K and V of both layers of a group, 4 pages holding
+// 4096 / (2 heads x 64 x 2 bytes) = 16 tokens; 32 pages = 8 page groups. Step 0
+// maps R0 1 + 1 and R1 3 + 3 (36 tokens): all 8. R1's append at p = 36 unmaps its
+// sliding page group 0 (first_live 21), one free. At step 13 R0's append at p = 16
+// needs a full and a sliding page group (first_live 1: none dead): R1 (48 tokens:
+// full 3, sliding 1..2) is preempted and swaps out 5 page groups, 81920 bytes (the
+// engine's default charge was 48 x 2048 = 98304). R0 ends with 4 + 2 page groups, so
+// R1 comes back when it finishes, with sliding 2 page groups (32768 bytes), where
+// mapping 48 tokens held 3.
+Test(replay_groups, hybrid_vmm_swap_in_restores_the_window) {
+    pkv_replay_params p = swa_params(PKV_POLICY_HYBRID_VMM);
+    p.kv_mem_bytes = 32 * 4096;
+    p.vmm_page_bytes = 4096;
+    p.preempt = PKV_PREEMPT_SWAP;
+    swap_steps w = {0};
+    p.on_step = note_step;
+    p.user = &w;
+    const pkv_trace_request q[2] = {{0, 4, 60, 1, -1, 0, 0}, {0, 36, 30, 1, -1, 0, 1}};
+    pkv_trace *t = make_trace(q, 2);
+    pkv_replay_report r;
+    cr_assert_eq(pkv_replay_run(t, &p, &r), PKV_OK, "%s", r.failure);
+    cr_assert_eq(r.requests.completed, 2);
+    cr_assert_eq(r.preemptions, 1);
+    cr_assert_eq(r.swap_fallbacks, 0);
+    cr_expect_eq(r.swap_out_bytes, 5 * 16384, "%llu", (unsigned long long)r.swap_out_bytes);
+    cr_expect_eq(r.swap_in_bytes, 5 * 16384);
+    uint64_t at[2];
+    cr_assert_eq(swap_in_steps(&w, at, 2), 1);
+    cr_expect_eq(at[0], 60);
+    cr_expect_eq(w.held[at[0]], 2 * 16384, "%llu", (unsigned long long)w.held[at[0]]);
+    pkv_trace_destroy(t);
+}
