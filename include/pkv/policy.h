@@ -235,8 +235,8 @@ typedef struct pkv_policy_vtable {
     // keeps exactly what the swap moves off the budget (the hybrid policies: their
     // sequences moved to a host-side manager by pkv_hybrid_move, a sliding group
     // only its window's blocks) and frees r's memory in the budget. PKV_OK, or any
-    // other status with nothing changed: the engine then releases r and recomputes
-    // it later (a swap fallback).
+    // other status: the engine then releases r (whatever swap_out did to it) and
+    // recomputes it later (a swap fallback).
     pkv_status (*swap_out)(void *state, uint32_t r);
     // Bring swapped-out request r back (`a` as admit's: nseq sequences of len
     // tokens): all or nothing, with `watermark` slots left free, holding exactly

@@ -237,7 +237,12 @@ static pkv_status hybrid_create(const pkv_policy_config *cfg, pkv_hybrid_layout 
     p->host_params = hp;
     memcpy(p->host_groups, cfg->groups, sizeof p->host_groups);
     p->host_params.groups = p->host_groups;
-    p->host_params.budget_bytes = cfg->params ? cfg->params->swap_space_bytes : 0;
+    // The host pool's budget, capped at 16 budgets: what is swapped out was in the
+    // budget, and a pool for an unbounded --swap-space would cost its metadata for
+    // nothing (past the cap a swap-out is refused: the engine recomputes instead).
+    const uint64_t swap = cfg->params ? cfg->params->swap_space_bytes : 0;
+    const uint64_t cap = cfg->capacity_bytes > UINT64_MAX / 16 ? UINT64_MAX : 16 * cfg->capacity_bytes;
+    p->host_params.budget_bytes = swap < cap ? swap : cap;
     p->host_params.prefix_cache_blocks = 0; // swapped sequences are looked up nowhere
     p->host_params.event_capacity = 0;
     pkv_status st = pkv_hybrid_create(&hp, &p->h);
