@@ -7,29 +7,13 @@
 #include <criterion/criterion.h>
 #include <string.h>
 
+#include "hybrid_fixture.h"
 #include "pkv/hybrid.h"
 #include "src/allocator/hybrid_internal.h" // white-box: validate_catches_a_leaked_reference
 
-// One group of `layers` layers of 1 head x head_dim 1: bytes per token at elem 1
-// is 2 x layers.
-static pkv_kv_group group(pkv_layer_kind kind, uint32_t layers, uint32_t window) {
-    pkv_kv_group g = {.kind = kind, .num_layers = layers, .window = window};
-    if (kind == PKV_LAYER_MLA) g.latent_dim = 1, g.rope_dim = 1;
-    else if (kind == PKV_LAYER_STATE) g.state_bytes = 100;
-    else g.num_kv_heads = 1, g.head_dim = 1;
-    return g;
-}
-
 static pkv_hybrid *make(const pkv_kv_group *groups, uint32_t n, pkv_hybrid_layout layout,
                         uint64_t budget, uint32_t block_size) {
-    pkv_hybrid_params p;
-    pkv_hybrid_params_default(&p);
-    p.groups = groups;
-    p.num_groups = n;
-    p.elem_bytes = 1;
-    p.layout = layout;
-    p.budget_bytes = budget;
-    p.block_size = block_size;
+    const pkv_hybrid_params p = hybrid_test_params(groups, n, layout, budget, block_size);
     pkv_hybrid *h = NULL;
     cr_assert_eq(pkv_hybrid_create(&p, &h), PKV_OK, "create %s", pkv_hybrid_layout_name(layout));
     return h;
@@ -58,7 +42,7 @@ Test(hybrid, sliding_window_4_block_2_keeps_the_window) {
     // Sliding W = 4, B = 2. The 9th token is appended at p = 8: that query sees
     // 5..8, so tokens 0..4 are dead and blocks 0 (0-1) and 1 (2-3) are released;
     // block 2 (4-5) still holds token 5. A full group beside it keeps everything.
-    pkv_kv_group gs[2] = {group(PKV_LAYER_SLIDING, 1, 4), group(PKV_LAYER_FULL, 1, 0)};
+    pkv_kv_group gs[2] = {hybrid_test_group(PKV_LAYER_SLIDING, 1, 4), hybrid_test_group(PKV_LAYER_FULL, 1, 0)};
     pkv_hybrid *h = make(gs, 2, PKV_HYBRID_PARTITION, 1 << 12, 2);
     pkv_seq_id id = new_seq(h);
     append_one_by_one(h, id, 9);
@@ -88,7 +72,7 @@ Test(hybrid, sliding_window_4_block_2_keeps_the_window) {
 Test(hybrid, one_prefill_releases_on_the_next_append) {
     // 9 tokens in one append are 9 queries starting at p = 0: nothing is dead yet.
     // The next append (query at 9, sees 6..9) releases blocks 0..2.
-    pkv_kv_group gs[1] = {group(PKV_LAYER_SLIDING, 1, 4)};
+    pkv_kv_group gs[1] = {hybrid_test_group(PKV_LAYER_SLIDING, 1, 4)};
     pkv_hybrid *h = make(gs, 1, PKV_HYBRID_SHARED_PAGE, 1 << 12, 2);
     pkv_seq_id id = new_seq(h);
     cr_assert_eq(pkv_hybrid_append(h, id, 9, NULL), PKV_OK);
@@ -102,7 +86,7 @@ Test(hybrid, one_prefill_releases_on_the_next_append) {
 Test(hybrid, chunked_8_block_4_keeps_the_current_chunk) {
     // Chunk C = 8, B = 4. The 15th token (p = 14) sees 8..14: blocks 0, 1 dead.
     // The 17th (p = 16) starts chunk 2 and sees only 16: blocks 0..3 dead.
-    pkv_kv_group gs[1] = {group(PKV_LAYER_CHUNKED, 1, 8)};
+    pkv_kv_group gs[1] = {hybrid_test_group(PKV_LAYER_CHUNKED, 1, 8)};
     pkv_hybrid *h = make(gs, 1, PKV_HYBRID_PARTITION, 1 << 12, 4);
     pkv_seq_id id = new_seq(h);
     append_one_by_one(h, id, 15);
@@ -121,7 +105,7 @@ Test(hybrid, chunked_8_block_4_keeps_the_current_chunk) {
 }
 
 Test(hybrid, sliding_truncate_into_the_released_window_is_refused) {
-    pkv_kv_group gs[1] = {group(PKV_LAYER_SLIDING, 1, 4)};
+    pkv_kv_group gs[1] = {hybrid_test_group(PKV_LAYER_SLIDING, 1, 4)};
     pkv_hybrid *h = make(gs, 1, PKV_HYBRID_PARTITION, 1 << 12, 2);
     pkv_seq_id id = new_seq(h);
     append_one_by_one(h, id, 9); // holes: blocks 0, 1 (tokens 0..3)
@@ -232,15 +216,9 @@ Test(hybrid, partition_and_paged_pool_sizes) {
 }
 
 Test(hybrid, state_groups_fork_copies_and_refuse_truncate) {
-    pkv_kv_group gs[2] = {group(PKV_LAYER_FULL, 1, 0), group(PKV_LAYER_STATE, 1, 0)};
-    pkv_hybrid_params p;
-    pkv_hybrid_params_default(&p);
-    p.groups = gs;
-    p.num_groups = 2;
-    p.elem_bytes = 1;
-    p.layout = PKV_HYBRID_PARTITION;
+    pkv_kv_group gs[2] = {hybrid_test_group(PKV_LAYER_FULL, 1, 0), hybrid_test_group(PKV_LAYER_STATE, 1, 0)};
+    pkv_hybrid_params p = hybrid_test_params(gs, 2, PKV_HYBRID_PARTITION, 2 * 100 + 64 * 32, 16);
     p.max_seqs = 2;
-    p.budget_bytes = 2 * 100 + 64 * 32;
     pkv_hybrid *h;
     cr_assert_eq(pkv_hybrid_create(&p, &h), PKV_OK);
     pkv_seq_id a, b, c;
@@ -280,7 +258,7 @@ Test(hybrid, state_groups_fork_copies_and_refuse_truncate) {
 Test(hybrid, batch_append_is_all_or_nothing_across_groups) {
     // Shared page, B = 2 for both groups (same bytes per token), 6 pages of 4
     // bytes. Two sequences of 2 tokens hold one page per group each: 4 pages.
-    pkv_kv_group gs[2] = {group(PKV_LAYER_FULL, 1, 0), group(PKV_LAYER_SLIDING, 1, 64)};
+    pkv_kv_group gs[2] = {hybrid_test_group(PKV_LAYER_FULL, 1, 0), hybrid_test_group(PKV_LAYER_SLIDING, 1, 64)};
     pkv_hybrid *h = make(gs, 2, PKV_HYBRID_SHARED_PAGE, 6 * 4, 2);
     pkv_seq_id a, b;
     cr_assert_eq(pkv_hybrid_seq_create(h, &a), PKV_OK);
@@ -315,7 +293,7 @@ Test(hybrid, batch_append_is_all_or_nothing_across_groups) {
 Test(hybrid, window_release_makes_room_in_a_full_pool) {
     // Sliding W = 2, B = 1, a pool of 2 blocks: at steady state every append takes
     // one block and releases one. Without counting the release the pool is full.
-    pkv_kv_group gs[1] = {group(PKV_LAYER_SLIDING, 1, 2)};
+    pkv_kv_group gs[1] = {hybrid_test_group(PKV_LAYER_SLIDING, 1, 2)};
     pkv_hybrid *h = make(gs, 1, PKV_HYBRID_PARTITION, 2 * 2, 1);
     pkv_seq_id id = new_seq(h);
     cr_assert_eq(pkv_hybrid_append(h, id, 2, NULL), PKV_OK); // both blocks
@@ -331,7 +309,7 @@ Test(hybrid, window_release_makes_room_in_a_full_pool) {
 }
 
 Test(hybrid, exports_per_group_show_holes) {
-    pkv_kv_group gs[2] = {group(PKV_LAYER_SLIDING, 1, 2), group(PKV_LAYER_FULL, 1, 0)};
+    pkv_kv_group gs[2] = {hybrid_test_group(PKV_LAYER_SLIDING, 1, 2), hybrid_test_group(PKV_LAYER_FULL, 1, 0)};
     pkv_hybrid *h = make(gs, 2, PKV_HYBRID_PARTITION, 1 << 10, 2);
     pkv_seq_id id = new_seq(h);
     append_one_by_one(h, id, 6); // query at 5 sees 4..5: blocks 0, 1 released
@@ -365,7 +343,7 @@ Test(hybrid, exports_per_group_show_holes) {
 }
 
 Test(hybrid, create_refuses_bad_parameters) {
-    pkv_kv_group ok = group(PKV_LAYER_FULL, 1, 0);
+    pkv_kv_group ok = hybrid_test_group(PKV_LAYER_FULL, 1, 0);
     pkv_hybrid_params p;
     pkv_hybrid_params_default(&p);
     p.groups = &ok;
@@ -377,11 +355,11 @@ Test(hybrid, create_refuses_bad_parameters) {
     pkv_hybrid_params q = p;
     q.num_groups = 0;
     cr_assert_eq(pkv_hybrid_create(&q, &h), PKV_ERR_INVALID_ARG, "no group");
-    pkv_kv_group only_state = group(PKV_LAYER_STATE, 1, 0);
+    pkv_kv_group only_state = hybrid_test_group(PKV_LAYER_STATE, 1, 0);
     q = p;
     q.groups = &only_state;
     cr_assert_eq(pkv_hybrid_create(&q, &h), PKV_ERR_INVALID_ARG, "no token group");
-    pkv_kv_group no_window = group(PKV_LAYER_SLIDING, 1, 0);
+    pkv_kv_group no_window = hybrid_test_group(PKV_LAYER_SLIDING, 1, 0);
     q = p;
     q.groups = &no_window;
     cr_assert_eq(pkv_hybrid_create(&q, &h), PKV_ERR_INVALID_ARG, "window 0");
@@ -417,7 +395,7 @@ Test(hybrid, create_refuses_bad_parameters) {
 }
 
 Test(hybrid, validate_catches_a_leaked_reference_and_a_wrong_hole) {
-    pkv_kv_group gs[2] = {group(PKV_LAYER_FULL, 1, 0), group(PKV_LAYER_SLIDING, 1, 2)};
+    pkv_kv_group gs[2] = {hybrid_test_group(PKV_LAYER_FULL, 1, 0), hybrid_test_group(PKV_LAYER_SLIDING, 1, 2)};
     pkv_hybrid *h = make(gs, 2, PKV_HYBRID_SHARED_PAGE, 1 << 10, 2);
     pkv_seq_id id = new_seq(h);
     append_one_by_one(h, id, 5);

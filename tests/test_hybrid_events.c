@@ -12,16 +12,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "hybrid_fixture.h"
 #include "pkv/hybrid.h"
 
 // One group of one layer of 1 head x head_dim 1 (2 bytes per token at elem 1).
-static pkv_kv_group group(pkv_layer_kind kind, uint32_t window) {
-    pkv_kv_group g = {.kind = kind, .num_layers = 1, .window = window};
-    if (kind == PKV_LAYER_STATE) g.state_bytes = 100;
-    else g.num_kv_heads = 1, g.head_dim = 1;
-    return g;
-}
-
 // Full (block 4) + sliding (window 4, block 2) under PARTITION: each pool gets half
 // of the budget (bytes per token 2 each), so budget 2 x blocks x 8 bytes gives the
 // full group `blocks` blocks and the sliding group twice as many.
@@ -30,15 +24,9 @@ static const pkv_kv_group swa[2] = {{.kind = PKV_LAYER_FULL, .num_layers = 1, .n
                                      .head_dim = 1, .window = 4}};
 
 static pkv_hybrid_params swa_params(uint32_t full_blocks, uint32_t event_capacity) {
-    pkv_hybrid_params p;
-    pkv_hybrid_params_default(&p);
-    p.groups = swa;
-    p.num_groups = 2;
-    p.elem_bytes = 1;
-    p.layout = PKV_HYBRID_PARTITION;
+    pkv_hybrid_params p = hybrid_test_params(swa, 2, PKV_HYBRID_PARTITION, 2ull * full_blocks * 8, 16);
     p.block_sizes[0] = 4;
     p.block_sizes[1] = 2;
-    p.budget_bytes = 2ull * full_blocks * 8;
     p.prefix_cache_blocks = 64;
     p.event_capacity = event_capacity;
     p.medium = PKV_MEDIUM_CPU;
@@ -291,16 +279,9 @@ static uint32_t take_all_copies(pkv_hybrid *h) {
 }
 
 Test(hybrid_events, state_snapshots_are_the_state_groups_blocks) {
-    const pkv_kv_group groups[2] = {group(PKV_LAYER_FULL, 0), group(PKV_LAYER_STATE, 0)};
-    pkv_hybrid_params p;
-    pkv_hybrid_params_default(&p);
-    p.groups = groups;
-    p.num_groups = 2;
-    p.elem_bytes = 1;
-    p.layout = PKV_HYBRID_PARTITION;
-    p.block_size = 4;
+    const pkv_kv_group groups[2] = {hybrid_test_group(PKV_LAYER_FULL, 1, 0), hybrid_test_group(PKV_LAYER_STATE, 1, 0)};
+    pkv_hybrid_params p = hybrid_test_params(groups, 2, PKV_HYBRID_PARTITION, 2 * 100 + 64 * 8, 4);
     p.max_seqs = 2;
-    p.budget_bytes = 2 * 100 + 64 * 8;
     p.prefix_cache_blocks = 16;
     p.event_capacity = 16;
     p.medium = PKV_MEDIUM_CPU;
@@ -518,18 +499,12 @@ static uint32_t rnd(rworld *w, uint32_t n) {
 }
 
 static void run_random(const pkv_kv_group *groups, uint32_t ng, pkv_hybrid_layout layout, uint64_t seed) {
-    pkv_hybrid_params p;
-    pkv_hybrid_params_default(&p);
-    p.groups = groups;
-    p.num_groups = ng;
-    p.elem_bytes = 1;
-    p.layout = layout;
-    p.block_size = layout == PKV_HYBRID_PAGED || layout == PKV_HYBRID_SHARED_PAGE ? 2 : 4;
+    pkv_hybrid_params p = hybrid_test_params(groups, ng, layout, 12 * 100 + 48 * 8 * ng,
+                                             layout == PKV_HYBRID_PAGED || layout == PKV_HYBRID_SHARED_PAGE ? 2 : 4);
     if (layout == PKV_HYBRID_PARTITION || layout == PKV_HYBRID_LCM)
         for (uint32_t g = 0; g < ng; g++)
             if (groups[g].kind != PKV_LAYER_STATE) p.block_sizes[g] = g % 2 ? 2 : 4;
     p.max_seqs = 12;
-    p.budget_bytes = 12 * 100 + 48 * 8 * ng;
     p.prefix_cache_blocks = 24;
     p.event_capacity = 4096;
     p.event_payload = 1 << 16;
@@ -575,10 +550,10 @@ static void run_random(const pkv_kv_group *groups, uint32_t ng, pkv_hybrid_layou
 }
 
 Test(hybrid_events, randomized_event_stream_replays_into_the_caches_contents, .timeout = 300) {
-    const pkv_kv_group fs[2] = {group(PKV_LAYER_FULL, 0), group(PKV_LAYER_SLIDING, 4)};
-    const pkv_kv_group fcs[3] = {group(PKV_LAYER_FULL, 0), group(PKV_LAYER_SLIDING, 6),
-                                 group(PKV_LAYER_STATE, 0)};
-    const pkv_kv_group ch[2] = {group(PKV_LAYER_CHUNKED, 8), group(PKV_LAYER_FULL, 0)};
+    const pkv_kv_group fs[2] = {hybrid_test_group(PKV_LAYER_FULL, 1, 0), hybrid_test_group(PKV_LAYER_SLIDING, 1, 4)};
+    const pkv_kv_group fcs[3] = {hybrid_test_group(PKV_LAYER_FULL, 1, 0), hybrid_test_group(PKV_LAYER_SLIDING, 1, 6),
+                                 hybrid_test_group(PKV_LAYER_STATE, 1, 0)};
+    const pkv_kv_group ch[2] = {hybrid_test_group(PKV_LAYER_CHUNKED, 1, 8), hybrid_test_group(PKV_LAYER_FULL, 1, 0)};
     seen_stored = seen_removed = seen_cleared = seen_parents = 0;
     for (uint64_t seed = 1; seed <= 3; seed++) {
         for (int layout = PKV_HYBRID_PAGED; layout <= PKV_HYBRID_LCM; layout++) {

@@ -8,28 +8,19 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "hybrid_fixture.h"
 #include "pkv/hybrid.h"
 #include "src/allocator/hybrid_internal.h"
 #include "src/allocator/lcm.h"
 
+// MLA latent 2 + 1 and 10-byte states: page sizes whose LCM stays small.
 static pkv_kv_group group(pkv_layer_kind kind, uint32_t layers, uint32_t window) {
-    pkv_kv_group g = {.kind = kind, .num_layers = layers, .window = window};
-    if (kind == PKV_LAYER_MLA) g.latent_dim = 2, g.rope_dim = 1;
-    else if (kind == PKV_LAYER_STATE) g.state_bytes = 10;
-    else g.num_kv_heads = 1, g.head_dim = 1;
-    return g;
+    return hybrid_test_group_sized(kind, layers, window, 2, 10);
 }
 
 static pkv_status make(const pkv_kv_group *groups, uint32_t n, uint64_t budget, uint32_t bs,
                        pkv_hybrid **h) {
-    pkv_hybrid_params p;
-    pkv_hybrid_params_default(&p);
-    p.groups = groups;
-    p.num_groups = n;
-    p.elem_bytes = 1;
-    p.layout = PKV_HYBRID_LCM;
-    p.budget_bytes = budget;
-    p.block_size = bs;
+    pkv_hybrid_params p = hybrid_test_params(groups, n, PKV_HYBRID_LCM, budget, bs);
     p.max_seqs = 8;
     return pkv_hybrid_create(&p, h);
 }
@@ -203,13 +194,7 @@ Test(hybrid_lcm, create_errors) {
     cr_assert_eq(make(groups, 2, 95, 4, &h), PKV_ERR_INVALID_ARG, "below one large page of 96");
     cr_assert_null(h);
     // Pages of 2 x 3 x 65519 and 2 x 4 x 65521 bytes (primes): the LCM passes 1 GiB.
-    pkv_hybrid_params p;
-    pkv_hybrid_params_default(&p);
-    p.groups = groups;
-    p.num_groups = 2;
-    p.elem_bytes = 1;
-    p.layout = PKV_HYBRID_LCM;
-    p.budget_bytes = (uint64_t)1 << 40;
+    pkv_hybrid_params p = hybrid_test_params(groups, 2, PKV_HYBRID_LCM, (uint64_t)1 << 40, 16);
     p.block_sizes[0] = 65519;
     p.block_sizes[1] = 65521;
     cr_assert_eq(pkv_hybrid_create(&p, &h), PKV_ERR_LIMIT);
@@ -398,18 +383,11 @@ static void r_world(uint64_t seed, uint32_t ops) {
         pkv_layer_kind k = kinds[rr(w, g == 0 ? 4 : 5)];
         w->groups[g] = group(k, 1 + rr(w, 3), k == PKV_LAYER_SLIDING || k == PKV_LAYER_CHUNKED ? 2 + rr(w, 8) : 0);
     }
-    pkv_hybrid_params p;
-    pkv_hybrid_params_default(&p);
-    p.groups = w->groups;
-    p.num_groups = w->ng;
-    p.elem_bytes = 1;
-    p.layout = PKV_HYBRID_LCM;
-    p.block_size = 1 + rr(w, 4);
+    // A few large pages: find the LCM from a generous budget, then shrink.
+    pkv_hybrid_params p = hybrid_test_params(w->groups, w->ng, PKV_HYBRID_LCM, (uint64_t)1 << 24, 1 + rr(w, 4));
     for (uint32_t g = 0; g < w->ng; g++)
         if (is_tok(w, g)) p.block_sizes[g] = rr(w, 4);
     p.max_seqs = 8;
-    // A few large pages: find the LCM from a generous budget, then shrink.
-    p.budget_bytes = (uint64_t)1 << 24;
     cr_assert_eq(pkv_hybrid_create(&p, &w->h), PKV_OK, "seed %lu", (unsigned long)seed);
     const uint64_t large = pkvi_lcm_large_bytes(pkvi_hybrid_lcm_allocator(w->h));
     pkv_hybrid_destroy(w->h);

@@ -10,29 +10,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "hybrid_fixture.h"
 #include "pkv/hybrid.h"
-
-// One group of `layers` layers of 1 head x head_dim 1 (2 x layers bytes per token
-// at elem 1).
-static pkv_kv_group group(pkv_layer_kind kind, uint32_t layers, uint32_t window) {
-    pkv_kv_group g = {.kind = kind, .num_layers = layers, .window = window};
-    if (kind == PKV_LAYER_MLA) g.latent_dim = 1, g.rope_dim = 1;
-    else if (kind == PKV_LAYER_STATE) g.state_bytes = 100;
-    else g.num_kv_heads = 1, g.head_dim = 1;
-    return g;
-}
 
 // Parameters at elem 1 and max_seqs 16; tests change what they need before create.
 static pkv_hybrid_params params_for(const pkv_kv_group *groups, uint32_t n, pkv_hybrid_layout layout,
                                     uint64_t budget, uint32_t block_size, uint32_t cache_blocks) {
-    pkv_hybrid_params p;
-    pkv_hybrid_params_default(&p);
-    p.groups = groups;
-    p.num_groups = n;
-    p.elem_bytes = 1;
-    p.layout = layout;
-    p.budget_bytes = budget;
-    p.block_size = block_size;
+    pkv_hybrid_params p = hybrid_test_params(groups, n, layout, budget, block_size);
     p.max_seqs = 16;
     p.prefix_cache_blocks = cache_blocks;
     return p;
@@ -79,7 +63,7 @@ static int32_t prompt[64] = {11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23,
                              27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40};
 
 Test(hybrid_prefix, full_group_shares_whole_blocks_up_to_n_minus_1) {
-    pkv_kv_group gs[1] = {group(PKV_LAYER_FULL, 1, 0)};
+    pkv_kv_group gs[1] = {hybrid_test_group(PKV_LAYER_FULL, 1, 0)};
     pkv_hybrid *h = make_cached(gs, 1, PKV_HYBRID_PARTITION, 1 << 12, 4, 64);
     pkv_seq_id a = computed(h, prompt, 10); // blocks 0 (0-3), 1 (4-7) cached; 2 partial
     pkv_hybrid_group_stats st;
@@ -118,7 +102,7 @@ Test(hybrid_prefix, sliding_group_shares_only_the_window_with_holes_before) {
     // after the append (the window rule releases only at the next one). n = 12:
     // L <= 11 -> 10; the query at 10 sees 7..10, so it needs tokens 7..9 of the
     // past: blocks 3 (6-7) and 4 (8-9); blocks 0..2 are holes.
-    pkv_kv_group gs[1] = {group(PKV_LAYER_SLIDING, 1, 4)};
+    pkv_kv_group gs[1] = {hybrid_test_group(PKV_LAYER_SLIDING, 1, 4)};
     pkv_hybrid *h = make_cached(gs, 1, PKV_HYBRID_PARTITION, 1 << 12, 2, 64);
     pkv_seq_id a = computed(h, prompt, 12);
     uint32_t nb, holes;
@@ -162,7 +146,7 @@ Test(hybrid_prefix, sliding_group_shares_only_the_window_with_holes_before) {
 Test(hybrid_prefix, sliding_group_hits_after_its_early_blocks_were_evicted) {
     // W = 4, B = 2, a pool of 8 blocks. a computes 12 tokens (6 blocks), then frees:
     // 6 cache-only blocks, evicted oldest first: 0, 1, 2, ... (released in order).
-    pkv_kv_group gs[1] = {group(PKV_LAYER_SLIDING, 1, 4)};
+    pkv_kv_group gs[1] = {hybrid_test_group(PKV_LAYER_SLIDING, 1, 4)};
     pkv_hybrid *h = make_cached(gs, 1, PKV_HYBRID_PARTITION, 8 * 2 * 2, 2, 64);
     pkv_seq_id a = computed(h, prompt, 12);
     cr_assert_eq(pkv_hybrid_seq_free(h, a), PKV_OK);
@@ -188,7 +172,7 @@ Test(hybrid_prefix, sliding_group_hits_after_its_early_blocks_were_evicted) {
 Test(hybrid_prefix, chunked_group_shares_the_current_chunk) {
     // Chunk C = 4, B = 2, 11 tokens: L <= 10 -> 10; the query at 10 is in chunk
     // 8..11: it needs block 4 (8-9); blocks 0..3 are holes.
-    pkv_kv_group gs[1] = {group(PKV_LAYER_CHUNKED, 1, 4)};
+    pkv_kv_group gs[1] = {hybrid_test_group(PKV_LAYER_CHUNKED, 1, 4)};
     pkv_hybrid *h = make_cached(gs, 1, PKV_HYBRID_PARTITION, 1 << 12, 2, 64);
     pkv_seq_id a = computed(h, prompt, 11);
     uint32_t nb, holes;
@@ -212,8 +196,8 @@ Test(hybrid_prefix, mla_and_full_groups_cap_a_sliding_group) {
     // Full (B = 4) + MLA (B = 2) + sliding W = 4 (B = 2), LCM layout: the hit is a
     // multiple of 4, the full group's leading run caps it. a computes 10 tokens:
     // full caches 2 blocks (0-7), MLA 5, sliding 5. n = 10: L = 8.
-    pkv_kv_group gs[3] = {group(PKV_LAYER_FULL, 1, 0), group(PKV_LAYER_MLA, 1, 0),
-                          group(PKV_LAYER_SLIDING, 1, 4)};
+    pkv_kv_group gs[3] = {hybrid_test_group(PKV_LAYER_FULL, 1, 0), hybrid_test_group(PKV_LAYER_MLA, 1, 0),
+                          hybrid_test_group(PKV_LAYER_SLIDING, 1, 4)};
     pkv_hybrid_params p = params_for(gs, 3, PKV_HYBRID_LCM, 1 << 12, 2, 64);
     p.block_sizes[0] = 4;
     pkv_hybrid *h = NULL;
@@ -246,7 +230,7 @@ Test(hybrid_prefix, a_state_model_hits_only_where_a_state_is_cached) {
     // Full (B = 2) + state: the state interval is 2. a appends 8 tokens and caches
     // its state there (a copy from its slot into the snapshot's), then 2 more
     // tokens and offers all 10 (5 full blocks).
-    pkv_kv_group gs[2] = {group(PKV_LAYER_FULL, 1, 0), group(PKV_LAYER_STATE, 1, 0)};
+    pkv_kv_group gs[2] = {hybrid_test_group(PKV_LAYER_FULL, 1, 0), hybrid_test_group(PKV_LAYER_STATE, 1, 0)};
     pkv_hybrid *h = make_cached(gs, 2, PKV_HYBRID_PARTITION, 1 << 13, 2, 64);
     cr_assert_eq(pkv_hybrid_state_interval(h), 2);
     pkv_seq_id a;
@@ -292,7 +276,7 @@ Test(hybrid_prefix, cached_states_give_way_to_sequences) {
     // Two state slots (max_seqs 2): a holds one, its snapshot the other. A second
     // sequence needs a slot: the snapshot (left to the cache once its copy ran) is
     // evicted; with both slots held by sequences nothing is cached.
-    pkv_kv_group gs[2] = {group(PKV_LAYER_FULL, 1, 0), group(PKV_LAYER_STATE, 1, 0)};
+    pkv_kv_group gs[2] = {hybrid_test_group(PKV_LAYER_FULL, 1, 0), hybrid_test_group(PKV_LAYER_STATE, 1, 0)};
     pkv_hybrid_params p = params_for(gs, 2, PKV_HYBRID_LCM, 2 * 100 + 256, 2, 8);
     p.max_seqs = 2;
     pkv_hybrid *h = NULL;
@@ -325,7 +309,7 @@ Test(hybrid_prefix, cached_states_give_way_to_sequences) {
 }
 
 Test(hybrid_prefix, without_a_cache) {
-    pkv_kv_group gs[1] = {group(PKV_LAYER_FULL, 1, 0)};
+    pkv_kv_group gs[1] = {hybrid_test_group(PKV_LAYER_FULL, 1, 0)};
     pkv_hybrid *h = make_cached(gs, 1, PKV_HYBRID_PARTITION, 1 << 12, 2, 0);
     pkv_seq_id a;
     cr_assert_eq(pkv_hybrid_seq_create(h, &a), PKV_OK);
@@ -338,7 +322,7 @@ Test(hybrid_prefix, without_a_cache) {
 }
 
 Test(hybrid_prefix, bad_arguments) {
-    pkv_kv_group gs[1] = {group(PKV_LAYER_FULL, 1, 0)};
+    pkv_kv_group gs[1] = {hybrid_test_group(PKV_LAYER_FULL, 1, 0)};
     pkv_hybrid *h = make_cached(gs, 1, PKV_HYBRID_PARTITION, 1 << 12, 2, 8);
     pkv_seq_id a;
     cr_assert_eq(pkv_hybrid_seq_create(h, &a), PKV_OK);
@@ -361,7 +345,7 @@ Test(hybrid_prefix, full_group_evicts_leaf_first_under_pressure) {
     // One full group, B = 2, 8 blocks. a computes 8 tokens (4 blocks) and frees:
     // 4 cache-only blocks. x then needs 6 blocks (4 free): 2 evictions, the chain's
     // tail (blocks 3 and 2), so the 4-token head still hits.
-    pkv_kv_group gs[1] = {group(PKV_LAYER_FULL, 1, 0)};
+    pkv_kv_group gs[1] = {hybrid_test_group(PKV_LAYER_FULL, 1, 0)};
     pkv_hybrid *h = make_cached(gs, 1, PKV_HYBRID_PARTITION, 8 * 2 * 2, 2, 64);
     pkv_seq_id a = computed(h, prompt, 8);
     cr_assert_eq(pkv_hybrid_seq_free(h, a), PKV_OK);
@@ -401,7 +385,7 @@ Test(hybrid_prefix, shared_pool_evicts_the_oldest_across_groups) {
     // decodes one token: sliding blocks 0..2 die (query at 8 sees 7..8) and become
     // cache-only first; then a frees. x needs 3 blocks beyond the free ones: the
     // sliding group's released blocks 0..2 go (the oldest), the full chain stays.
-    pkv_kv_group gs[2] = {group(PKV_LAYER_FULL, 1, 0), group(PKV_LAYER_SLIDING, 1, 2)};
+    pkv_kv_group gs[2] = {hybrid_test_group(PKV_LAYER_FULL, 1, 0), hybrid_test_group(PKV_LAYER_SLIDING, 1, 2)};
     pkv_hybrid *h = make_cached(gs, 2, PKV_HYBRID_SHARED_PAGE, 12 * 2 * 2, 2, 64);
     pkv_seq_id a = computed(h, prompt, 8);
     cr_assert_eq(pkv_hybrid_append(h, a, 1, NULL), PKV_OK);
@@ -434,7 +418,7 @@ Test(hybrid_prefix, a_full_groups_lost_block_takes_the_windowed_block_along) {
     // The first takes full block 3; then no hit of this prompt can pass 6 tokens,
     // so sliding block 3 (tokens 6-7) is useless and goes next, before full block 2.
     // A prompt of 8 then hits 6 (full 0..2, sliding 1..2), not 4.
-    pkv_kv_group gs[2] = {group(PKV_LAYER_FULL, 1, 0), group(PKV_LAYER_SLIDING, 1, 4)};
+    pkv_kv_group gs[2] = {hybrid_test_group(PKV_LAYER_FULL, 1, 0), hybrid_test_group(PKV_LAYER_SLIDING, 1, 4)};
     pkv_hybrid *h = make_cached(gs, 2, PKV_HYBRID_SHARED_PAGE, 10 * 2 * 2, 2, 64);
     pkv_seq_id a = computed(h, prompt, 8);
     cr_assert_eq(pkv_hybrid_seq_free(h, a), PKV_OK);
@@ -459,7 +443,7 @@ Test(hybrid_prefix, lcm_eviction_empties_a_large_page_for_another_group) {
     // sliding one at most 2 live: the full group evicts its own 4, then 2 large
     // pages must come from the sliding group, whose cached pages go (its own 2
     // oldest for its own needs, the other 2 to empty large pages for the full one).
-    pkv_kv_group gs[2] = {group(PKV_LAYER_FULL, 1, 0), group(PKV_LAYER_SLIDING, 1, 2)};
+    pkv_kv_group gs[2] = {hybrid_test_group(PKV_LAYER_FULL, 1, 0), hybrid_test_group(PKV_LAYER_SLIDING, 1, 2)};
     pkv_hybrid *h = make_cached(gs, 2, PKV_HYBRID_LCM, 8 * 4, 2, 64);
     pkv_seq_id a = computed(h, prompt, 8);
     cr_assert_eq(pkv_hybrid_seq_free(h, a), PKV_OK);
@@ -700,7 +684,7 @@ static void run_random(pkv_hybrid_layout layout, uint64_t seed, int evicting) {
         const uint32_t kind = g == 0 ? rnd(&w, 2) * 3 : rnd(&w, g + 1 == w.ng ? 5 : 4);
         const pkv_layer_kind kinds[5] = {PKV_LAYER_FULL, PKV_LAYER_SLIDING, PKV_LAYER_CHUNKED,
                                          PKV_LAYER_MLA, PKV_LAYER_STATE};
-        w.groups[g] = group(kinds[kind], 1 + rnd(&w, 2), 2 + rnd(&w, 6));
+        w.groups[g] = hybrid_test_group(kinds[kind], 1 + rnd(&w, 2), 2 + rnd(&w, 6));
         if ((layout == PKV_HYBRID_PARTITION || layout == PKV_HYBRID_LCM) && kind != 4)
             p.block_sizes[g] = base_bs * (1 + rnd(&w, 2));
     }
@@ -851,7 +835,7 @@ Test(hybrid_prefix, layout_sweep_full_plus_sliding) {
     // the full group shares 5 blocks, the sliding one 2 (PAGED: one table, 5).
     const pkv_hybrid_layout layouts[4] = {PKV_HYBRID_PAGED, PKV_HYBRID_PARTITION,
                                           PKV_HYBRID_SHARED_PAGE, PKV_HYBRID_LCM};
-    pkv_kv_group gs[2] = {group(PKV_LAYER_FULL, 1, 0), group(PKV_LAYER_SLIDING, 1, 4)};
+    pkv_kv_group gs[2] = {hybrid_test_group(PKV_LAYER_FULL, 1, 0), hybrid_test_group(PKV_LAYER_SLIDING, 1, 4)};
     for (uint32_t l = 0; l < 4; l++) {
         pkv_hybrid *h = make_cached(gs, 2, layouts[l], 1 << 12, 2, 64);
         computed(h, prompt, 12);

@@ -11,6 +11,7 @@
 #include <criterion/criterion.h>
 #include <string.h>
 
+#include "hybrid_fixture.h"
 #include "pkv/hybrid.h"
 
 #define NG 3 // full (block 4), sliding W 4 (block 2), state
@@ -26,15 +27,8 @@ static const pkv_kv_group GROUPS[NG] = {
 // Every layout gives the full group block 4 and the sliding group block 2:
 // SHARED_PAGE's page is block_size 2 x 4 bytes = 8 bytes, i.e. 4 full tokens.
 static pkv_hybrid *make(pkv_hybrid_layout layout, uint64_t budget, uint32_t max_seqs) {
-    pkv_hybrid_params p;
-    pkv_hybrid_params_default(&p);
-    p.groups = GROUPS;
-    p.num_groups = NG;
-    p.elem_bytes = 1;
-    p.layout = layout;
-    p.budget_bytes = budget;
+    pkv_hybrid_params p = hybrid_test_params(GROUPS, NG, layout, budget, 2);
     p.max_seqs = max_seqs;
-    p.block_size = 2;
     if (layout == PKV_HYBRID_PARTITION || layout == PKV_HYBRID_LCM) {
         p.block_sizes[0] = 4;
         p.block_sizes[1] = 2;
@@ -345,15 +339,8 @@ Test(hybrid_swap, bad_arguments_are_refused_and_change_nothing) {
     pkv_kv_group other[NG];
     memcpy(other, GROUPS, sizeof other);
     other[1].window = 8;
-    pkv_hybrid_params p;
-    pkv_hybrid_params_default(&p);
-    p.groups = other;
-    p.num_groups = NG;
-    p.elem_bytes = 1;
-    p.layout = PKV_HYBRID_PARTITION;
-    p.budget_bytes = 1 << 14;
+    pkv_hybrid_params p = hybrid_test_params(other, NG, PKV_HYBRID_PARTITION, 1 << 14, 2);
     p.max_seqs = 4;
-    p.block_size = 2;
     p.block_sizes[0] = 4;
     p.block_sizes[1] = 2;
     pkv_hybrid *wide = NULL;
@@ -385,15 +372,8 @@ Test(hybrid_swap, bad_arguments_are_refused_and_change_nothing) {
 
 // PAGED to PAGED: one table, its pairs under the first token group move whole pages.
 Test(hybrid_swap, paged_moves_whole_pages_under_the_first_group) {
-    pkv_hybrid_params p;
-    pkv_hybrid_params_default(&p);
-    p.groups = GROUPS;
-    p.num_groups = NG;
-    p.elem_bytes = 1;
-    p.layout = PKV_HYBRID_PAGED;
-    p.budget_bytes = 1 << 14;
+    pkv_hybrid_params p = hybrid_test_params(GROUPS, NG, PKV_HYBRID_PAGED, 1 << 14, 4);
     p.max_seqs = 4;
-    p.block_size = 4;
     pkv_hybrid *a = NULL, *b = NULL;
     cr_assert_eq(pkv_hybrid_create(&p, &a), PKV_OK);
     cr_assert_eq(pkv_hybrid_create(&p, &b), PKV_OK);
@@ -420,14 +400,8 @@ Test(hybrid_swap, paged_moves_whole_pages_under_the_first_group) {
 
 // Blocks from's prefix cache holds stay cached there; to's cache is not fed.
 Test(hybrid_swap, cached_blocks_stay_in_the_source_cache) {
-    pkv_hybrid_params p;
-    pkv_hybrid_params_default(&p);
-    p.groups = GROUPS;
-    p.num_groups = 2; // no state group: blocks only
-    p.elem_bytes = 1;
-    p.layout = PKV_HYBRID_PARTITION;
-    p.budget_bytes = 1 << 12;
-    p.block_size = 2;
+    // No state group: blocks only.
+    pkv_hybrid_params p = hybrid_test_params(GROUPS, 2, PKV_HYBRID_PARTITION, 1 << 12, 2);
     p.block_sizes[0] = 4;
     p.prefix_cache_blocks = 64;
     pkv_hybrid *a = NULL, *b = NULL;
@@ -696,15 +670,8 @@ Test(hybrid_swap, randomized_moves_between_two_managers_match_a_reference) {
             // Small budgets, so that appends and moves run out now and then.
             const uint64_t budget = 6 * 100 + 200 + 100 * rnd(&w, 8);
             if (w.paged) {
-                pkv_hybrid_params p;
-                pkv_hybrid_params_default(&p);
-                p.groups = GROUPS;
-                p.num_groups = NG;
-                p.elem_bytes = 1;
-                p.layout = PKV_HYBRID_PAGED;
-                p.budget_bytes = budget;
+                pkv_hybrid_params p = hybrid_test_params(GROUPS, NG, PKV_HYBRID_PAGED, budget, 4);
                 p.max_seqs = 6;
-                p.block_size = 4;
                 cr_assert_eq(pkv_hybrid_create(&p, &w.h[m]), PKV_OK);
             } else {
                 w.h[m] = make(LAYOUTS[rnd(&w, 3)], budget + 400, 6); // LCM: a large page

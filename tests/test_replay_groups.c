@@ -520,11 +520,8 @@ Test(replay_groups, paged_shares_no_prefix_with_a_state_group) {
 // executor keeps no state store, so for a model with a state layer the three
 // layouts must agree with each other (tests/test_model_hybrid.c checks the store
 // against a recompute for every kind).
-static void run_mode_equals_paged(const char *preset, int has_state) {
-    pkv_trace_request rq[6];
-    for (uint32_t i = 0; i < 6; i++)
-        rq[i] = (pkv_trace_request){0.001 * i, 3 + (i * 7) % 19, 30 + (i * 5) % 17, 1 + i % 2, -1, 0, 0};
-    pkv_trace *t = make_trace(rq, 6);
+// Run mode on `preset` in 32 MiB, block 4, validated, one thread.
+static pkv_replay_params run_params(const char *preset) {
     pkv_replay_params p = pkv_replay_params_default();
     cr_assert_eq(pkv_model_preset(preset, &p.model), PKV_OK);
     p.mode = PKV_REPLAY_RUN;
@@ -534,6 +531,15 @@ static void run_mode_equals_paged(const char *preset, int has_state) {
     p.validate = 1;
     p.run_threads = 1;
     p.alloc_model = pkv_alloc_model_none();
+    return p;
+}
+
+static void run_mode_equals_paged(const char *preset, int has_state) {
+    pkv_trace_request rq[6];
+    for (uint32_t i = 0; i < 6; i++)
+        rq[i] = (pkv_trace_request){0.001 * i, 3 + (i * 7) % 19, 30 + (i * 5) % 17, 1 + i % 2, -1, 0, 0};
+    pkv_trace *t = make_trace(rq, 6);
+    pkv_replay_params p = run_params(preset);
     pkv_replay_report ref;
     int have_ref = 0;
     if (!has_state) {
@@ -573,31 +579,154 @@ Test(replay_groups, run_mode_hybrid_store_tiny_hybrid, .timeout = 300) {
     run_mode_equals_paged("tiny-hybrid", 1);
 }
 
-// A hybrid swap moves the request's live blocks (pkv_hybrid_move), not its context.
-// hybrid-lcm, tiny-swa (block 4: a page of 4 x 1024 bytes per group, large pages
-// the same), 32 pages. R0: prompt 4, 60 out; R1: prompt 36, 30 out. Step 0
-// prefills both (R0 1 + 1 pages, R1 9 + 9). Decode step k appends R0's token at
-// p = 3 + k and R1's at p = 35 + k. From length L >= 16 on a sliding table holds
-// ceil(L / 4) - floor((L - 16) / 4) blocks: 4 when 4 divides L, else 5. After
-// step 24 (R0 28 tokens: 7 + 4 pages; R1 60: 15 + 4) 30 pages are held; step 25
-// gives R0 its 8th full block and a sliding one (p = 28 releases nothing new:
-// floor(13 / 4) = 3 holes as before), the last 2 pages; R1's append at p = 60
-// needs 2 more and R1 is preempted. It holds 15 full blocks and 4 sliding ones
-// (holes 0..10): 19 x 4096 = 77824 bytes out and the same back in, where the
-// uniform charge, 60 tokens x 2048 bytes, would be 122880.
-Test(replay_groups, hybrid_swap_moves_the_window_not_the_context) {
-    pkv_replay_params p = swa_params(PKV_POLICY_HYBRID_LCM);
+// What a step holds of the sliding group, and whether requests wait after it.
+typedef struct swap_steps {
+    uint64_t held[256];
+    uint32_t waiting[256];
+    uint64_t n;
+} swap_steps;
+
+static void note_step(void *user, const pkv_replay_step *s) {
+    swap_steps *w = user;
+    if (s->index >= 256) return;
+    w->held[s->index] = s->groups[0].held_bytes;
+    w->waiting[s->index] = s->waiting;
+    w->n = s->index + 1;
+}
+
+// The steps in which nothing waits after a step in which a request waited: the
+// swap-ins of the preempted request.
+static uint32_t swap_in_steps(const swap_steps *w, uint64_t *at, uint32_t cap) {
+    uint32_t k = 0;
+    for (uint64_t i = 1; i < w->n && k < cap; i++)
+        if (w->waiting[i - 1] && !w->waiting[i]) at[k++] = i;
+    return k;
+}
+
+// The swap tests' replay: R0 (prompt 4, 60 out) and R1 (prompt 36, 30 out) in 32
+// pages of 4096 bytes, preemption by swap; `w` (optional) records the steps.
+static pkv_replay_report swap_replay(pkv_replay_params p, swap_steps *w) {
     p.kv_mem_bytes = 32 * 4096;
     p.preempt = PKV_PREEMPT_SWAP;
+    p.on_step = w ? note_step : NULL;
+    p.user = w;
     const pkv_trace_request q[2] = {{0, 4, 60, 1, -1, 0, 0}, {0, 36, 30, 1, -1, 0, 1}};
     pkv_trace *t = make_trace(q, 2);
     pkv_replay_report r;
     cr_assert_eq(pkv_replay_run(t, &p, &r), PKV_OK, "%s", r.failure);
-    cr_assert_eq(r.requests.completed, 2);
-    cr_assert_eq(r.preemptions, 1);
-    cr_assert_eq(r.swap_fallbacks, 0);
-    cr_expect_eq(r.swap_out_bytes, 19 * 4096);
-    cr_expect_eq(r.swap_in_bytes, 19 * 4096);
-    cr_expect_eq(r.swap_bytes, 2 * 19 * 4096);
+    cr_assert_eq(r.requests.completed, 2, "%s", r.policy);
+    cr_assert_eq(r.swap_fallbacks, 0, "%s", r.policy);
     pkv_trace_destroy(t);
+    return r;
+}
+
+// A hybrid swap moves the request's live blocks (pkv_hybrid_move), not its context.
+// hybrid-lcm, tiny-swa (block 4: a page of 4 x 1024 bytes per group, large pages
+// the same), 32 pages. R0: prompt 4, 60 out; R1: prompt 36, 30 out. Step 0
+// prefills both (R0 1 + 1 pages, R1 9 + 9). Decode step k appends R0's token at
+// p = 3 + k and R1's at p = 35 + k. An append at p >= 16 leaves floor((p - 15) / 4)
+// holes in a sliding table of ceil((p + 1) / 4) blocks. After step 24 (R0 28
+// tokens: 7 + 4 pages; R1 60: 15 + 4) 30 pages are held; step 25 gives R0 its 8th
+// full block and a sliding one (p = 28 releases nothing new: floor(13 / 4) = 3
+// holes as before), the last 2 pages; R1's append at p = 60 needs 2 more and R1
+// is preempted. It holds 15 full blocks and 4 sliding ones (holes 0..10): 19 x
+// 4096 = 77824 bytes move out, where the uniform charge, 60 tokens x 2048 bytes,
+// would be 122880. The swap-in brings those 19 pages back (swap_in), so R1 returns
+// whenever R0 holds at most 13 pages, and is preempted again at its next append
+// (p = 60 needs a full and a sliding page) while R0 grows:
+//   step 26: R0 30 tokens, 8 + 5 = 13 pages: R1 in (32);   step 27: R1 out again;
+//   step 28: R0 32 tokens, 8 + 4 (p = 31 releases block 3) = 12: in (31); step 29:
+//            R0's p = 32 takes 2 pages, 1 free: out; R0 9 + 5 = 14;
+//   step 32: R0 36 tokens, 9 + 4 (p = 35: 5 holes) = 13: in (32); step 33: out;
+// from then on R0 holds at least 10 full + 4 sliding pages, so R1 comes back when
+// R0 finishes (step 60) and stays. 4 swaps of 19 pages each way.
+Test(replay_groups, hybrid_swap_moves_the_window_not_the_context) {
+    const pkv_replay_report r = swap_replay(swa_params(PKV_POLICY_HYBRID_LCM), NULL);
+    cr_assert_eq(r.preemptions, 4);
+    cr_expect_eq(r.swap_out_bytes, 4 * 19 * 4096);
+    cr_expect_eq(r.swap_in_bytes, 4 * 19 * 4096);
+    cr_expect_eq(r.swap_bytes, 2 * 4 * 19 * 4096);
+}
+
+// The swap-in brings back what the swap-out moved (the trace, budget and schedule
+// of hybrid_swap_moves_the_window_not_the_context): R1, out at 60 tokens with 4
+// sliding blocks (holes 0..10), comes back with those 4, not its 15 blocks of
+// context. The sliding group then holds R0's sliding pages + 4 at each swap-in:
+// step 26: 5 + 4, step 28: 4 + 4, step 32: 4 + 4, step 60 (R0 gone): 4, and at most
+// 5 afterwards (R1 alone). Its peak is step 0's (R0 1 + R1 9 prompt blocks). Appending
+// R1's 60 tokens at once held all 15 sliding blocks at a swap-in: then no swap-in
+// fit before R0 finished (15 + 15 pages), and that step (61440 bytes) was the
+// group's peak. Shared-page has the same pages here (both groups 1024 bytes per
+// token: one page size).
+Test(replay_groups, hybrid_swap_in_restores_the_window) {
+    const pkv_policy pol[] = {PKV_POLICY_HYBRID_LCM, PKV_POLICY_HYBRID_SHARED_PAGE};
+    for (size_t i = 0; i < 2; i++) {
+        swap_steps w = {0};
+        const pkv_replay_report r = swap_replay(swa_params(pol[i]), &w);
+        uint64_t at[8];
+        const uint32_t k = swap_in_steps(&w, at, 8);
+        const uint64_t want_at[4] = {26, 28, 32, 60}, want_pages[4] = {9, 8, 8, 4};
+        cr_assert_eq(k, 4, "%s: %u swap-ins", r.policy, k);
+        for (uint32_t j = 0; j < 4; j++) {
+            cr_expect_eq(at[j], want_at[j], "%s: swap-in %u at step %llu", r.policy, j,
+                         (unsigned long long)at[j]);
+            cr_expect_eq(w.held[at[j]], want_pages[j] * 4096, "%s step %llu: %llu bytes", r.policy,
+                         (unsigned long long)at[j], (unsigned long long)w.held[at[j]]);
+        }
+        for (uint64_t s = at[3]; s < w.n; s++)
+            cr_expect_leq(w.held[s], 5 * 4096, "%s step %llu: %llu", r.policy,
+                          (unsigned long long)s, (unsigned long long)w.held[s]);
+        cr_expect_eq(r.memory.groups[0].peak_held_bytes, 10 * 4096, "%s: %llu", r.policy,
+                     (unsigned long long)r.memory.groups[0].peak_held_bytes);
+    }
+}
+
+// Run mode's copied_bytes over the model's hybrid store counts what the store
+// copies. tiny-hybrid under hybrid-partition (block 4 in every token group), one
+// request: prompt 6, 3 tokens out, n = 2. The prefill ends with a fork: a state
+// copy (the state layer: 4 KV heads x 64 x 64 fp32 = 65536 bytes) and, in each
+// token group, the partly filled block 1 (tokens 4, 5) shared. The first decode
+// appends sample 0 at p = 6: copy-on-write of that block in every token group
+// (sample 1 then owns the original); the second (p = 7) copies nothing. The store
+// is the decoder's fp32: a page is 4 tokens x (K + V) x layers x heads x dim x 4
+// bytes, full 4 x 2048 = 8192, sliding (2 layers) 16384, chunked 8192, MLA (one
+// 64 + 32 latent) 4 x 384 = 1536: 34304 bytes of blocks + 65536 of state.
+Test(replay_groups, run_mode_hybrid_store_counts_block_and_state_copies, .timeout = 120) {
+    const pkv_trace_request rq = {0, 6, 3, 2, -1, 0, 0};
+    pkv_trace *t = make_trace(&rq, 1);
+    pkv_replay_params p = run_params("tiny-hybrid");
+    p.policy = PKV_POLICY_HYBRID_PARTITION;
+    pkv_replay_report r;
+    cr_assert_eq(pkv_replay_run(t, &p, &r), PKV_OK, "%s", r.failure);
+    cr_assert_eq(r.requests.completed, 1, "rejected %llu", (unsigned long long)r.requests.rejected);
+    cr_assert_str_eq(r.run.layout, "hybrid");
+    cr_assert_eq(r.cow_copies, 4, "%llu", (unsigned long long)r.cow_copies);
+    cr_expect_eq(r.run.copied_bytes, 8192 + 16384 + 8192 + 1536 + 65536, "%llu",
+                 (unsigned long long)r.run.copied_bytes);
+    pkv_trace_destroy(t);
+}
+
+// hybrid-vmm has the same swap-in: its rows come back with the page groups the
+// swap-out unmapped, not mapped anew for the whole length. tiny-swa, pages of
+// 4096 bytes: a page group is K and V of both layers of a group, 4 pages holding
+// 4096 / (2 heads x 64 x 2 bytes) = 16 tokens; 32 pages = 8 page groups. Step 0
+// maps R0 1 + 1 and R1 3 + 3 (36 tokens): all 8. R1's append at p = 36 unmaps its
+// sliding page group 0 (first_live 21), one free. At step 13 R0's append at p = 16
+// needs a full and a sliding page group (first_live 1: none dead): R1 (48 tokens:
+// full 3, sliding 1..2) is preempted and swaps out 5 page groups, 81920 bytes (the
+// engine's default charge was 48 x 2048 = 98304). R0 ends with 4 + 2 page groups, so
+// R1 comes back when it finishes, with sliding 2 page groups (32768 bytes), where
+// mapping 48 tokens held 3.
+Test(replay_groups, hybrid_vmm_swap_in_restores_the_window) {
+    pkv_replay_params p = swa_params(PKV_POLICY_HYBRID_VMM);
+    p.vmm_page_bytes = 4096;
+    swap_steps w = {0};
+    const pkv_replay_report r = swap_replay(p, &w);
+    cr_assert_eq(r.preemptions, 1);
+    cr_expect_eq(r.swap_out_bytes, 5 * 16384, "%llu", (unsigned long long)r.swap_out_bytes);
+    cr_expect_eq(r.swap_in_bytes, 5 * 16384);
+    uint64_t at[2];
+    cr_assert_eq(swap_in_steps(&w, at, 2), 1);
+    cr_expect_eq(at[0], 60);
+    cr_expect_eq(w.held[at[0]], 2 * 16384, "%llu", (unsigned long long)w.held[at[0]]);
 }

@@ -19,7 +19,9 @@
 //   -> grow, once per sequence per decode step (PKV_ERR_OUT_OF_BLOCKS: the engine
 //      preempts the newest request and retries)
 //   -> release (finished or preempted; a preempted request is admitted again
-//      later with nseq sequences of len tokens).
+//      later with nseq sequences of len tokens), or swap_out when a preemption by
+//      swap moves it to the host pool and the policy has that slot (then swap_in,
+//      not admit, brings it back; release frees it if it is dropped while out).
 // After every step the engine reads stats() and reservation() for the reports.
 // The engine believes no answer it builds on: a status a slot may not return,
 // stats with used > reserved or reserved > capacity, a cached count above the
@@ -64,7 +66,8 @@ extern "C" {
 // Bumped whenever a struct below changes layout or a slot changes meaning.
 // 2: pkv_policy_vtable.extent_of (run mode on a contiguous layout).
 // 3: KV cache groups (issue 23): pkv_policy_config.{num_groups, groups,
-//    group_bytes_per_token, elem_bytes} and pkv_policy_stats.{num_groups, groups}.
+//    group_bytes_per_token, elem_bytes} and pkv_policy_stats.{num_groups, groups};
+//    pkv_policy_vtable.{swap_out, swap_in} (0.3.0 is unreleased: still ABI 3).
 #define PKV_POLICY_ABI_VERSION 3u
 #define PKV_POLICY_PLUGIN_ENTRY "pkv_policy_plugin_entry"
 
@@ -223,6 +226,25 @@ typedef struct pkv_policy_vtable {
     // stores the K/V in a per-token table (block size 1) over one arena.
     void (*extent_of)(const void *state, uint32_t r, uint32_t child, uint64_t *offset,
                       uint64_t *slots);
+
+    // Swap (optional; both or neither, ABI 3). Without them a swapped request is
+    // released and later admitted again with its whole length (a policy whose
+    // groups keep only a window would then hold the whole context at swap-in).
+    // swap_out: request r is preempted by swap and the host pool takes the bytes
+    // request_slots said (asked just before): called instead of release. The policy
+    // keeps exactly what the swap moves off the budget (the hybrid policies: their
+    // sequences moved to a host-side manager by pkv_hybrid_move, a sliding group
+    // only its window's blocks) and frees r's memory in the budget. PKV_OK, or any
+    // other status: the engine then releases r (whatever swap_out did to it) and
+    // recomputes it later (a swap fallback).
+    pkv_status (*swap_out)(void *state, uint32_t r);
+    // Bring swapped-out request r back (`a` as admit's: nseq sequences of len
+    // tokens): all or nothing, with `watermark` slots left free, holding exactly
+    // what swap_out kept (no prefix lookup: nothing is computed). PKV_OK;
+    // PKV_ERR_OUT_OF_BLOCKS (r stays out, *ext_frag as admit's). release(r) while
+    // r is out frees what swap_out kept.
+    pkv_status (*swap_in)(void *state, uint32_t r, const pkv_policy_admit *a, uint64_t watermark,
+                          uint64_t *ext_frag);
 } pkv_policy_vtable;
 
 // The type of the plugin entry point.

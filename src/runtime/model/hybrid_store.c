@@ -210,8 +210,10 @@ static pkv_status take_copies(pkv_model_hybrid_store *s, uint32_t g, uint32_t *n
 }
 
 pkv_status pkvi_hybrid_store_apply_copies(pkv_model_hybrid_store *s, uint32_t g,
-                                          const pkv_block_copy *copies, uint32_t n) {
+                                          const pkv_block_copy *copies, uint32_t n,
+                                          uint64_t *copied) {
     if (!s || g >= s->num_groups || (n && !copies)) return PKV_ERR_INVALID_ARG;
+    uint64_t bytes = 0;
     if (s->groups[g].kind == PKV_LAYER_STATE) {
         // The first state group's copies {src slot, dst slot} go to the states (dst
         // gets src's, or none when src holds none); the others' name the same forks.
@@ -220,9 +222,12 @@ pkv_status pkvi_hybrid_store_apply_copies(pkv_model_hybrid_store *s, uint32_t g,
             const int64_t src = copies[i].src, dst = copies[i].dst;
             if (src == dst) continue;
             pkv_model_state_store_release(s->states, dst); // a stale entry, if any
-            if (pkv_model_state_store_tokens(s->states, src) > 0)
+            if (pkv_model_state_store_tokens(s->states, src) > 0) {
                 TRY(pkv_model_state_store_fork(s->states, src, dst));
+                bytes += pkvi_state_store_entry_bytes(s->states);
+            }
         }
+        if (copied) *copied += bytes;
         return PKV_OK;
     }
     // Every group on g's table (PAGED: every token group's part of the page).
@@ -237,8 +242,10 @@ pkv_status pkvi_hybrid_store_apply_copies(pkv_model_hybrid_store *s, uint32_t g,
             memcpy(base + pkvi_hybrid_block_offset(a, (uint32_t)copies[i].dst),
                    base + pkvi_hybrid_block_offset(a, (uint32_t)copies[i].src),
                    (size_t)a->page_bytes);
+            bytes += a->page_bytes;
         }
     }
+    if (copied) *copied += bytes;
     return PKV_OK;
 }
 
@@ -248,7 +255,7 @@ static pkv_status run_copies(pkv_model_hybrid_store *s) {
         if (s->groups[g].kind != PKV_LAYER_STATE && s->mem.group[g].owner != g) continue;
         uint32_t n = 0;
         TRY(take_copies(s, g, &n));
-        TRY(pkvi_hybrid_store_apply_copies(s, g, s->copies, n));
+        TRY(pkvi_hybrid_store_apply_copies(s, g, s->copies, n, NULL));
     }
     return PKV_OK;
 }

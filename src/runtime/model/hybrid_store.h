@@ -29,8 +29,11 @@ pkv_status pkvi_hybrid_store_create(pkv_model *model, pkv_hybrid *kv, pkv_dtype 
 // Run copies that someone else took from the manager (pkv_hybrid_take_copies of
 // group g, in queue order): block copies within the memory of every group on g's
 // table, state copies on the store's states. PKV_ERR_INVALID_ARG for a block
-// outside the group.
+// outside the group. *copied (optional) grows by the bytes copied: a whole page
+// of the store (its element size) per block copy and group on the table, a whole
+// per-sequence state (every state layer) per state copy whose source holds one.
 pkv_status pkvi_hybrid_store_apply_copies(pkv_model_hybrid_store *store, uint32_t g,
-                                          const pkv_block_copy *copies, uint32_t n);
+                                          const pkv_block_copy *copies, uint32_t n,
+                                          uint64_t *copied);
 
 #endif // PKV_MODEL_HYBRID_STORE_H

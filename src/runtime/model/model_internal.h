@@ -206,6 +206,8 @@ pkv_status pkvi_hetero_attention_cpu(struct pkv_model *m, uint32_t layer, const 
 int pkvi_layer_is_state(const pkv_model_config *c, uint32_t layer);
 // Number of state layers of c.
 uint32_t pkvi_state_layers(const pkv_model_config *c);
+// Bytes of one sequence's entry (every state layer's states): what a fork copies.
+uint64_t pkvi_state_store_entry_bytes(const pkv_model_state_store *s);
 // Bind the call's sequences to entries of the model's store (keys: seqs, else rows;
 // new tokens start at lens - counts): every check of pkv_model_set_state_store's
 // contract, before any layer runs. A model without state layers: PKV_OK, nothing bound.

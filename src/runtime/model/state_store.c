@@ -114,6 +114,10 @@ static uint32_t claim(pkv_model_state_store *s, int64_t id) {
     return e;
 }
 
+uint64_t pkvi_state_store_entry_bytes(const pkv_model_state_store *s) {
+    return s ? s->floats_each * sizeof(float) : 0;
+}
+
 pkv_status pkv_model_state_store_fork(pkv_model_state_store *s, int64_t parent, int64_t child) {
     if (!s || parent < 0 || child < 0 || parent == child) return PKV_ERR_INVALID_ARG;
     const uint32_t p = find(s, parent);

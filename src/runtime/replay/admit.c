@@ -39,6 +39,18 @@ uint64_t pkvi_engine_request_slots(const engine *e, uint32_t r, uint32_t nseq, u
     return (uint64_t)(nseq ? nseq : 1) * len;
 }
 
+// Admit request r, or swap it back in through the policy's swap_in when its
+// swap_out kept it (nothing computed, no prefix lookup: *cached 0).
+static pkv_status admit_or_swap_in(engine *e, uint32_t r, const pkvi_admit *a, uint64_t *ef,
+                                   uint32_t *cached) {
+    const req_state *s = &e->st[r];
+    if (s->restore && s->swapped && e->pol->vt->swap_in) {
+        *cached = 0;
+        return pkvi_policy_swap_in(e->pol, r, a, e->wm_slots, ef);
+    }
+    return pkvi_policy_admit(e->pol, r, a, e->wm_slots, ef, cached);
+}
+
 // ---- prefill ----
 
 // Compute the next chunk of request r's prefill (all of it without chunking).
@@ -156,7 +168,7 @@ static pkv_status admit_continuous(engine *e) {
         }
         uint64_t ef = 0;
         uint32_t cached = 0;
-        pkv_status st = pkvi_policy_admit(e->pol, r, &a, e->wm_slots, &ef, &cached);
+        pkv_status st = admit_or_swap_in(e, r, &a, &ef, &cached);
         if (st == PKV_ERR_OUT_OF_BLOCKS) {
             e->ext_frag = ef;
             break;
@@ -204,7 +216,7 @@ static pkv_status admit_static(engine *e) {
         pkvi_engine_make_admit(e, r, &a);
         uint64_t ef = 0;
         uint32_t cached = 0;
-        pkv_status st = pkvi_policy_admit(e->pol, r, &a, e->wm_slots, &ef, &cached);
+        pkv_status st = admit_or_swap_in(e, r, &a, &ef, &cached);
         if (st == PKV_ERR_OUT_OF_BLOCKS) {
             if (!s->restore) s->pad_prompt = s->pad_output = 0;
             e->ext_frag = ef;

@@ -152,11 +152,19 @@ static uint32_t preempt_at(engine *e, uint32_t i, int requeue) {
     req_state *s = &e->st[v];
     // A swap's size is asked before the release: a policy may measure what the
     // request's sequences hold (the hybrid policies: their live blocks).
+    const int swap = e->prm->preempt == PKV_PREEMPT_SWAP && !s->prefilling;
     const uint64_t swap_bytes =
-        e->prm->preempt == PKV_PREEMPT_SWAP && !s->prefilling
-            ? pkvi_engine_request_slots(e, v, s->nseq, prompt_of(e, v) + s->emitted - 1) * e->bpt
-            : 0;
-    pkvi_engine_release(e, v);
+        swap ? pkvi_engine_request_slots(e, v, s->nseq, prompt_of(e, v) + s->emitted - 1) * e->bpt
+             : 0;
+    // A policy with swap slots keeps what the swap moves (swap_in brings exactly
+    // that back); else, or when it cannot, the request is released.
+    const int room = swap && e->swap_used + swap_bytes <= e->prm->swap_space_bytes;
+    const int kept = room && e->pol->vt->swap_out && e->pol->vt->swap_out(e->pol->state, v) == PKV_OK;
+    if (kept) {
+        if (e->ex->on_release) e->ex->on_release(e->ex, v);
+    } else {
+        pkvi_engine_release(e, v);
+    }
     e->run_seqs -= width(e, v);
     set_status(e, v, RS_WAITING);
     s->swapped = 0;
@@ -167,14 +175,14 @@ static uint32_t preempt_at(engine *e, uint32_t i, int requeue) {
     } else {
         s->restore = 1;
         if (e->prm->preempt == PKV_PREEMPT_SWAP) {
-            if (e->swap_used + swap_bytes <= e->prm->swap_space_bytes) {
+            if (kept || (room && !e->pol->vt->swap_out)) {
                 s->swapped = 1;
                 s->swap_bytes = swap_bytes;
                 e->swap_used += swap_bytes;
                 e->swap_out += swap_bytes;
                 e->b.swap_bytes += swap_bytes; // swap-out: charged to this step
             } else {
-                e->swap_fallbacks++; // host pool full: recompute instead
+                e->swap_fallbacks++; // host pool full (or swap_out refused): recompute instead
             }
         }
     }
@@ -679,6 +687,8 @@ static pkv_status engine_step(engine *e) {
                 e->swap_used -= e->st[r].swap_bytes;
                 e->st[r].swap_bytes = 0;
             }
+            // What a policy's swap_out kept goes with it.
+            if (e->st[r].swapped && e->pol->vt->swap_out) e->pol->vt->release(e->pol->state, r);
             reject(e, r, 1);
             if (e->fixed) e->deviations++;
         }

@@ -52,6 +52,11 @@ pkv_status pkv_policy_vtable_check(const pkv_policy_vtable *vt, char *why, size_
                          slot_names[i]);
                 missing = buf;
             }
+        if (!missing && (vt->swap_out == NULL) != (vt->swap_in == NULL)) {
+            snprintf(buf, sizeof buf, "policy '%s': slot '%s' is set without '%s'", vt->name,
+                     vt->swap_out ? "swap_out" : "swap_in", vt->swap_out ? "swap_in" : "swap_out");
+            missing = buf;
+        }
     }
     if (why && why_len) snprintf(why, why_len, "%s", missing ? missing : "");
     return missing ? PKV_ERR_INVALID_ARG : PKV_OK;

@@ -6,6 +6,7 @@
 //   create   status OK, OUT_OF_BLOCKS or INVALID_ARG; 1 <= capacity_slots <= the
 //            budget's slots; 1 <= granularity <= capacity_slots
 //   admit    status OK or OUT_OF_BLOCKS; cached <= prompt
+//   swap_in  status OK or OUT_OF_BLOCKS
 //   grow     status OK or OUT_OF_BLOCKS
 //   fork     status OK (the admission accounted for the fork: OUT_OF_BLOCKS here
 //            is the policy's broken promise, the engine cannot preempt mid-fork)
@@ -78,6 +79,12 @@ pkv_status pkvi_policy_admit(pkvi_policy *p, uint32_t r, const pkv_policy_admit 
     if (*cached > a->prompt)
         return broken(p, "admit", "cached %u > prompt %u (request %u)", *cached, a->prompt, r);
     return PKV_OK;
+}
+
+pkv_status pkvi_policy_swap_in(pkvi_policy *p, uint32_t r, const pkv_policy_admit *a,
+                               uint64_t watermark, uint64_t *ext_frag) {
+    *ext_frag = 0;
+    return status_ok(p, "swap_in", p->vt->swap_in(p->state, r, a, watermark, ext_frag), 1, 0, r);
 }
 
 pkv_status pkvi_policy_fork(pkvi_policy *p, uint32_t r, uint32_t n) {

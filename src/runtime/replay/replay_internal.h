@@ -57,6 +57,8 @@ void pkvi_policy_close(pkvi_policy *p);
 pkv_status pkvi_policy_check_create(pkvi_policy *p, pkv_status st, uint64_t budget_slots);
 pkv_status pkvi_policy_admit(pkvi_policy *p, uint32_t r, const pkv_policy_admit *a,
                              uint64_t watermark, uint64_t *ext_frag, uint32_t *cached);
+pkv_status pkvi_policy_swap_in(pkvi_policy *p, uint32_t r, const pkv_policy_admit *a,
+                               uint64_t watermark, uint64_t *ext_frag);
 pkv_status pkvi_policy_fork(pkvi_policy *p, uint32_t r, uint32_t n);
 pkv_status pkvi_policy_grow(pkvi_policy *p, uint32_t r, uint32_t child);
 pkv_status pkvi_policy_stats(pkvi_policy *p, pkv_policy_stats *s);

@@ -440,18 +440,15 @@ static pkv_status execute_copies(run_exec *x, uint64_t bytes) {
 }
 
 // Hybrid policies: run the copies the policy took from its manager since the
-// last step (copy-on-write blocks, forks' states), in order, on the store.
+// last step (copy-on-write blocks, forks' states), in order, on the store, and
+// count what the store copied (its pages and states, as they are stored).
 static pkv_status hybrid_copies(run_exec *x) {
     const pkv_block_copy *c;
     const uint8_t *g;
     const uint32_t n = pkvi_policy_hybrid_take_kept(x->pol, &c, &g);
     for (uint32_t i = 0; i < n; i++) {
-        pkv_status st = pkvi_hybrid_store_apply_copies(x->hstore, g[i], &c[i], 1);
+        pkv_status st = pkvi_hybrid_store_apply_copies(x->hstore, g[i], &c[i], 1, &x->copied);
         if (st != PKV_OK) return st;
-        uint32_t r;
-        uint64_t off, bytes;
-        if (pkvi_hybrid_store_block(x->hstore, g[i], (uint32_t)c[i].dst, &r, &off, &bytes) == PKV_OK)
-            x->copied += bytes; // block copies (a state copy is not counted)
     }
     return PKV_OK;
 }

@@ -35,6 +35,12 @@
 // the per-request count above. Run mode keeps the K/V in the model's hybrid store
 // over this manager's pools (pkvi_policy_hybrid_run; run.c), the copies the
 // policy takes handed to it.
+//
+// Swap (--preempt swap): swap_out moves the request's sequences to a host-side
+// manager of the same groups and block sizes (pkv_hybrid_move: live blocks only,
+// holes and sharing kept, a state slot per sequence), swap_in moves them back, so
+// a swapped-in request holds what request_slots charged, a sliding group its
+// window; an admission at the whole length would hold the context for a step.
 #include <stdlib.h>
 #include <string.h>
 
@@ -77,6 +83,16 @@ typedef struct hybrid_policy {
     pkv_block_copy *run_copies;
     uint8_t *run_group;
     uint32_t nrun, run_cap;
+    // Swap (swap_out / swap_in): a swapped-out request's sequences live in a host
+    // manager of the same groups and block sizes (created at the first swap, on
+    // the host pool's budget), moved there and back by pkv_hybrid_move, so that a
+    // swap-in restores exactly what the swap-out moved: a sliding group its window.
+    pkv_hybrid_params host_params; // the device's, but the budget and no cache
+    pkv_kv_group host_groups[PKV_MAX_KV_GROUPS];
+    pkv_hybrid *host;
+    uint8_t *out;          // [num_requests]: its sequences are in host
+    pkv_block_copy *pairs; // scratch for the moves' pairs
+    uint32_t pairs_cap;
 } hybrid_policy;
 
 static uint64_t ceil_div64(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
@@ -179,6 +195,9 @@ static void hybrid_destroy(void *pp) {
     free(p->tokens);
     free(p->run_copies);
     free(p->run_group);
+    pkv_hybrid_destroy(p->host);
+    free(p->out);
+    free(p->pairs);
     free(p);
 }
 
@@ -215,6 +234,17 @@ static pkv_status hybrid_create(const pkv_policy_config *cfg, pkv_hybrid_layout 
         hp.prefix_hash = pkv_hash_algo_available(PKV_HASH_XXH3_128) ? PKV_HASH_XXH3_128
                                                                     : PKV_HASH_SHA256;
     }
+    p->host_params = hp;
+    memcpy(p->host_groups, cfg->groups, sizeof p->host_groups);
+    p->host_params.groups = p->host_groups;
+    // The host pool's budget, capped at 16 budgets: what is swapped out was in the
+    // budget, and a pool for an unbounded --swap-space would cost its metadata for
+    // nothing (past the cap a swap-out is refused: the engine recomputes instead).
+    const uint64_t swap = cfg->params ? cfg->params->swap_space_bytes : 0;
+    const uint64_t cap = cfg->capacity_bytes > UINT64_MAX / 16 ? UINT64_MAX : 16 * cfg->capacity_bytes;
+    p->host_params.budget_bytes = swap < cap ? swap : cap;
+    p->host_params.prefix_cache_blocks = 0; // swapped sequences are looked up nowhere
+    p->host_params.event_capacity = 0;
     pkv_status st = pkv_hybrid_create(&hp, &p->h);
     if (st != PKV_OK) {
         hybrid_destroy(p);
@@ -249,7 +279,9 @@ static pkv_status hybrid_create(const pkv_policy_config *cfg, pkv_hybrid_layout 
     p->shared = calloc(n, 1);
     p->tail_shared = calloc(n, 1);
     p->kept = calloc(n, sizeof *p->kept);
-    if (!p->seq_base || !p->seqs || !p->nseq || !p->prompt || !p->shared || !p->tail_shared || !p->kept) {
+    p->out = calloc(n, 1);
+    if (!p->seq_base || !p->seqs || !p->nseq || !p->prompt || !p->shared || !p->tail_shared || !p->kept ||
+        !p->out) {
         hybrid_destroy(p);
         return PKV_ERR_OUT_OF_MEMORY;
     }
@@ -527,8 +559,117 @@ static pkv_status hybrid_grow(void *pp, uint32_t r, uint32_t child) {
 
 static void hybrid_release(void *pp, uint32_t r) {
     hybrid_policy *p = pp;
+    if (p->out[r]) { // dropped while swapped out: its host copy goes
+        pkv_seq_id *s = &p->seqs[p->seq_base[r]];
+        for (uint32_t i = 0; i < p->nseq[r]; i++) (void)pkv_hybrid_seq_free(p->host, s[i]);
+        p->nseq[r] = 0;
+        p->out[r] = 0;
+        return;
+    }
     free_request(p, r);
     (void)drain_copies(p);
+}
+
+// ---- swap ----
+
+// Move request r's sequences from `from` to `to` (pkv_hybrid_move: each token
+// group's live blocks, shared ones once, holes kept; a state slot per sequence);
+// p->seqs then names them in `to`. All or nothing.
+static pkv_status move_request(hybrid_policy *p, uint32_t r, pkv_hybrid *from, pkv_hybrid *to) {
+    pkv_seq_id *s = &p->seqs[p->seq_base[r]];
+    pkv_hybrid_move_size sz;
+    pkv_status st = pkv_hybrid_move_size_get(from, s, p->nseq[r], to, &sz);
+    if (st != PKV_OK) return st;
+    if (sz.num_pairs > p->pairs_cap) {
+        pkv_block_copy *c = realloc(p->pairs, (size_t)sz.num_pairs * sizeof *c);
+        if (!c) return PKV_ERR_OUT_OF_MEMORY;
+        p->pairs = c;
+        p->pairs_cap = sz.num_pairs;
+    }
+    pkv_seq_id *ids = malloc((size_t)(p->nseq[r] ? p->nseq[r] : 1) * sizeof *ids);
+    if (!ids) return PKV_ERR_OUT_OF_MEMORY;
+    uint32_t offsets[PKV_MAX_KV_GROUPS + 1], npairs = 0;
+    st = pkv_hybrid_move(from, s, p->nseq[r], to, ids, p->pairs, p->pairs_cap, offsets, &npairs);
+    if (st == PKV_OK) memcpy(s, ids, (size_t)p->nseq[r] * sizeof *s);
+    free(ids);
+    return st;
+}
+
+// Samples of r that grew in the step that preempted r hold one token more than
+// the others: the engine restores every sample at the shorter length (that token
+// was never computed), so they drop it. Samples forked at the end of the last
+// step (r's first decode) shared the partial last block that the grow copied:
+// they are forked again from an ungrown one, so that they share it as before.
+// Later samples own their last blocks: they are truncated. A state cannot be
+// rolled back (pkv_hybrid_seq_truncate): such a request is refused before
+// anything changes.
+static pkv_status drop_ungrown(hybrid_policy *p, uint32_t r) {
+    pkv_seq_id *s = &p->seqs[p->seq_base[r]];
+    uint32_t lo = UINT32_MAX, hi = 0, at = 0;
+    for (uint32_t i = 0; i < p->nseq[r]; i++) {
+        uint32_t l = 0;
+        (void)pkv_hybrid_seq_length(p->h, s[i], &l);
+        if (l < lo) lo = l, at = i;
+        if (l > hi) hi = l;
+    }
+    if (lo == hi) return PKV_OK;
+    const int refork = p->shared[r] && lo == p->prompt[r];
+    for (uint32_t g = 0; g < p->groups.n && !refork; g++)
+        if (p->groups.g[g].kind == PKV_LAYER_STATE) return PKV_ERR_UNSUPPORTED;
+    for (uint32_t i = 0; i < p->nseq[r]; i++) {
+        uint32_t l = 0;
+        (void)pkv_hybrid_seq_length(p->h, s[i], &l);
+        if (l == lo) continue;
+        pkv_status st = refork ? pkv_hybrid_seq_free(p->h, s[i]) : pkv_hybrid_seq_truncate(p->h, s[i], lo);
+        if (st == PKV_OK && refork) st = pkv_hybrid_seq_fork(p->h, s[at], &s[i]);
+        if (st != PKV_OK) return st;
+    }
+    if (refork) p->tail_shared[r] = 1;
+    return PKV_OK;
+}
+
+// Preempted by swap: the request's live blocks and states go to the host manager
+// (created on the first swap with the host pool's budget; a budget it cannot be
+// created on, or a host pool too full for the request, refuses: the engine then
+// releases the request and recomputes it).
+static pkv_status hybrid_swap_out(void *pp, uint32_t r) {
+    hybrid_policy *p = pp;
+    if (p->nseq[r] == 0 || p->out[r]) return PKV_ERR_INVALID_ARG;
+    if (!p->host) {
+        pkv_status st = pkv_hybrid_create(&p->host_params, &p->host);
+        if (st != PKV_OK) return st;
+    }
+    pkv_status st = drop_ungrown(p, r);
+    if (st != PKV_OK) return st;
+    // A queued copy that writes a moved block has no data yet: take them first.
+    st = drain_copies(p);
+    if (st == PKV_OK) st = move_request(p, r, p->h, p->host);
+    if (st != PKV_OK) return st;
+    p->out[r] = 1;
+    p->kept_total -= p->kept[r];
+    p->kept[r] = 0;
+    return PKV_OK;
+}
+
+// Back from the host manager: the sequences hold what the swap-out moved (a
+// sliding group its window, not its context), all or nothing, the watermark kept
+// free in every pool as admit keeps it.
+static pkv_status hybrid_swap_in(void *pp, uint32_t r, const pkv_policy_admit *a, uint64_t wm,
+                                 uint64_t *ext_frag) {
+    hybrid_policy *p = pp;
+    (void)a;
+    *ext_frag = 0;
+    if (!p->out[r]) return PKV_ERR_INVALID_ARG;
+    pkv_status st = move_request(p, r, p->host, p->h); // OUT_OF_BLOCKS: stays out
+    if (st != PKV_OK) return st;
+    if (!pools_fit(p, NULL, wm, 0)) {
+        // Back out again: the host pool just freed exactly these blocks and slots.
+        st = move_request(p, r, p->h, p->host);
+        return st == PKV_OK ? PKV_ERR_OUT_OF_BLOCKS : st;
+    }
+    p->out[r] = 0;
+    recount(p, r);
+    return PKV_OK;
 }
 
 static void hybrid_stats(const void *pp, pkv_policy_stats *s) {
@@ -621,6 +762,8 @@ static pkv_status hybrid_validate(const void *pp) {
         .reservation = hybrid_reservation,                                                    \
         .request_slots = hybrid_request_slots,                                                \
         .validate = hybrid_validate,                                                          \
+        .swap_out = hybrid_swap_out,                                                          \
+        .swap_in = hybrid_swap_in,                                                            \
     };
 
 HYBRID_TABLE(hybrid_partition, "hybrid-partition", PKV_HYBRID_PARTITION)

@@ -19,6 +19,10 @@
 // reclamation (vmm's reuse of finished rows) is not modelled: a finished request
 // unmaps its pages.
 //
+// Swap: swap_out unmaps a request's mapped page groups and keeps its rows'
+// extents; swap_in maps exactly those again (a windowed group its window, not its
+// context); request_slots is those pages.
+//
 // Forks: no sharing between rows, as in vmm: a request's rows are mapped for the
 // prompt at admission and the fork copies the prompt's kept tokens into each
 // sample's row (counted as device copies).
@@ -47,7 +51,9 @@ typedef struct hvmm {
     uint64_t pages_cap, pages_used;
     uint32_t max_seq_len, num_requests;
     uint64_t *seq_base;      // [num_requests]: first row of the request
-    uint32_t *nrows;         // [num_requests]: rows mapped (0: not admitted)
+    uint32_t *nrows;         // [num_requests]: rows mapped (0: not admitted, or swapped out)
+    uint32_t *out_rows;      // [num_requests]: rows of a swapped-out request (their lo,
+                             // hi and len kept: swap_in maps the same page groups again)
     uint32_t *len;           // [rows]
     uint32_t *lo, *hi;       // [rows x ng]: page groups lo..hi-1 are mapped
     uint64_t held[PKV_MAX_KV_GROUPS];     // page groups (state: rows) held
@@ -242,9 +248,81 @@ static pkv_status hvmm_grow(void *pp, uint32_t r, uint32_t child) {
     return PKV_OK;
 }
 
+// Swap-out: the rows' mapped page groups (a windowed group only its window's) go to
+// the host; the rows keep their extents, so swap_in maps exactly those again.
+static pkv_status hvmm_swap_out(void *pp, uint32_t r) {
+    hvmm *v = pp;
+    if (!v->nrows[r]) return PKV_ERR_INVALID_ARG;
+    const uint64_t b = v->seq_base[r];
+    for (uint32_t i = 0; i < v->nrows[r]; i++) {
+        const uint32_t *lo = lo_of(v, b + i), *hi = hi_of(v, b + i);
+        for (uint32_t g = 0; g < v->ng; g++) move_pages(v, g, 1, hi[g] - lo[g], v->map_ahead);
+        if (v->len[b + i]) v->used_bytes -= row_kept(v, v->len[b + i]);
+    }
+    v->out_rows[r] = v->nrows[r];
+    v->nrows[r] = 0;
+    return PKV_OK;
+}
+
+// Swap-in: the same page groups mapped again, the rows at the engine's length (a
+// sample that grew in the preempting step drops that token and any page group it
+// opened), with the watermark kept free.
+static pkv_status hvmm_swap_in(void *pp, uint32_t r, const pkv_policy_admit *a, uint64_t wm,
+                               uint64_t *ext_frag) {
+    hvmm *v = pp;
+    *ext_frag = 0;
+    const uint32_t rows = v->out_rows[r];
+    if (!rows) return PKV_ERR_INVALID_ARG;
+    const uint64_t b = v->seq_base[r];
+    uint64_t need = 0;
+    for (uint32_t i = 0; i < rows; i++) {
+        uint32_t *lo = lo_of(v, b + i), *hi = hi_of(v, b + i);
+        if (v->len[b + i] > a->len) {
+            v->len[b + i] = a->len;
+            for (uint32_t g = 0; g < v->ng; g++) {
+                const uint64_t n = v->tpp[g] ? pg_for(v, g, a->len) : 1;
+                if (n < hi[g]) hi[g] = (uint32_t)(n > lo[g] ? n : lo[g]);
+            }
+        }
+        for (uint32_t g = 0; g < v->ng; g++) need += (uint64_t)(hi[g] - lo[g]) * v->buffers[g];
+    }
+    if (need + wm_pages(v, wm) > free_pages(v)) return PKV_ERR_OUT_OF_BLOCKS;
+    for (uint32_t i = 0; i < rows; i++) {
+        const uint32_t *lo = lo_of(v, b + i), *hi = hi_of(v, b + i);
+        for (uint32_t g = 0; g < v->ng; g++) move_pages(v, g, 0, hi[g] - lo[g], v->map_ahead);
+        if (v->len[b + i]) v->used_bytes += row_kept(v, v->len[b + i]);
+    }
+    v->nrows[r] = rows;
+    v->out_rows[r] = 0;
+    return PKV_OK;
+}
+
+// What a swap moves: the request's mapped pages, in slots (rounded up).
+static uint64_t hvmm_request_slots(const void *pp, uint32_t r, uint32_t nseq, uint32_t len,
+                                   uint32_t prompt) {
+    const hvmm *v = pp;
+    (void)prompt;
+    const uint64_t b = v->seq_base[r];
+    uint64_t pages = 0;
+    for (uint32_t i = 0; i < v->nrows[r]; i++) {
+        const uint32_t *lo = &v->lo[(b + i) * v->ng], *hi = &v->hi[(b + i) * v->ng];
+        for (uint32_t g = 0; g < v->ng; g++) pages += (uint64_t)(hi[g] - lo[g]) * v->buffers[g];
+    }
+    return v->nrows[r] ? ceil_div64(pages * v->page, v->bpt) : (uint64_t)(nseq ? nseq : 1) * len;
+}
+
 static void hvmm_release(void *pp, uint32_t r) {
     hvmm *v = pp;
     const uint64_t b = v->seq_base[r];
+    if (v->out_rows[r]) { // dropped while swapped out: nothing is mapped
+        for (uint32_t i = 0; i < v->out_rows[r]; i++) {
+            uint32_t *lo = lo_of(v, b + i), *hi = hi_of(v, b + i);
+            for (uint32_t g = 0; g < v->ng; g++) lo[g] = hi[g] = 0;
+            v->len[b + i] = 0;
+        }
+        v->out_rows[r] = 0;
+        return;
+    }
     for (uint32_t i = 0; i < v->nrows[r]; i++) {
         uint32_t *lo = lo_of(v, b + i), *hi = hi_of(v, b + i);
         for (uint32_t g = 0; g < v->ng; g++) {
@@ -338,6 +416,7 @@ static void hvmm_destroy(void *pp) {
     if (!v) return;
     free(v->seq_base);
     free(v->nrows);
+    free(v->out_rows);
     free(v->len);
     free(v->lo);
     free(v->hi);
@@ -370,10 +449,11 @@ static pkv_status hvmm_create(const pkv_policy_config *cfg, pkv_policy_info *inf
     const size_t rows = total ? total : 1;
     v->seq_base = malloc(nr * sizeof *v->seq_base);
     v->nrows = calloc(nr, sizeof *v->nrows);
+    v->out_rows = calloc(nr, sizeof *v->out_rows);
     v->len = calloc(rows, sizeof *v->len);
     v->lo = calloc(rows * v->ng, sizeof *v->lo);
     v->hi = calloc(rows * v->ng, sizeof *v->hi);
-    if (!v->seq_base || !v->nrows || !v->len || !v->lo || !v->hi) {
+    if (!v->seq_base || !v->nrows || !v->out_rows || !v->len || !v->lo || !v->hi) {
         hvmm_destroy(v);
         return PKV_ERR_OUT_OF_MEMORY;
     }
@@ -418,5 +498,8 @@ const pkv_policy_vtable pkvi_policy_hybrid_vmm_vtable = {
     .release = hvmm_release,
     .stats = hvmm_stats,
     .reservation = hvmm_reservation,
+    .request_slots = hvmm_request_slots,
     .validate = hvmm_validate,
+    .swap_out = hvmm_swap_out,
+    .swap_in = hvmm_swap_in,
 };
