@@ -589,6 +589,57 @@ Test(quant, contig_equals_paged) {
     }
 }
 
+// The contiguous prefill (the runtime's 8-bit contiguous store) over the same
+// bytes as carved rows equals the paged prefill bit for bit, with prompts that
+// are a sequence's last tokens (chunked prefill) as well as whole sequences; its
+// bad arguments are refused before anything is read.
+Test(quant, prefill_contig_equals_paged) {
+    for (int i = 0; i < 3; i++) {
+        const uint32_t H = 8, KVH = 2, D = 40, L = 50;
+        const int32_t lens[2] = {50, 23};
+        qcase c;
+        qcase_make(&c, qtypes[i], PKV_DTYPE_F16, H, KVH, D, L, 2, lens, PKV_LAYOUT_HND, 1);
+        pkv_attn_paged_kv kv = paged_of(&c);
+        const int32_t indptr[3] = {0, 17, 40}; // 17 of 50 tokens, then all 23
+        const size_t bytes = 40 * H * D * 2;
+        void *o1 = calloc(1, bytes), *o2 = calloc(1, bytes);
+        cr_assert_eq(pkv_attn_prefill_paged_quant_cpu(&c.sh, &c.qz, 2, indptr, c.qdt, &kv, o1),
+                     PKV_OK);
+        const int64_t offs[2] = {(int64_t)c.tables[0] * (int64_t)kv.block_stride,
+                                 (int64_t)c.tables[c.max_blocks] * (int64_t)kv.block_stride};
+        pkv_attn_contig_kv ck = {kv.k_cache, kv.v_cache, 0, kv.head_stride, kv.token_stride,
+                                 L, c.lens, offs};
+        cr_assert_eq(pkv_attn_prefill_contig_quant_cpu(&c.sh, &c.qz, 2, indptr, c.qdt, &ck, o2),
+                     PKV_OK);
+        cr_assert_eq(memcmp(o1, o2, bytes), 0, "%s", pkv_dtype_name(qtypes[i]));
+        // Bad input: no indptr, one not starting at 0, a prompt longer than its
+        // sequence, a negative row offset, a zero fp8 scale / unknown kind.
+        cr_assert_eq(pkv_attn_prefill_contig_quant_cpu(&c.sh, &c.qz, 2, NULL, c.qdt, &ck, o2),
+                     PKV_ERR_INVALID_ARG);
+        const int32_t bad_start[3] = {1, 17, 40}, too_long[3] = {0, 17, 41};
+        cr_assert_eq(pkv_attn_prefill_contig_quant_cpu(&c.sh, &c.qz, 2, bad_start, c.qdt, &ck, o2),
+                     PKV_ERR_INVALID_ARG);
+        cr_assert_eq(pkv_attn_prefill_contig_quant_cpu(&c.sh, &c.qz, 2, too_long, c.qdt, &ck, o2),
+                     PKV_ERR_INVALID_ARG);
+        const int64_t neg[2] = {offs[0], -16};
+        pkv_attn_contig_kv bad = ck;
+        bad.seq_offsets = neg;
+        cr_assert_eq(pkv_attn_prefill_contig_quant_cpu(&c.sh, &c.qz, 2, indptr, c.qdt, &bad, o2),
+                     PKV_ERR_INVALID_ARG);
+        pkv_attn_kv_quant bq = c.qz;
+        bq.kv_dtype = PKV_DTYPE_F16;
+        cr_assert_eq(pkv_attn_prefill_contig_quant_cpu(&c.sh, &bq, 2, indptr, c.qdt, &ck, o2),
+                     PKV_ERR_INVALID_ARG);
+        // The CUDA twin checks first too: head_dim 40 is not a CUDA one.
+        cr_assert_eq(pkv_attn_prefill_contig_quant_cuda_ex(&c.sh, &c.qz, 2, indptr, 40, c.qdt,
+                                                           &ck, o2, NULL),
+                     PKV_ERR_UNSUPPORTED);
+        free(o1);
+        free(o2);
+        qcase_free(&c);
+    }
+}
+
 // The block size changes only the rows' addresses, never the sums: block 5 (seven
 // block boundaries inside each 32-token tile, scales read per block) and one block
 // per sequence give bit-identical outputs. head_dim 40 takes the 16-byte widening
@@ -879,11 +930,7 @@ Test(quant, runtime_generate) {
     }
     sc[0] = -1.0f;
     cr_assert_eq(pkv_model_set_kv_scales(m, sc), PKV_ERR_INVALID_ARG);
-    gp.kv_dtype = PKV_DTYPE_INT8;
-    gp.kv_mode = PKV_KV_CONTIGUOUS;
-    pkv_gen_output oq = {tq, NULL, 0, 0};
-    cr_assert_eq(pkv_generate(m, &gp, 1, &req, &oq, NULL), PKV_ERR_UNSUPPORTED,
-                 "no 8-bit contiguous store");
+    // The 8-bit contiguous store against the paged one: tests/test_model_quant.c.
     free(sc);
     free(l32);
     free(lq);

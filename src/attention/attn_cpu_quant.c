@@ -715,6 +715,7 @@ static void run_items(const pkv_attn_shape *shape, const pkv_attn_kv_quant *qz, 
     const uint64_t items = rows * kv_items * subs;
     const int nt = pkvi_attn_cpu_thread_count(shape, items);
     const int avx2 = cpu_has_avx2();
+    const int32_t *lens = pkv ? pkv->seq_lens : ckv->seq_lens;
     (void)nt;
 #ifdef _OPENMP
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
@@ -729,9 +730,9 @@ static void run_items(const pkv_attn_shape *shape, const pkv_attn_kv_quant *qz, 
             s = pkvi_attn_find_seq(q_indptr, num_seqs, (int64_t)r);
             // Row j of an n-token prompt is position len - n + j: it sees 0..that.
             int64_t n = (int64_t)q_indptr[s + 1] - q_indptr[s];
-            len = (uint32_t)(pkv->seq_lens[s] - n + ((int64_t)r - q_indptr[s]) + 1);
+            len = (uint32_t)(lens[s] - n + ((int64_t)r - q_indptr[s]) + 1);
         } else {
-            len = (uint32_t)(pkv ? pkv->seq_lens[s] : ckv->seq_lens[s]);
+            len = (uint32_t)lens[s];
         }
         uint32_t h0 = kvh * (shape->num_heads / shape->num_kv_heads) + sub * group;
         size_t off = ((size_t)r * shape->num_heads + h0) * shape->head_dim * es;
@@ -768,6 +769,16 @@ pkv_status pkv_attn_prefill_paged_quant_cpu(const pkv_attn_shape *shape,
     pkv_status st = pkvi_attn_check_cpu_paged(shape, quant, 1, kv, num_seqs, q, out, 1, q_indptr);
     if (st != PKV_OK) return st;
     run_items(shape, quant, num_seqs, q_indptr, (uint64_t)q_indptr[num_seqs], q, kv, NULL, out);
+    return PKV_OK;
+}
+
+pkv_status pkv_attn_prefill_contig_quant_cpu(const pkv_attn_shape *shape,
+                                             const pkv_attn_kv_quant *quant, uint32_t num_seqs,
+                                             const int32_t *q_indptr, const void *q,
+                                             const pkv_attn_contig_kv *kv, void *out) {
+    pkv_status st = pkvi_attn_check_cpu_contig(shape, quant, 1, kv, num_seqs, q, out, 1, q_indptr);
+    if (st != PKV_OK) return st;
+    run_items(shape, quant, num_seqs, q_indptr, (uint64_t)q_indptr[num_seqs], q, NULL, kv, out);
     return PKV_OK;
 }
 

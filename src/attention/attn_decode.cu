@@ -1022,6 +1022,32 @@ extern "C" pkv_status pkv_attn_prefill_paged_quant_cuda_ex(
     return launch(shape, a, num_seqs, num_rows, req, static_cast<cudaStream_t>(stream), quant);
 }
 
+// The contiguous twin of the prefill above (the runtime's 8-bit contiguous store):
+// the caller's row count, no read-back.
+extern "C" pkv_status pkv_attn_prefill_contig_quant_cuda_ex(
+    const pkv_attn_shape *shape, const pkv_attn_kv_quant *quant, uint32_t num_seqs,
+    const int32_t *q_indptr, uint32_t num_rows, const void *q, const pkv_attn_contig_kv *kv,
+    void *out, void *stream) {
+    dec_args a;
+    pkv_status st = contig_args(shape, q, kv, out, &a, 1);
+    if (st == PKV_OK) {
+        st = check_q8(shape, quant, kv->k_cache, kv->v_cache,
+                      kv->seq_offsets != nullptr ? 0 : kv->seq_stride);
+    }
+    if (st != PKV_OK) {
+        return st;
+    }
+    if (q_indptr == nullptr) {
+        return PKV_ERR_INVALID_ARG;
+    }
+    if (num_seqs == 0 || num_rows == 0) {
+        return PKV_OK;
+    }
+    a.q_indptr = q_indptr;
+    split_req req = {nullptr, kv->max_seq_len};
+    return launch(shape, a, num_seqs, num_rows, req, static_cast<cudaStream_t>(stream), quant);
+}
+
 // Reads the packed row count back, as pkv_attn_prefill_paged_cuda.
 extern "C" pkv_status pkv_attn_prefill_paged_quant_cuda(const pkv_attn_shape *shape,
                                                         const pkv_attn_kv_quant *quant,
