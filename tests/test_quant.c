@@ -711,6 +711,65 @@ Test(quant, e4m3_nan_codes_read_as_nan) {
     }
 }
 
+// Every stored byte through the decode's widening (the AVX2 sixteen- and
+// eight-byte steps and the scalar tail, on x86; the portable loops elsewhere), for
+// each 8-bit format: four identical V rows hold the codes (rotated so that e4m3's
+// NaN codes also land in the eight-byte step and the tail), K is zero, so every
+// weight is 1 and out[d] is the code's value exactly (the sums 2r, 3r, 4r of a
+// value of at most 4 significant bits are exact). MHA reads rows in the fused
+// loops, GQA widens them once per group.
+Test(quant, every_code_through_decode) {
+    const int32_t lens[1] = {4};
+    const uint32_t D = 256 + 8 + 3, rot[3] = {0, 121, 119};
+    const uint32_t shapes[2][2] = {{2, 2}, {4, 1}}; // heads, kv heads
+    for (int i = 0; i < 3; i++) {
+        for (int sh = 0; sh < 2; sh++) {
+            for (int r = 0; r < 3; r++) {
+                const uint32_t H = shapes[sh][0], KVH = shapes[sh][1];
+                qcase c;
+                qcase_make(&c, qtypes[i], PKV_DTYPE_F32, H, KVH, D, 4, 1, lens, PKV_LAYOUT_HND, 0);
+                c.qz.k_scale = c.qz.v_scale = 1.0f;
+                uint8_t *blk = (uint8_t *)pkv_cache_data(c.cache) +
+                               (size_t)c.tables[0] * c.g.block_stride;
+                const float one = 1.0f;
+                for (uint32_t h = 0; h < KVH; h++) {
+                    for (uint32_t t = 0; t < 4; t++) {
+                        uint8_t *k = blk + h * c.g.head_stride + t * c.g.token_stride;
+                        uint8_t *v = k + c.g.kv_stride;
+                        for (uint32_t d = 0; d < D; d++) {
+                            k[d] = 0;
+                            v[d] = (uint8_t)((d + rot[r]) % 256);
+                        }
+                        if (qtypes[i] == PKV_DTYPE_INT8) {
+                            const size_t sc = c.g.scale_offset +
+                                              (h * c.g.scale_head_stride + t * c.g.scale_token_stride) * 4;
+                            memcpy(blk + sc, &one, 4);
+                            memcpy(blk + c.g.kv_stride + sc, &one, 4);
+                        }
+                    }
+                }
+                pkv_attn_paged_kv kv = paged_of(&c);
+                float *o = calloc((size_t)H * D, sizeof(float));
+                cr_assert_eq(pkv_attn_decode_paged_quant_cpu(&c.sh, &c.qz, 1, c.q, &kv, o), PKV_OK);
+                for (uint32_t q = 0; q < H; q++) {
+                    for (uint32_t d = 0; d < D; d++) {
+                        const uint8_t b = (uint8_t)((d + rot[r]) % 256);
+                        const double want = qtypes[i] == PKV_DTYPE_INT8
+                                                ? (double)(int8_t)b
+                                                : fp8_value(b, qtypes[i] == PKV_DTYPE_FP8_E4M3);
+                        const double got = o[(size_t)q * D + d];
+                        cr_assert(isnan(want) ? isnan(got) : got == want,
+                                  "%s heads %u/%u: byte %#x at channel %u reads %.9g, want %.9g",
+                                  pkv_dtype_name(qtypes[i]), H, KVH, b, d, got, want);
+                    }
+                }
+                free(o);
+                qcase_free(&c);
+            }
+        }
+    }
+}
+
 // Prefill: every token of each sequence is a query row over its causal prefix.
 Test(quant, prefill_vs_reference) {
     for (int i = 0; i < 3; i++) {
