@@ -952,7 +952,7 @@ Test(quant, bad_arguments) {
 // The tiny model through pkv_generate with each 8-bit cache: it runs, the logits
 // stay close to the fp32 cache's (teacher forcing is not needed for the first
 // token: same prompt, so the prefill logits are compared directly), fp8 scales get
-// calibrated by the first forward pass, and the unsupported combinations refuse.
+// calibrated by the first forward pass, and a negative scale is refused.
 Test(quant, runtime_generate) {
     pkv_model_config cfg;
     cr_assert_eq(pkv_model_preset("tiny", &cfg), PKV_OK);
