@@ -589,6 +589,57 @@ Test(quant, contig_equals_paged) {
     }
 }
 
+// The contiguous prefill (the runtime's 8-bit contiguous store) over the same
+// bytes as carved rows equals the paged prefill bit for bit, with prompts that
+// are a sequence's last tokens (chunked prefill) as well as whole sequences; its
+// bad arguments are refused before anything is read.
+Test(quant, prefill_contig_equals_paged) {
+    for (int i = 0; i < 3; i++) {
+        const uint32_t H = 8, KVH = 2, D = 40, L = 50;
+        const int32_t lens[2] = {50, 23};
+        qcase c;
+        qcase_make(&c, qtypes[i], PKV_DTYPE_F16, H, KVH, D, L, 2, lens, PKV_LAYOUT_HND, 1);
+        pkv_attn_paged_kv kv = paged_of(&c);
+        const int32_t indptr[3] = {0, 17, 40}; // 17 of 50 tokens, then all 23
+        const size_t bytes = 40 * H * D * 2;
+        void *o1 = calloc(1, bytes), *o2 = calloc(1, bytes);
+        cr_assert_eq(pkv_attn_prefill_paged_quant_cpu(&c.sh, &c.qz, 2, indptr, c.qdt, &kv, o1),
+                     PKV_OK);
+        const int64_t offs[2] = {(int64_t)c.tables[0] * (int64_t)kv.block_stride,
+                                 (int64_t)c.tables[c.max_blocks] * (int64_t)kv.block_stride};
+        pkv_attn_contig_kv ck = {kv.k_cache, kv.v_cache, 0, kv.head_stride, kv.token_stride,
+                                 L, c.lens, offs};
+        cr_assert_eq(pkv_attn_prefill_contig_quant_cpu(&c.sh, &c.qz, 2, indptr, c.qdt, &ck, o2),
+                     PKV_OK);
+        cr_assert_eq(memcmp(o1, o2, bytes), 0, "%s", pkv_dtype_name(qtypes[i]));
+        // Bad input: no indptr, one not starting at 0, a prompt longer than its
+        // sequence, a negative row offset, a zero fp8 scale / unknown kind.
+        cr_assert_eq(pkv_attn_prefill_contig_quant_cpu(&c.sh, &c.qz, 2, NULL, c.qdt, &ck, o2),
+                     PKV_ERR_INVALID_ARG);
+        const int32_t bad_start[3] = {1, 17, 40}, too_long[3] = {0, 17, 41};
+        cr_assert_eq(pkv_attn_prefill_contig_quant_cpu(&c.sh, &c.qz, 2, bad_start, c.qdt, &ck, o2),
+                     PKV_ERR_INVALID_ARG);
+        cr_assert_eq(pkv_attn_prefill_contig_quant_cpu(&c.sh, &c.qz, 2, too_long, c.qdt, &ck, o2),
+                     PKV_ERR_INVALID_ARG);
+        const int64_t neg[2] = {offs[0], -16};
+        pkv_attn_contig_kv bad = ck;
+        bad.seq_offsets = neg;
+        cr_assert_eq(pkv_attn_prefill_contig_quant_cpu(&c.sh, &c.qz, 2, indptr, c.qdt, &bad, o2),
+                     PKV_ERR_INVALID_ARG);
+        pkv_attn_kv_quant bq = c.qz;
+        bq.kv_dtype = PKV_DTYPE_F16;
+        cr_assert_eq(pkv_attn_prefill_contig_quant_cpu(&c.sh, &bq, 2, indptr, c.qdt, &ck, o2),
+                     PKV_ERR_INVALID_ARG);
+        // The CUDA twin checks first too: head_dim 40 is not a CUDA one.
+        cr_assert_eq(pkv_attn_prefill_contig_quant_cuda_ex(&c.sh, &c.qz, 2, indptr, 40, c.qdt,
+                                                           &ck, o2, NULL),
+                     PKV_ERR_UNSUPPORTED);
+        free(o1);
+        free(o2);
+        qcase_free(&c);
+    }
+}
+
 // The block size changes only the rows' addresses, never the sums: block 5 (seven
 // block boundaries inside each 32-token tile, scales read per block) and one block
 // per sequence give bit-identical outputs. head_dim 40 takes the 16-byte widening
@@ -651,6 +702,65 @@ Test(quant, e4m3_nan_codes_read_as_nan) {
                         cr_assert_eq(isnan(o[q * D + d]) != 0, want,
                                      "%s NaN at channel %u, kv heads %u: out[%u][%u] = %g",
                                      v ? "V" : "K", dims[di], KVH, q, d, o[q * D + d]);
+                    }
+                }
+                free(o);
+                qcase_free(&c);
+            }
+        }
+    }
+}
+
+// Every stored byte through the decode's widening (the AVX2 sixteen- and
+// eight-byte steps and the scalar tail, on x86; the portable loops elsewhere), for
+// each 8-bit format: four identical V rows hold the codes (rotated so that e4m3's
+// NaN codes also land in the eight-byte step and the tail), K is zero, so every
+// weight is 1 and out[d] is the code's value exactly (the sums 2r, 3r, 4r of a
+// value of at most 4 significant bits are exact). MHA reads rows in the fused
+// loops, GQA widens them once per group.
+Test(quant, every_code_through_decode) {
+    const int32_t lens[1] = {4};
+    const uint32_t D = 256 + 8 + 3, rot[3] = {0, 121, 119};
+    const uint32_t shapes[2][2] = {{2, 2}, {4, 1}}; // heads, kv heads
+    for (int i = 0; i < 3; i++) {
+        for (int sh = 0; sh < 2; sh++) {
+            for (int r = 0; r < 3; r++) {
+                const uint32_t H = shapes[sh][0], KVH = shapes[sh][1];
+                qcase c;
+                qcase_make(&c, qtypes[i], PKV_DTYPE_F32, H, KVH, D, 4, 1, lens, PKV_LAYOUT_HND, 0);
+                c.qz.k_scale = c.qz.v_scale = 1.0f;
+                uint8_t *blk = (uint8_t *)pkv_cache_data(c.cache) +
+                               (size_t)c.tables[0] * c.g.block_stride;
+                const float one = 1.0f;
+                for (uint32_t h = 0; h < KVH; h++) {
+                    for (uint32_t t = 0; t < 4; t++) {
+                        uint8_t *k = blk + h * c.g.head_stride + t * c.g.token_stride;
+                        uint8_t *v = k + c.g.kv_stride;
+                        for (uint32_t d = 0; d < D; d++) {
+                            k[d] = 0;
+                            v[d] = (uint8_t)((d + rot[r]) % 256);
+                        }
+                        if (qtypes[i] == PKV_DTYPE_INT8) {
+                            const size_t sc = c.g.scale_offset +
+                                              (h * c.g.scale_head_stride + t * c.g.scale_token_stride) * 4;
+                            memcpy(blk + sc, &one, 4);
+                            memcpy(blk + c.g.kv_stride + sc, &one, 4);
+                        }
+                    }
+                }
+                pkv_attn_paged_kv kv = paged_of(&c);
+                float *o = calloc((size_t)H * D, sizeof(float));
+                cr_assert_eq(pkv_attn_decode_paged_quant_cpu(&c.sh, &c.qz, 1, c.q, &kv, o), PKV_OK);
+                for (uint32_t q = 0; q < H; q++) {
+                    for (uint32_t d = 0; d < D; d++) {
+                        const uint8_t b = (uint8_t)((d + rot[r]) % 256);
+                        const double want = qtypes[i] == PKV_DTYPE_INT8
+                                                ? (double)(int8_t)b
+                                                : fp8_value(b, qtypes[i] == PKV_DTYPE_FP8_E4M3);
+                        const double got = o[(size_t)q * D + d];
+                        cr_assert(isnan(want) ? isnan(got) : got == want,
+                                  "%s heads %u/%u: byte %#x at channel %u reads %.9g, want %.9g",
+                                  pkv_dtype_name(qtypes[i]), H, KVH, b, d, got, want);
                     }
                 }
                 free(o);
@@ -842,7 +952,7 @@ Test(quant, bad_arguments) {
 // The tiny model through pkv_generate with each 8-bit cache: it runs, the logits
 // stay close to the fp32 cache's (teacher forcing is not needed for the first
 // token: same prompt, so the prefill logits are compared directly), fp8 scales get
-// calibrated by the first forward pass, and the unsupported combinations refuse.
+// calibrated by the first forward pass, and a negative scale is refused.
 Test(quant, runtime_generate) {
     pkv_model_config cfg;
     cr_assert_eq(pkv_model_preset("tiny", &cfg), PKV_OK);
@@ -879,11 +989,7 @@ Test(quant, runtime_generate) {
     }
     sc[0] = -1.0f;
     cr_assert_eq(pkv_model_set_kv_scales(m, sc), PKV_ERR_INVALID_ARG);
-    gp.kv_dtype = PKV_DTYPE_INT8;
-    gp.kv_mode = PKV_KV_CONTIGUOUS;
-    pkv_gen_output oq = {tq, NULL, 0, 0};
-    cr_assert_eq(pkv_generate(m, &gp, 1, &req, &oq, NULL), PKV_ERR_UNSUPPORTED,
-                 "no 8-bit contiguous store");
+    // The 8-bit contiguous store against the paged one: tests/test_model_quant.c.
     free(sc);
     free(l32);
     free(lq);

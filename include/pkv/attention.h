@@ -304,6 +304,14 @@ pkv_status pkv_attn_prefill_paged_quant_cpu(const pkv_attn_shape *shape,
                                             const pkv_attn_kv_quant *quant, uint32_t num_seqs,
                                             const int32_t *q_indptr, const void *q,
                                             const pkv_attn_paged_kv *kv, void *out);
+// Causal prefill through a contiguous 8-bit cache (rows at seq_stride or at
+// seq_offsets, int8 scales at each row's base + quant->scale_offset): the
+// runtime's 8-bit contiguous store; bit-identical to the paged prefill on the
+// same bytes.
+pkv_status pkv_attn_prefill_contig_quant_cpu(const pkv_attn_shape *shape,
+                                             const pkv_attn_kv_quant *quant, uint32_t num_seqs,
+                                             const int32_t *q_indptr, const void *q,
+                                             const pkv_attn_contig_kv *kv, void *out);
 pkv_status pkv_attn_cache_write_quant_cpu(const pkv_attn_shape *shape,
                                           const pkv_attn_kv_quant *quant, uint32_t num_tokens,
                                           const void *k, const void *v, const int64_t *slots,
@@ -339,6 +347,14 @@ pkv_status pkv_attn_prefill_paged_quant_cuda_ex(const pkv_attn_shape *shape,
                                                 uint32_t num_rows, const void *q,
                                                 const pkv_attn_paged_kv *kv, void *out,
                                                 void *stream);
+// The contiguous prefill's CUDA twin, num_rows = q_indptr[num_seqs] from the
+// caller (no read-back, no synchronization), as pkv_attn_prefill_contig_cuda_ex.
+pkv_status pkv_attn_prefill_contig_quant_cuda_ex(const pkv_attn_shape *shape,
+                                                 const pkv_attn_kv_quant *quant,
+                                                 uint32_t num_seqs, const int32_t *q_indptr,
+                                                 uint32_t num_rows, const void *q,
+                                                 const pkv_attn_contig_kv *kv, void *out,
+                                                 void *stream);
 pkv_status pkv_attn_cache_write_quant_cuda(const pkv_attn_shape *shape,
                                            const pkv_attn_kv_quant *quant, uint32_t num_tokens,
                                            const void *k, const void *v, const int64_t *slots,

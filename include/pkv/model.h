@@ -168,10 +168,16 @@ pkv_status pkv_model_decode_paged(pkv_model *model, pkv_cache *cache, pkv_seqset
 
 // Each sequence's K/V is one extent (row) of consecutive token slots in one
 // arena of this model's device memory: per layer, K and V each
-// [kv_heads][arena_tokens][head_dim] of the store's dtype (fp32, fp16 or bf16;
-// the 8-bit dtypes give PKV_ERR_UNSUPPORTED: they exist for paged caches only),
-// so every (row, kv head) is one contiguous run that the contiguous decode kernel
-// reads (pkv_attn_contig_kv.seq_offsets). Two kinds of store:
+// [kv_heads][arena_tokens][head_dim] of the store's dtype (fp32, fp16, bf16,
+// fp8_e4m3 or fp8_e5m2), so every (row, kv head) is one contiguous run that the
+// contiguous decode kernel reads (pkv_attn_contig_kv.seq_offsets). int8 keeps one
+// fp32 scale per (token, kv head) beside its data, as the paged int8 cache does, so
+// that a moved or copied row carries its scales: its K and V are each
+// [arena_tokens][slot] bytes, a slot being [kv_heads][head_dim] int8 values then
+// [kv_heads] fp32 scales, padded to a multiple of 16 bytes. The 8-bit stores
+// quantize as the paged 8-bit caches (pkv/cache.h; fp8 tensor scales from
+// pkv_model_set_kv_scales), on the CPU and CUDA models alike; an 8-bit arena of
+// more than 2^32 - 1 token slots gives PKV_ERR_UNSUPPORTED. Two kinds of store:
 // - fixed rows (pkv_contig_kv_create): row r is slots r x max_len .. + max_len;
 // - an arena whose extents the caller places, moves and frees
 //   (pkv_contig_kv_create_arena): the layout of contiguous allocators that carve

@@ -55,7 +55,10 @@ QINLINE float raw1(uint8_t b, int kind) {
     if (kind == KIND_INT8) {
         return (float)(int8_t)b;
     }
-    return pkvi_f16_to_f32(pkvi_fp8_to_f16_bits(b, kind == KIND_E4M3));
+    if (kind == KIND_E4M3) {
+        return pkvi_e4m3_to_f32_div256(b);
+    }
+    return pkvi_f16_to_f32(pkvi_fp8_to_f16_bits(b, 0));
 }
 
 // Portable row kernels (any CPU): widen a row into buf, then plain fp32 loops
@@ -94,14 +97,12 @@ QAVX2 QINLINE __m256 load8(const uint8_t *p, int kind) {
     if (kind == KIND_INT8) {
         return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
     }
-    __m128i x = _mm_cvtepu8_epi16(b);
     if (kind == KIND_E5M2) {
-        return _mm256_cvtph_ps(_mm_slli_epi16(x, 8));
+        return _mm256_cvtph_ps(_mm_slli_epi16(_mm_cvtepu8_epi16(b), 8));
     }
-    // s.eeee.mmm -> s.0.eeee.mmm.0000000: shift up 8, arithmetic shift down 1
-    // (the sign lands on bits 15 and 14), clear bit 14. The e4m3 NaN (eeee.mmm all
-    // ones) becomes 0x3f80 there; or-ing 0x7e00 into it makes an fp16 NaN.
-    __m128i h = _mm_and_si128(_mm_srai_epi16(_mm_slli_epi16(x, 8), 1), _mm_set1_epi16(-16385));
+    // s.eeee.mmm -> s.0.eeee.mmm.0000000 as load16 does (see there). The e4m3 NaN
+    // (eeee.mmm all ones) becomes 0x3f80 there; or-ing 0x7e00 into it makes an fp16 NaN.
+    __m128i h = _mm_and_si128(_mm_slli_epi16(_mm_cvtepi8_epi16(b), 7), _mm_set1_epi16(-16385));
     __m128i nan = _mm_and_si128(
         _mm_cmpeq_epi16(_mm_and_si128(h, _mm_set1_epi16(0x7fff)), _mm_set1_epi16(0x3f80)),
         _mm_set1_epi16(0x7e00));
@@ -131,9 +132,13 @@ QAVX2 QINLINE void load16(const uint8_t *p, int kind, __m256 *lo, __m256 *hi, __
         return;
     }
     *nan = _mm_max_epu8(*nan, _mm_or_si128(b, _mm_set1_epi8((char)0x80)));
-    // s.eeee.mmm -> s.0.eeee.mmm.0000000, as in load8, on all sixteen lanes.
-    __m256i x = _mm256_slli_epi16(_mm256_cvtepu8_epi16(b), 8);
-    __m256i h = _mm256_and_si256(_mm256_srai_epi16(x, 1), _mm256_set1_epi16(-16385));
+    // s.eeee.mmm -> s.0.eeee.mmm.0000000 on all sixteen lanes: sign-extend each byte
+    // to 16 bits and shift up 7, which puts the sign on bits 15 (wanted) and 14
+    // (cleared; it is the top of fp16's five exponent bits, which e4m3's four
+    // leave 0). Two operations where a zero-extension needs three (shift up 8,
+    // arithmetic shift down 1, clear bit 14).
+    __m256i h = _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(b), 7),
+                                 _mm256_set1_epi16(-16385));
     *lo = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
     *hi = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
 }
@@ -715,6 +720,7 @@ static void run_items(const pkv_attn_shape *shape, const pkv_attn_kv_quant *qz, 
     const uint64_t items = rows * kv_items * subs;
     const int nt = pkvi_attn_cpu_thread_count(shape, items);
     const int avx2 = cpu_has_avx2();
+    const int32_t *lens = pkv ? pkv->seq_lens : ckv->seq_lens;
     (void)nt;
 #ifdef _OPENMP
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
@@ -729,9 +735,9 @@ static void run_items(const pkv_attn_shape *shape, const pkv_attn_kv_quant *qz, 
             s = pkvi_attn_find_seq(q_indptr, num_seqs, (int64_t)r);
             // Row j of an n-token prompt is position len - n + j: it sees 0..that.
             int64_t n = (int64_t)q_indptr[s + 1] - q_indptr[s];
-            len = (uint32_t)(pkv->seq_lens[s] - n + ((int64_t)r - q_indptr[s]) + 1);
+            len = (uint32_t)(lens[s] - n + ((int64_t)r - q_indptr[s]) + 1);
         } else {
-            len = (uint32_t)(pkv ? pkv->seq_lens[s] : ckv->seq_lens[s]);
+            len = (uint32_t)lens[s];
         }
         uint32_t h0 = kvh * (shape->num_heads / shape->num_kv_heads) + sub * group;
         size_t off = ((size_t)r * shape->num_heads + h0) * shape->head_dim * es;
@@ -768,6 +774,16 @@ pkv_status pkv_attn_prefill_paged_quant_cpu(const pkv_attn_shape *shape,
     pkv_status st = pkvi_attn_check_cpu_paged(shape, quant, 1, kv, num_seqs, q, out, 1, q_indptr);
     if (st != PKV_OK) return st;
     run_items(shape, quant, num_seqs, q_indptr, (uint64_t)q_indptr[num_seqs], q, kv, NULL, out);
+    return PKV_OK;
+}
+
+pkv_status pkv_attn_prefill_contig_quant_cpu(const pkv_attn_shape *shape,
+                                             const pkv_attn_kv_quant *quant, uint32_t num_seqs,
+                                             const int32_t *q_indptr, const void *q,
+                                             const pkv_attn_contig_kv *kv, void *out) {
+    pkv_status st = pkvi_attn_check_cpu_contig(shape, quant, 1, kv, num_seqs, q, out, 1, q_indptr);
+    if (st != PKV_OK) return st;
+    run_items(shape, quant, num_seqs, q_indptr, (uint64_t)q_indptr[num_seqs], q, NULL, kv, out);
     return PKV_OK;
 }
 

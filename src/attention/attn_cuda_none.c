@@ -147,6 +147,18 @@ pkv_status pkv_attn_prefill_paged_quant_cuda_ex(const pkv_attn_shape *shape,
                                              stream);
 }
 
+pkv_status pkv_attn_prefill_contig_quant_cuda_ex(const pkv_attn_shape *shape,
+                                                 const pkv_attn_kv_quant *quant,
+                                                 uint32_t num_seqs, const int32_t *q_indptr,
+                                                 uint32_t num_rows, const void *q,
+                                                 const pkv_attn_contig_kv *kv, void *out,
+                                                 void *stream) {
+    (void)num_rows;
+    pkv_status st = pkv_attn_decode_contig_quant_cuda(shape, quant, num_seqs, q, kv, out, stream);
+    if (st == PKV_ERR_UNSUPPORTED && q_indptr == NULL) st = PKV_ERR_INVALID_ARG;
+    return st;
+}
+
 pkv_status pkv_attn_cache_write_quant_cuda(const pkv_attn_shape *shape,
                                            const pkv_attn_kv_quant *quant, uint32_t num_tokens,
                                            const void *k, const void *v, const int64_t *slots,

@@ -798,10 +798,12 @@ extern "C" pkv_status pkv_attn_decode_paged_cuda(const pkv_attn_shape *shape, ui
 }
 
 // A prefill launch of either layout once its descriptor is checked: no split-K,
-// num_rows packed query rows (the caller's count: no read-back).
+// num_rows packed query rows (the caller's count: no read-back); quant: an 8-bit
+// cache (NULL: 16-bit).
 static pkv_status launch_prefill(const pkv_attn_shape *shape, dec_args a, uint32_t num_seqs,
                                  const int32_t *q_indptr, uint32_t num_rows,
-                                 uint32_t max_context, void *stream) {
+                                 uint32_t max_context, void *stream,
+                                 const pkv_attn_kv_quant *quant = nullptr) {
     if (q_indptr == nullptr) {
         return PKV_ERR_INVALID_ARG;
     }
@@ -810,7 +812,7 @@ static pkv_status launch_prefill(const pkv_attn_shape *shape, dec_args a, uint32
     }
     a.q_indptr = q_indptr;
     split_req req = {nullptr, max_context};
-    return launch(shape, a, num_seqs, num_rows, req, static_cast<cudaStream_t>(stream));
+    return launch(shape, a, num_seqs, num_rows, req, static_cast<cudaStream_t>(stream), quant);
 }
 
 // The host checks of a contiguous call and its launch arguments.
@@ -1010,16 +1012,26 @@ extern "C" pkv_status pkv_attn_prefill_paged_quant_cuda_ex(
     if (st != PKV_OK) {
         return st;
     }
-    if (q_indptr == nullptr) {
-        return PKV_ERR_INVALID_ARG;
+    return launch_prefill(shape, paged_args(q, kv, out), num_seqs, q_indptr, num_rows,
+                          kv->max_blocks_per_seq * kv->block_size, stream, quant);
+}
+
+// The contiguous twin of the prefill above (the runtime's 8-bit contiguous store):
+// the caller's row count, no read-back.
+extern "C" pkv_status pkv_attn_prefill_contig_quant_cuda_ex(
+    const pkv_attn_shape *shape, const pkv_attn_kv_quant *quant, uint32_t num_seqs,
+    const int32_t *q_indptr, uint32_t num_rows, const void *q, const pkv_attn_contig_kv *kv,
+    void *out, void *stream) {
+    dec_args a;
+    pkv_status st = contig_args(shape, q, kv, out, &a, 1);
+    if (st == PKV_OK) {
+        st = check_q8(shape, quant, kv->k_cache, kv->v_cache,
+                      kv->seq_offsets != nullptr ? 0 : kv->seq_stride);
     }
-    if (num_seqs == 0 || num_rows == 0) {
-        return PKV_OK;
+    if (st != PKV_OK) {
+        return st;
     }
-    dec_args a = paged_args(q, kv, out);
-    a.q_indptr = q_indptr;
-    split_req req = {nullptr, kv->max_blocks_per_seq * kv->block_size};
-    return launch(shape, a, num_seqs, num_rows, req, static_cast<cudaStream_t>(stream), quant);
+    return launch_prefill(shape, a, num_seqs, q_indptr, num_rows, kv->max_seq_len, stream, quant);
 }
 
 // Reads the packed row count back, as pkv_attn_prefill_paged_cuda.

@@ -6,9 +6,10 @@
 // - fp8 encode rounds to nearest, ties to even, subnormals included; finite
 //   overflow and +-inf saturate to +-max (448 / 57344: CUDA's __NV_SATFINITE, what
 //   vLLM and FlashInfer use for the KV cache); NaN encodes as NaN; -0 keeps its sign.
-// - fp8 decode is exact. Both go through fp16 bit patterns: e5m2 is the high byte
-//   of an fp16, e4m3's byte shifted left by 7 is an fp16 equal to the value / 256
-//   (so the SIMD paths convert with vcvtph2ps and fold the 256 into a scale).
+// - fp8 decode is exact. The SIMD paths go through fp16 bit patterns: e5m2 is the
+//   high byte of an fp16, e4m3's byte shifted left by 7 is an fp16 equal to the
+//   value / 256 (vcvtph2ps, the 256 folded into a scale); the scalar e4m3 decode
+//   builds the same value / 256 as fp32 bits directly (cheaper than widening fp16).
 // - int8: q = rint(x / s), s = max|x| / 127, |q| <= 127 (-128 is never written);
 //   |x - q s| <= s / 2 (+ the rounding of s itself, for subnormal rows). A zero
 //   row has s = 0; a row with a NaN or inf has s = NaN.
@@ -77,8 +78,25 @@ static inline float pkvi_fp8_bias(int e4m3) {
     return e4m3 ? 256.0f : 1.0f;
 }
 
+// An e4m3 byte's value / 256 (pkvi_fp8_to_f16_bits's fp16, widened), built as fp32
+// bits directly rather than through the fp16 widening: a normal code's exponent
+// and mantissa fields move up 20 bits and the exponent is rebiased by
+// 127 - 7 - 8 = 112; a subnormal one (exponent field 0) is its 3-bit mantissa
+// times 2^-9 / 256, an exact product; S.1111.111 is NaN. Branch-free selects.
+static inline float pkvi_e4m3_to_f32_div256(uint8_t b) {
+    const uint32_t mag = b & 0x7fu;
+    const uint32_t normal = (mag << 20) + (112u << 23);
+    const uint32_t sub = pkvi_f32_bits((float)mag * 0x1p-17f);
+    uint32_t bits = mag >= 8u ? normal : sub;
+    bits = mag == 0x7fu ? 0x7fc00000u : bits;
+    return pkvi_bits_f32(bits | (uint32_t)(b & 0x80u) << 24);
+}
+
 static inline float pkvi_fp8_to_f32(uint8_t b, int e4m3) {
-    return pkvi_f16_to_f32(pkvi_fp8_to_f16_bits(b, e4m3)) * pkvi_fp8_bias(e4m3);
+    if (e4m3) {
+        return pkvi_e4m3_to_f32_div256(b) * 256.0f; // exact: a power of two, |x| <= 448
+    }
+    return pkvi_f16_to_f32(pkvi_fp8_to_f16_bits(b, 0));
 }
 
 // The int8 scale of a row of n values: max|x| / 127; 0 for a zero row, NaN if a

@@ -8,7 +8,8 @@
 // decode through the decode kernel's 8-bit fast path: GQA 1 / 4 / 8, split-K edges
 // (contexts at and around the 256-token partitions, more partitions than a short
 // sequence has), paged and contiguous (fixed rows and carved seq_offsets rows, built
-// from the same bytes with their int8 scales beside each row).
+// from the same bytes with their int8 scales beside each row), and the decoder's
+// 8-bit contiguous store layout (run_store_case).
 // Built twice: against the CPU emulator of the .cu files (suite emu, runs
 // everywhere) and, in a CUDA build, against the real runtime (suite cuda, exit 77 =
 // skipped without a device). Exit 0 pass, 1 mismatch or CUDA failure.
@@ -258,6 +259,95 @@ static void run_case_lens(pkv_dtype kvdt, pkv_dtype qdt, uint32_t H, uint32_t KV
         free(o_gpu);
 }
 
+// The decoder's 8-bit contiguous store (src/runtime/model/contig_kv.c), as the CUDA
+// model drives it: an arena of `A` token slots, int8 as token-major slots (the kv
+// heads' rows, then their fp32 scales, padded to 16 bytes), fp8 head-major
+// [KVH][A][D]; written by the quantizing write as one-token blocks (slot = the
+// row's first slot + position), read by the contiguous decode (split-K plan) and
+// prefill (the last `chunk` tokens of each row) at seq_offsets. Same bytes and
+// outputs as the CPU calls.
+static void run_store_case(pkv_dtype kvdt, pkv_dtype qdt, uint32_t H, uint32_t KVH, uint32_t D) {
+    cases++;
+    enum { S = 3 };
+    const int32_t lens[S] = {1, 37, 70};
+    const uint64_t first[S] = {150, 3, 60}; // rows out of order, gaps between them
+    const uint32_t A = 230, chunk = 9;
+    const int int8 = kvdt == PKV_DTYPE_INT8;
+    const uint64_t slot = int8 ? ((uint64_t)KVH * (D + 4) + 15) / 16 * 16 : (uint64_t)KVH * D;
+    const uint64_t ts = int8 ? slot : D, hs = int8 ? D : (uint64_t)A * D, half = slot * A;
+    const pkv_attn_kv_quant qz = {kvdt, 3.0f / pkvi_quant_max(kvdt), 1.0f / pkvi_quant_max(kvdt),
+                                  int8 ? (uint64_t)KVH * D : 0, int8 ? 1 : 0, int8 ? slot / 4 : 0};
+    uint32_t total = 0, rows = 0;
+    for (int s = 0; s < S; s++) total += (uint32_t)lens[s];
+    int64_t slots[37 + 70 + 1], offs[S];
+    int32_t indptr[S + 1] = {0};
+    for (int s = 0, t0 = 0; s < S; s++) {
+        for (int32_t t = 0; t < lens[s]; t++) slots[t0++] = (int64_t)(first[s] + (uint64_t)t);
+        offs[s] = (int64_t)(first[s] * ts); // the row's first slot, in bytes
+        const uint32_t n = (uint32_t)lens[s] < chunk ? (uint32_t)lens[s] : chunk;
+        indptr[s + 1] = indptr[s] + (int32_t)n;
+    }
+    rows = (uint32_t)indptr[S];
+    const size_t qes = pkv_dtype_size(qdt);
+    void *k = malloc((size_t)total * KVH * D * qes), *v = malloc((size_t)total * KVH * D * qes);
+    void *q = malloc((size_t)rows * H * D * qes);
+    void *o_cpu = malloc((size_t)rows * H * D * qes), *o_gpu = malloc((size_t)rows * H * D * qes);
+    uint8_t *host = malloc((size_t)(2 * half)), *back = malloc((size_t)(2 * half));
+    if (!k || !v || !q || !o_cpu || !o_gpu || !host || !back) exit(1);
+    for (size_t i = 0; i < (size_t)total * KVH * D; i++) {
+        store(qdt, k, i, (float)unit() * ((i % D) % 23 == 4 ? 3.0f : 0.5f));
+        store(qdt, v, i, (float)unit());
+    }
+    for (size_t i = 0; i < (size_t)rows * H * D; i++) store(qdt, q, i, (float)unit());
+    memset(host, 0x7f, (size_t)(2 * half)); // unused slots and padding must not be read
+    uint8_t *dstore = dev_copy(host, (size_t)(2 * half));
+    void *dk = dev_copy(k, (size_t)total * KVH * D * qes), *dv = dev_copy(v, (size_t)total * KVH * D * qes);
+    void *dq = dev_copy(q, (size_t)rows * H * D * qes);
+    int64_t *dslots = dev_copy(slots, total * sizeof *slots), *doffs = dev_copy(offs, sizeof offs);
+    int32_t *dlens = dev_copy(lens, sizeof lens), *dind = dev_copy(indptr, sizeof indptr);
+    void *dout = NULL;
+    CHECK(dstore && dk && dv && dq && dslots && doffs && dlens && dind &&
+              cudaMalloc(&dout, (size_t)rows * H * D * qes) == cudaSuccess, "device buffers");
+    pkv_attn_shape sh = {H, KVH, D, qdt, 1.0f / sqrtf((float)D), 1};
+    pkv_status st = pkv_attn_cache_write_quant_cpu(&sh, &qz, total, k, v, slots, host, host + half,
+                                                   ts, hs, ts, 1, A);
+    CHECK(st == PKV_OK, "cpu store write: %s", pkv_status_str(st));
+    st = pkv_attn_cache_write_quant_cuda(&sh, &qz, total, dk, dv, dslots, dstore, dstore + half,
+                                         ts, hs, ts, 1, A, NULL);
+    CHECK(st == PKV_OK, "cuda store write: %s", pkv_status_str(st));
+    CHECK(cudaMemcpy(back, dstore, (size_t)(2 * half), cudaMemcpyDeviceToHost) == cudaSuccess,
+          "download");
+    CHECK(memcmp(back, host, (size_t)(2 * half)) == 0, "%s D=%u: store bytes differ",
+          pkv_dtype_name(kvdt), D);
+    char what[128];
+    snprintf(what, sizeof what, "store %s q=%s D=%u H=%u/%u", pkv_dtype_name(kvdt),
+             pkv_dtype_name(qdt), D, H, KVH);
+    const double u = qdt == PKV_DTYPE_F32 ? 0 : qdt == PKV_DTYPE_F16 ? ldexp(1, -10) : ldexp(1, -7);
+    pkv_attn_contig_kv hck = {host, host + half, 0, hs, ts, 80, lens, offs};
+    pkv_attn_contig_kv dck = {dstore, dstore + half, 0, hs, ts, 80, dlens, doffs};
+    st = pkv_attn_prefill_contig_quant_cpu(&sh, &qz, S, indptr, q, &hck, o_cpu);
+    CHECK(st == PKV_OK, "cpu store prefill: %s", pkv_status_str(st));
+    st = pkv_attn_prefill_contig_quant_cuda_ex(&sh, &qz, S, dind, rows, dq, &dck, dout, NULL);
+    CHECK(st == PKV_OK, "cuda store prefill: %s", pkv_status_str(st));
+    CHECK(cudaMemcpy(o_gpu, dout, (size_t)rows * H * D * qes, cudaMemcpyDeviceToHost) == cudaSuccess,
+          "download out");
+    if (!outputs_agree(qdt, o_gpu, o_cpu, (size_t)rows * H * D, u, what)) return;
+    size_t wsb = 0;
+    void *ws = workspace(&sh, S, 0, &wsb);
+    CHECK(ws != NULL, "workspace");
+    pkv_attn_cuda_opts opts = {ws, wsb, 0, 0, 0};
+    st = pkv_attn_decode_contig_quant_cpu(&sh, &qz, S, q, &hck, o_cpu);
+    CHECK(st == PKV_OK, "cpu store decode: %s", pkv_status_str(st));
+    st = pkv_attn_decode_contig_quant_cuda_ex(&sh, &qz, S, dq, &dck, dout, &opts, NULL);
+    CHECK(st == PKV_OK, "cuda store decode: %s", pkv_status_str(st));
+    CHECK(cudaMemcpy(o_gpu, dout, (size_t)S * H * D * qes, cudaMemcpyDeviceToHost) == cudaSuccess,
+          "download out");
+    if (!outputs_agree(qdt, o_gpu, o_cpu, (size_t)S * H * D, u, what)) return;
+    cudaFree(dstore), cudaFree(dk), cudaFree(dv), cudaFree(dq), cudaFree(dslots), cudaFree(doffs);
+    cudaFree(dlens), cudaFree(dind), cudaFree(dout), cudaFree(ws);
+    free(k), free(v), free(q), free(o_cpu), free(o_gpu), free(host), free(back);
+}
+
 static void run_case(pkv_dtype kvdt, pkv_dtype qdt, uint32_t H, uint32_t KVH, uint32_t D,
                      uint32_t B, int nhd, int bad_block) {
     static const int32_t lens[3] = {1, 37, 70};
@@ -296,6 +386,9 @@ int main(int argc, char **argv) {
             }
         }
         run_case(kv[a], PKV_DTYPE_F16, 4, 4, 128, 8, 1, 0); // NHD, MHA, block 8
+        // The decoder's 8-bit contiguous store: MHA and GQA 4.
+        run_store_case(kv[a], qd[a], 4, 4, 64);
+        if (!sanitizer) run_store_case(kv[a], PKV_DTYPE_F32, 8, 2, 128);
         run_case(kv[a], PKV_DTYPE_F32, 8, 1, 64, 32, 0, 1); // MQA, block 32
         // The fast path's plans: GQA 1 / 4 / 8 (2 kv heads), split-K at and around
         // the 256-token partitions (3 partitions of 256 over 600 tokens: sequence

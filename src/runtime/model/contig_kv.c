@@ -8,6 +8,12 @@
 // code can be measured on both layouts. Invariants: len[r] <= cap[r]; the
 // extents of rows with cap > 0 lie in the arena and do not overlap; slots below
 // len[r] hold K/V written by a forward pass (or a row copy or move).
+// 8-bit stores quantize as the paged 8-bit cache does (pkv/cache.h): fp8 keeps the
+// layout above with 1-byte elements (its scales are the model's, per tensor);
+// int8 needs one fp32 scale per (token, kv head) that moves with its row, so its
+// arena is token-major slots, each [kv_heads][head_dim] bytes then the kv heads'
+// fp32 scales, padded to 16 bytes (16-byte rows for the CUDA kernel): the slot is
+// self-contained, as an int8 paged block is, and a row copy moves the scales.
 #include <stdlib.h>
 #include <string.h>
 
@@ -31,10 +37,18 @@ static pkv_status zero_fill(pkv_model *m, void *dst, size_t bytes) {
     return st;
 }
 
+// Bytes of one token slot of one layer's K (or V): an int8 slot holds its kv
+// heads' rows and their scales, padded to 16 bytes.
+static uint64_t slot_bytes(const pkv_model_config *c, pkv_dtype dtype) {
+    const uint64_t row = (uint64_t)c->num_kv_heads * c->head_dim;
+    if (dtype == PKV_DTYPE_INT8) return (row + 4u * c->num_kv_heads + 15u) & ~(uint64_t)15u;
+    return row * pkv_dtype_size(dtype);
+}
+
 uint64_t pkvi_contig_kv_arena_bytes(const pkv_model *model, uint64_t arena_tokens, pkv_dtype dtype) {
     if (!model || pkv_dtype_size(dtype) == 0) return 0;
     const pkv_model_config *c = &model->cfg;
-    const uint64_t plane = (uint64_t)c->num_layers * c->num_kv_heads * c->head_dim * pkv_dtype_size(dtype);
+    const uint64_t plane = (uint64_t)c->num_layers * slot_bytes(c, dtype);
     return arena_tokens > (uint64_t)SIZE_MAX / plane ? 0 : plane * arena_tokens;
 }
 
@@ -44,7 +58,8 @@ static pkv_status store_new(const pkv_model *model, uint32_t max_rows, uint64_t 
                             pkv_dtype dtype, pkv_contig_kv **out) {
     if (!model || !out || max_rows == 0 || arena == 0 || pkv_dtype_size(dtype) == 0)
         return PKV_ERR_INVALID_ARG;
-    if (pkv_dtype_is_quantized(dtype)) return PKV_ERR_UNSUPPORTED; // 8-bit: paged caches only
+    // The 8-bit writes address token slots with the paged writer's 32-bit block count.
+    if (pkv_dtype_is_quantized(dtype) && arena > UINT32_MAX) return PKV_ERR_UNSUPPORTED;
     *out = NULL;
     const uint64_t each = pkvi_contig_kv_arena_bytes(model, arena, dtype);
     if (each == 0) return PKV_ERR_OUT_OF_MEMORY;
@@ -61,6 +76,17 @@ static pkv_status store_new(const pkv_model *model, uint32_t max_rows, uint64_t 
     kv->token_stride = c->head_dim;
     kv->layer_stride = kv->head_stride * c->num_kv_heads;
     kv->row_unit = c->head_dim;
+    kv->quant.kv_dtype = dtype;
+    if (dtype == PKV_DTYPE_INT8) {
+        const uint64_t slot = slot_bytes(c, dtype);
+        kv->head_stride = c->head_dim;
+        kv->token_stride = slot;
+        kv->layer_stride = arena * slot;
+        kv->row_unit = slot;
+        kv->quant.scale_offset = (uint64_t)c->num_kv_heads * c->head_dim;
+        kv->quant.scale_head_stride = 1;
+        kv->quant.scale_token_stride = slot / sizeof(float);
+    }
     kv->len = calloc(max_rows, sizeof *kv->len);
     kv->off = calloc(max_rows, sizeof *kv->off);
     kv->cap = calloc(max_rows, sizeof *kv->cap);
@@ -107,6 +133,7 @@ pkv_status pkvi_contig_kv_wrap_slots(const pkv_model *model, uint32_t num_slots,
                                      pkv_dtype dtype, void *k, void *v, uint64_t layer_stride,
                                      uint64_t row_unit, pkv_contig_kv **out) {
     if (!k || !v || max_len == 0) return PKV_ERR_INVALID_ARG;
+    if (dtype == PKV_DTYPE_INT8) return PKV_ERR_UNSUPPORTED; // its slots hold no scales
     pkv_status st = store_new(model, num_slots, (uint64_t)num_slots * max_len, dtype, out);
     if (st != PKV_OK) return st;
     pkv_contig_kv *kv = *out;

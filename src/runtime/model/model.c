@@ -454,6 +454,14 @@ static pkv_status finish(pkv_model *m, uint32_t S, float *logits, int32_t *next_
     return PKV_OK;
 }
 
+// The per-layer fp8 tensor scales (0 = calibrate on the first pass), allocated
+// on the first step into an 8-bit store of either kind.
+static pkv_status kv_scales_ready(pkv_model *m) {
+    if (m->kv_scales) return PKV_OK;
+    m->kv_scales = calloc((size_t)2 * m->cfg.num_layers, sizeof(float));
+    return m->kv_scales ? PKV_OK : PKV_ERR_OUT_OF_MEMORY;
+}
+
 pkv_status pkv_model_prefill_paged(pkv_model *m, pkv_cache *cache, pkv_seqset *set,
                                    uint32_t S, const pkv_seq_id *seqs, const uint32_t *counts,
                                    const int32_t *tokens, float *logits, int32_t *next_tokens) {
@@ -468,10 +476,7 @@ pkv_status pkv_model_prefill_paged(pkv_model *m, pkv_cache *cache, pkv_seqset *s
         cp.block_size != pkv_seqset_block_size(set) ||
         pkv_cache_pool(cache) != pkv_seqset_pool(set))
         return PKV_ERR_INVALID_ARG;
-    if (pkv_dtype_is_quantized(cp.dtype) && !m->kv_scales) {
-        m->kv_scales = calloc((size_t)2 * m->cfg.num_layers, sizeof(float));
-        if (!m->kv_scales) return PKV_ERR_OUT_OF_MEMORY;
-    }
+    if (pkv_dtype_is_quantized(cp.dtype)) TRY(kv_scales_ready(m));
     pkv_backend_kind want =
         m->params.device == PKV_DEVICE_CPU ? PKV_BACKEND_HOST : PKV_BACKEND_CUDA;
     if (pkv_backend_get_kind(pkv_cache_backend(cache)) != want) return PKV_ERR_INVALID_ARG;
@@ -606,6 +611,15 @@ pkv_status pkv_model_prefill_contig(pkv_model *m, pkv_contig_kv *kv, uint32_t S,
     }
     uint32_t nt = 0;
     TRY(fill_tokens(m, S, counts, tokens, &nt));
+    const int quantized = pkv_dtype_is_quantized(kv->dtype);
+    if (quantized) {
+        TRY(kv_scales_ready(m));
+        // The 8-bit writer's slot of each new token (contig_kv.c: row r starts at
+        // token slot off[r] x row_unit / token_stride).
+        const uint64_t slots_per_unit = kv->row_unit / kv->token_stride;
+        for (uint32_t t = 0; t < nt; t++)
+            h->slots[t] = (int64_t)(kv->off[rows[h->tseq[t]]] * slots_per_unit) + h->pos[t];
+    }
     TRY(upload_meta(m, nt, S, 0));
     pkvi_kv_target t;
     memset(&t, 0, sizeof t);
@@ -617,6 +631,8 @@ pkv_status pkv_model_prefill_contig(pkv_model *m, pkv_contig_kv *kv, uint32_t S,
     t.c_head_stride = kv->head_stride;
     t.c_token_stride = kv->token_stride;
     t.max_len = max_len;
+    t.quant = kv->quant;
+    t.num_blocks = quantized ? (uint32_t)kv->arena : 0; // store_new keeps it 32-bit
     pkvi_call call = {S, nt, nt == S, NULL, NULL};
     TRY(pkvi_states_bind(m, S, NULL, rows, counts, &call));
     m->prof.bookkeeping += pkvi_now_seconds() - t0;

@@ -117,8 +117,11 @@ typedef struct pkvi_kv_target {
     void *base;
     uint64_t layer_stride, kv_stride, block_stride, head_stride, token_stride;
     uint32_t block_size, num_blocks, max_blocks;
-    // paged 8-bit stores (int8, fp8): the scale geometry; the fp8 tensor scales of
-    // each layer come from the model (kv_scales), so k_scale / v_scale are unused
+    // 8-bit stores (int8, fp8): the scale geometry; the fp8 tensor scales of
+    // each layer come from the model (kv_scales), so k_scale / v_scale are unused.
+    // Contiguous 8-bit stores are written as a paged cache of one-token blocks:
+    // slots[t] is the token's slot, block_stride its bytes (c_token_stride) and
+    // num_blocks the arena's slots
     pkv_attn_kv_quant quant;
     // contiguous: K and V bases of layer 0; element (layer l, row at row_off,
     // kv head h, token t, dim d) at base + layer_stride l + row_off + head_stride h
@@ -287,7 +290,13 @@ struct pkv_contig_kv {
     // Own buffers: [L][kv_heads][arena][hd] (row_unit hd, off in token slots);
     // a VMM space's: per layer and K/V one buffer of [slot][token][kv_head][hd]
     // (row_unit = a slot's elements, off = the slot).
+    // int8 (contig_kv.c): token-major slots of row_unit bytes, a slot's kv heads
+    // (head_stride hd) then their fp32 scales; off[r] x row_unit / token_stride is
+    // the first token slot of row r in every 8-bit store (the writes' slot index).
     uint64_t layer_stride, head_stride, token_stride, row_unit;
+    // 8-bit stores: the dtype and the int8 scale geometry from a token slot's base,
+    // as pkv_attn_kv_quant takes it (fp8 tensor scales are the model's kv_scales)
+    pkv_attn_kv_quant quant;
     uint64_t bytes_each;
     int borrowed;     // k and v belong to the caller (pkvi_contig_kv_wrap*)
 };

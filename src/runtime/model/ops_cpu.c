@@ -264,8 +264,10 @@ static float calibrate(const float *x, size_t n, pkv_dtype dt) {
     return amax > 0.0f && isfinite(amax) ? amax / pkvi_quant_max(dt) : 1.0f;
 }
 
-// 8-bit paged store: q, k, v and the output stay fp32; the writer quantizes and
-// the attention dequantizes on the fly.
+// 8-bit store, paged or contiguous: q, k, v and the output stay fp32; the writer
+// quantizes and the attention dequantizes on the fly. A contiguous store is
+// written as a paged cache of one-token blocks (its slots; pkvi_kv_target), so
+// both kinds quantize with the same code.
 static pkv_status attend_quant(pkv_model *m, uint32_t layer, const pkvi_call *call,
                                const pkvi_kv_target *kv) {
     pkvi_scratch *s = &m->s;
@@ -278,6 +280,21 @@ static pkv_status attend_quant(pkv_model *m, uint32_t layer, const pkvi_call *ca
         if (sc[1] == 0.0f) sc[1] = calibrate(s->v, n, kv->dtype);
         qz.k_scale = sc[0];
         qz.v_scale = sc[1];
+    }
+    if (kv->kind == PKVI_KV_CONTIG) {
+        char *kc = (char *)kv->ck + kv->c_layer_stride * layer; // 1-byte elements
+        char *vc = (char *)kv->cv + kv->c_layer_stride * layer;
+        pkv_status st = pkv_attn_cache_write_quant_cpu(&sh, &qz, call->num_tokens, s->k, s->v,
+                                                       s->slots, kc, vc, kv->c_token_stride,
+                                                       kv->c_head_stride, kv->c_token_stride, 1,
+                                                       kv->num_blocks);
+        if (st != PKV_OK) return st;
+        pkv_attn_contig_kv ck = {kc, vc, 0, kv->c_head_stride, kv->c_token_stride, kv->max_len,
+                                 s->lens, s->row_off};
+        if (call->all_single)
+            return pkv_attn_decode_contig_quant_cpu(&sh, &qz, call->num_seqs, s->q, &ck, s->att);
+        return pkv_attn_prefill_contig_quant_cpu(&sh, &qz, call->num_seqs, s->indptr, s->q, &ck,
+                                                 s->att);
     }
     char *kc = (char *)kv->base + kv->layer_stride * layer;
     char *vc = kc + kv->kv_stride;
@@ -300,10 +317,7 @@ static pkv_status cpu_attention(pkv_model *m, uint32_t layer, const pkvi_call *c
     // A hybrid store's layers all go through the one loop that resolves their group.
     if (kv->kind == PKVI_KV_HYBRID || !pkvi_layer_is_plain(&m->cfg, layer))
         return pkvi_hetero_attention_cpu(m, layer, call, kv);
-    if (pkv_dtype_is_quantized(kv->dtype)) {
-        if (kv->kind != PKVI_KV_PAGED) return PKV_ERR_UNSUPPORTED;
-        return attend_quant(m, layer, call, kv);
-    }
+    if (pkv_dtype_is_quantized(kv->dtype)) return attend_quant(m, layer, call, kv);
     if (kv->dtype == PKV_DTYPE_F32) return attend(m, layer, call, kv, s->q, s->k, s->v, s->att);
     const size_t T = call->num_tokens;
     to_half(s->q, s->q16, T * m->q_dim, kv->dtype);

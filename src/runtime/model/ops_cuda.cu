@@ -449,8 +449,32 @@ static pkv_status calibrate(pkv_model *m, const float *x, size_t n, pkv_dtype dt
     return PKV_OK;
 }
 
-// 8-bit paged store, as the CPU model's: q, k, v and the output stay fp32, the
-// cache write quantizes and the decode kernel dequantizes on the fly.
+// 8-bit store, paged or contiguous, as the CPU model's: q, k, v and the output
+// stay fp32, the cache write quantizes (a contiguous store as a paged cache of
+// one-token blocks: pkvi_kv_target) and the decode kernel dequantizes on the fly.
+static pkv_status attend_quant_contig(pkv_model *m, uint32_t layer, const pkvi_call *call,
+                                      const pkvi_kv_target *kv, const pkv_attn_shape *sh,
+                                      const pkv_attn_kv_quant *qz) {
+    pkvi_scratch *s = &m->s;
+    cudaStream_t stream = st_of(m)->stream;
+    char *kc = (char *)kv->ck + kv->c_layer_stride * layer; // 1-byte elements
+    char *vc = (char *)kv->cv + kv->c_layer_stride * layer;
+    pkv_status st = pkv_attn_cache_write_quant_cuda(sh, qz, call->num_tokens, s->k, s->v, s->slots,
+                                                    kc, vc, kv->c_token_stride, kv->c_head_stride,
+                                                    kv->c_token_stride, 1, kv->num_blocks, stream);
+    if (st != PKV_OK) return st;
+    pkv_attn_contig_kv ck = {kc, vc, 0, kv->c_head_stride, kv->c_token_stride, kv->max_len,
+                             s->lens, s->row_off};
+    if (call->all_single) {
+        pkv_attn_cuda_opts o = split_opts(st_of(m), sh, call->num_seqs, kv->max_len);
+        return pkv_attn_decode_contig_quant_cuda_ex(sh, qz, call->num_seqs, s->q, &ck, s->att, &o,
+                                                    stream);
+    }
+    // The packed row count is the call's token count: no read-back, no sync.
+    return pkv_attn_prefill_contig_quant_cuda_ex(sh, qz, call->num_seqs, s->indptr,
+                                                 call->num_tokens, s->q, &ck, s->att, stream);
+}
+
 static pkv_status attend_quant(pkv_model *m, uint32_t layer, const pkvi_call *call,
                                const pkvi_kv_target *kv) {
     const pkv_model_config *c = &m->cfg;
@@ -469,6 +493,7 @@ static pkv_status attend_quant(pkv_model *m, uint32_t layer, const pkvi_call *ca
         qz.k_scale = sc[0];
         qz.v_scale = sc[1];
     }
+    if (kv->kind == PKVI_KV_CONTIG) return attend_quant_contig(m, layer, call, kv, &sh, &qz);
     char *kc = (char *)kv->base + kv->layer_stride * layer; // 1-byte elements
     char *vc = kc + kv->kv_stride;
     pkv_status st = pkv_attn_cache_write_quant_cuda(&sh, &qz, call->num_tokens, s->k, s->v,
@@ -490,10 +515,7 @@ static pkv_status attend_quant(pkv_model *m, uint32_t layer, const pkvi_call *ca
 static pkv_status cuda_attention(pkv_model *m, uint32_t layer, const pkvi_call *call,
                                  const pkvi_kv_target *kv) {
     pkvi_scratch *s = &m->s;
-    if (pkv_dtype_is_quantized(kv->dtype)) {
-        if (kv->kind != PKVI_KV_PAGED) return PKV_ERR_UNSUPPORTED; // paged 8-bit stores only
-        return attend_quant(m, layer, call, kv);
-    }
+    if (pkv_dtype_is_quantized(kv->dtype)) return attend_quant(m, layer, call, kv);
     if (kv->dtype == PKV_DTYPE_F32) return attend(m, layer, call, kv, s->q, s->k, s->v, s->att);
     const size_t T = call->num_tokens;
     pkv_status st = narrow_n(m, T * m->q_dim, kv->dtype, s->q, s->q16);
