@@ -6,8 +6,9 @@ MODELLED, NOT MEASURED. From each decode kernel's registers and static shared
 memory as ptxas reported them for sm_90 (tests/emu/kernel_resources.h, the table
 the CPU emulator answers occupancy from), the H200's SM limits, and the kernel's
 design constants (128 threads, U 16-byte K/V loads in flight per thread per step:
-8, or 4 for G = 8; 8-bit caches: one load per two rows, 16 / 8 / 4 rows per step
-for G <= 2 / 4 / 8, at most a 128-token tile), print per kernel: registers, resident blocks per SM, bytes of
+8 rows of one load each, 4 rows of two loads for fp32 D = 256 G = 8; 8-bit
+caches: one load per two rows, 16 rows per step, at most a 128-token tile),
+print per kernel: registers, resident blocks per SM, bytes of
 K/V loads in flight per SM, and the share of HBM bandwidth Little's law allows:
 min(copy ceiling, SMs x in-flight bytes / latency) / peak. Then, per workload
 (heads, batch, context), the split-K plan (attn_plan.c's wave-aware rule, the
@@ -44,11 +45,11 @@ def blocks_per_sm(regs, smem, block=THREADS):
 def loads_per_thread(es, d, g, q8=False):
     if q8:  # lane pairs share a 16-byte load per two rows (attn_decode.cu: q8_swap)
         nrg = THREADS // min(d // 8, 32)
-        rows = min(16 if g <= 2 else 8 if g <= 4 else 4, 128 // nrg)
+        rows = min(16, 128 // nrg)
         return rows // 2
     vpr = d * es // 16            # 16-byte loads per row
     nv = vpr // min(vpr, 32)      # per lane per row
-    return (4 if g >= 8 else 8) * nv
+    return (4 if g >= 8 and nv > 1 else 8) * nv
 
 
 def kernels(header):

@@ -9,7 +9,8 @@
 // into shared memory, the next tile's fetched while this one is scored; every
 // thread issues U independent 16-byte loads (U rows) before it uses any, with no
 // branch between them; q lives in registers; the dot products of U rows x G
-// heads are reduced across a row's lanes by one butterfly transpose-reduction.
+// heads are reduced across a row's lanes by butterfly transpose-reductions, at
+// most 32 sums at a time (G = 8: 4 rows per reduction, so 8 loads fit beside q).
 // Invariant: every block id and length read from device memory is bound-checked
 // before the row it names is touched; a sequence with a bad one gets NaN rows.
 #include <math.h>
@@ -63,13 +64,18 @@ struct dec_args {
     uint64_t scale_ts;        // int8: floats between tokens' scales
 };
 
-// Rows each thread takes per step: 8, or 4 for G = 8 whose q and accumulators
-// already take 128 registers; one 16-byte load each, or one per two rows of an
-// 8-bit cache (Q8), which takes twice the rows where the registers allow. Never
-// more rows per step than a tile has (NRG: row groups of the block).
-template <int G, bool Q8, int NRG> struct rows_per_step {
-    static constexpr int want = Q8 ? (G >= 8 ? 4 : G >= 4 ? 8 : 16) : (G >= 8 ? 4 : 8);
+// Rows each thread takes per step: 8 with one 16-byte load each (NV = 1); rows
+// of two loads (fp32 D = 256) 8 too, but 4 at G = 8, where 16 loads (64
+// registers) do not fit beside q and the accumulators (128); 16 rows of an 8-bit
+// cache (Q8), one load per two rows. Never more rows per step than a tile has
+// (NRG: row groups of the block). The scores of a step are reduced in chunks of
+// `chunk` rows, at most 32 dot products (G x chunk) each, so that G = 8 holds the
+// partial sums of 4 rows, not of all U (issue 24: 8 loads in flight at G = 8).
+template <int G, bool Q8, int NRG, int NV> struct rows_per_step {
+    static constexpr int want = Q8 ? 16 : (G >= 8 && NV > 1 ? 4 : 8);
     static constexpr int u = want * NRG > TILE ? TILE / NRG : want;
+    static constexpr int chunk = G * u > 32 ? 32 / G : u;
+    static_assert(u % chunk == 0, "whole chunks per step");
 };
 
 // 8-bit rows: lanes pair up (ln, ln ^ 1) over two rows A, B of a step. Each loads
@@ -218,8 +224,9 @@ __global__ void __launch_bounds__(THREADS, 1) decode_kernel(const __grid_constan
     constexpr int NV = VPR / LPR;                // chunks per lane per row
     constexpr int NRG = THREADS / LPR;           // row groups (rows per load slot)
     constexpr int EL = NV * VEC;                 // row elements per lane
-    constexpr int U = rows_per_step<G, Q8, NRG>::u; // rows per thread per step
-    constexpr int N = G * U;                     // dot products per lane per step
+    constexpr int U = rows_per_step<G, Q8, NRG, NV>::u; // rows per thread per step
+    constexpr int UC = rows_per_step<G, Q8, NRG, NV>::chunk; // rows per reduction
+    constexpr int N = G * UC;                    // dot products per lane per reduction
     constexpr int STEP = U * NRG;                // rows per block per step
     using loads = step_loads<T, C, U, NV, LPR>;
     static_assert(THREADS >= TILE, "one thread per block id of a tile");
@@ -383,33 +390,39 @@ __global__ void __launch_bounds__(THREADS, 1) decode_kernel(const __grid_constan
                 kr.load(l, kt + row_off(a, paged, ids, t0, t0 + i), ln);
             }
             kr.swap(ln);
-            float dot[N];
+            // Rows c .. c + UC - 1: their G x UC dot products, reduced and stored
+            // before the next chunk's (the step's loads are all issued already).
+            // A sum's lane tree is tsum's whatever the chunk: the same bits.
 #pragma unroll
-            for (int u = 0; u < U; u++) {
-                float kf[EL];
-                kr.row(u, a.q8_kind, kf);
+            for (int c = 0; c < U; c += UC) {
+                float dot[N];
 #pragma unroll
-                for (int g = 0; g < G; g++) {
-                    float d = 0.0f;
+                for (int u = 0; u < UC; u++) {
+                    float kf[EL];
+                    kr.row(c + u, a.q8_kind, kf);
 #pragma unroll
-                    for (int e = 0; e < EL; e++) {
-                        d += kf[e] * qf[g][e];
+                    for (int g = 0; g < G; g++) {
+                        float d = 0.0f;
+#pragma unroll
+                        for (int e = 0; e < EL; e++) {
+                            d += kf[e] * qf[g][e];
+                        }
+                        dot[g * UC + u] = d;
                     }
-                    dot[g * U + u] = d;
                 }
-            }
-            tsum<N, N, LPR / 2>::run(dot, ln);
-            // This lane now holds the sums of values ln * N / LPR + k (see tsum).
-            constexpr int HELD = N >= LPR ? N / LPR : 1;   // sums per lane
-            constexpr int SPREAD = N >= LPR ? 1 : LPR / N; // lanes per sum
-            const bool owner = ln % SPREAD == 0;
+                tsum<N, N, LPR / 2>::run(dot, ln);
+                // This lane now holds the sums of values ln * N / LPR + k (see tsum).
+                constexpr int HELD = N >= LPR ? N / LPR : 1;   // sums per lane
+                constexpr int SPREAD = N >= LPR ? 1 : LPR / N; // lanes per sum
+                const bool owner = ln % SPREAD == 0;
 #pragma unroll
-            for (int k = 0; k < HELD; k++) {
-                const int idx = ln / SPREAD * HELD + k;
-                const int g = idx / U;
-                const uint32_t i = i0 + rg + (uint32_t)((idx % U) * NRG);
-                if (owner && i < n) {
-                    s_p[buf][g][i] = dot[k];
+                for (int k = 0; k < HELD; k++) {
+                    const int idx = ln / SPREAD * HELD + k;
+                    const int g = idx / UC;
+                    const uint32_t i = i0 + rg + (uint32_t)((c + idx % UC) * NRG);
+                    if (owner && i < n) {
+                        s_p[buf][g][i] = dot[k];
+                    }
                 }
             }
         }

@@ -138,18 +138,18 @@ static void check(const char *what, pkv_dtype dt, uint32_t heads, uint32_t kvh, 
 }
 
 int main(void) {
-    // fp16 D=128 G=4 kernel: 180 registers -> 2 blocks/SM, waves of 264 blocks.
+    // fp16 D=128 G=4 kernel: 183 registers -> 2 blocks/SM, waves of 264 blocks.
     // 8 seqs x 8 kv heads = 64 blocks: 4 splits = 256 blocks in one wave (5, the
     // one-wave target rounded up, gives 320 = 1.21 waves and costs a second wave).
     check("GQA 32/8 fp16 D128, batch 8, 32k", PKV_DTYPE_F16, 32, 8, 128, 8, 32768, 4);
     // 40 x 8 = 320 blocks = 1.21 waves unsplit (2 waves of 32k); 4 splits: 5 waves
     // of 8k (1280 blocks) cost 5 x 8320 against 2 x 32896.
     check("GQA 32/8 fp16 D128, batch 40, 32k", PKV_DTYPE_F16, 32, 8, 128, 40, 32768, 4);
-    // G=8 kernel (217 registers -> 2 blocks/SM): the same waves as G=4.
+    // G=8 kernel (252 registers -> 2 blocks/SM): the same waves as G=4.
     check("GQA 64/8 fp16 D128, batch 40, 32k", PKV_DTYPE_F16, 64, 8, 128, 40, 32768, 4);
     // 64 x 8 = 512 blocks = 1.94 waves: no split (2 partitions make 3.9 waves of 2k).
     check("GQA 32/8 fp16 D128, batch 64, 4k", PKV_DTYPE_F16, 32, 8, 128, 64, 4096, 1);
-    // fp16 D=128 G=1 (MHA) kernel: 112 registers -> 4 blocks/SM, waves of 528:
+    // fp16 D=128 G=1 (MHA) kernel: 124 registers -> 4 blocks/SM, waves of 528:
     // 8 x 32 = 256 blocks, 2 splits = 512 in one wave. At 2 blocks/SM (the G=4
     // kernel's occupancy) the same batch would not split: the launched kernel's
     // occupancy decides.
