@@ -79,6 +79,18 @@ Test(hybrid_vmm, params_are_checked) {
     p.groups = states;
     p.num_groups = 1;
     cr_assert_eq(pkv_hybrid_vmm_create(&p, &h), PKV_ERR_INVALID_ARG, "no token group");
+    pkv_kv_group huge[1] = {group(PKV_LAYER_FULL, 1, 0)};
+    huge[0].num_kv_heads = 1u << 20;
+    huge[0].head_dim = 1u << 19; // 2^40 bytes per token and buffer at 2 bytes
+    p.groups = huge;
+    p.num_groups = 1;
+    p.max_seq_len = (1u << 24) + 1; // a row past 64 bits: refused, not wrapped
+    cr_assert_eq(pkv_hybrid_vmm_create(&p, &h), PKV_ERR_INVALID_ARG, "row overflow");
+    huge[0].num_kv_heads = UINT32_MAX;
+    huge[0].head_dim = UINT32_MAX; // a token past 2^40 bytes
+    p.max_seq_len = 1;
+    cr_assert_eq(pkv_hybrid_vmm_create(&p, &h), PKV_ERR_INVALID_ARG, "token overflow");
+    p.max_seq_len = 4096;
     p.groups = ok;
     p.num_groups = 2;
     p.page_bytes = 1000; // not a multiple of the system page

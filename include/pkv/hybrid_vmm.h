@@ -58,7 +58,8 @@ void pkv_hybrid_vmm_params_default(pkv_hybrid_vmm_params *params);
 
 // PKV_ERR_INVALID_ARG: no or too many groups, no token group, an invalid group (0
 // layers, a SLIDING/CHUNKED window of 0, a token group of 0 bytes per token, a STATE
-// group of 0 state bytes), elem_bytes 0, budget 0, max_seqs or max_seq_len 0, a page
+// group of 0 state bytes, a token of a buffer above 2^40 bytes, a row of max_seq_len
+// tokens beyond 64 bits), elem_bytes 0, budget 0, max_seqs or max_seq_len 0, a page
 // the implementation refuses; pkv_vmm_space_create_* statuses otherwise (CUDA:
 // PKV_ERR_UNSUPPORTED in a build without it, PKV_ERR_NO_DEVICE).
 pkv_status pkv_hybrid_vmm_create(const pkv_hybrid_vmm_params *params, pkv_hybrid_vmm **out);

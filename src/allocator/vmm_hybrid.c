@@ -50,7 +50,8 @@ static int shape(hv_group *g, size_t elem) {
         /* fall through */
     case PKV_LAYER_FULL:
         g->buffers = 2 * d->num_layers;
-        per = (uint64_t)d->num_kv_heads * d->head_dim * elem;
+        per = (uint64_t)d->num_kv_heads * d->head_dim; // < 2^64: two 32-bit factors
+        per = per > ((uint64_t)1 << 40) / elem ? 0 : per * elem; // 0: refused below
         break;
     case PKV_LAYER_MLA:
         g->buffers = d->num_layers;
@@ -106,6 +107,10 @@ pkv_status pkv_hybrid_vmm_create(const pkv_hybrid_vmm_params *p, pkv_hybrid_vmm 
         pkv_vmm_params vp = pkv_vmm_params_default();
         vp.num_slots = p->max_seqs;
         vp.num_buffers = g->buffers;
+        if (!is_state(g) && g->token_bytes > UINT64_MAX / p->max_seq_len) {
+            st = PKV_ERR_INVALID_ARG; // a row of max_seq_len tokens passes 64 bits
+            break;
+        }
         vp.buffer_bytes = is_state(g) ? g->token_bytes : g->token_bytes * p->max_seq_len;
         vp.page_bytes = p->page_bytes;
         vp.max_pages = 0; // the shared budget bounds them
