@@ -71,7 +71,9 @@ for path in sorted(glob.glob(os.path.join(sys.argv[1], "*.json"))):
         # fragmentation incl. tokens out of every window, and the reserved tails).
         bw = 1 - m["breakdown"]["token_states"] - m["breakdown"]["free"] - m["breakdown"]["external_frag"]
         tps = r["throughput"]["output_tokens_per_s"]
+        # "n/a" when POLICIES leaves paged out (or paged completed nothing).
+        vs = f"{tps/base[ld]:.2f}x" if base.get(ld) else "n/a"
         print(f"| {trace} | {model} | {gpu} | {ld:g} | {r['policy']} | {100*m['waste_frac']:.1f} | "
-              f"{100*bw:.1f} | {r['batch']['max']} | {tps:.0f} | {tps/base[ld]:.2f}x | "
+              f"{100*bw:.1f} | {r['batch']['max']} | {tps:.0f} | {vs} | "
               f"{r['latency']['ttft_p50_ms']/1e3:.2f} | {r['latency']['tpot_p50_ms']:.1f} | {r['preemptions']} |")
 PY
