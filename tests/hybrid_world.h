@@ -441,7 +441,8 @@ static void op_create_cached(world *w) {
         HW_CHECK(st == PKV_ERR_OUT_OF_BLOCKS, "no state slot left");
         return;
     }
-    HW_CHECK(st == PKV_OK, "");
+    HW_CHECK(st == PKV_OK, "create_cached of %u tokens: %s (layout %s)", n, pkv_status_str(st),
+             pkv_hybrid_layout_name(w->layout));
     HW_CHECK(hit == m.cached_tokens, "the probe agrees");
     HW_CHECK(hit == 0 || hit < n, "the last prompt token is computed");
     const ref_seq *s = src; // c may alias nothing live; copy the prefix first
@@ -452,10 +453,10 @@ static void op_create_cached(world *w) {
     c->len = hit;
     c->state = state_after(c->tok, hit);
     for (uint32_t g = 0; g < w->ng; g++) {
-        if (is_state(w, g)) { // a fresh slot: zero, unless the hit's copy fills it
-            int32_t slot;
+        if (is_state(w, g)) { // a fresh slot: zero; after a hit the cached state
+            int32_t slot;     // fills it (a queued copy, or it is that state's slot)
             pkv_hybrid_state_slot(w->h, id, g, &slot);
-            w->mem[g][slot] = 0;
+            if (hit == 0) w->mem[g][slot] = 0;
             continue;
         }
         HW_CHECK(hit % w->bs[g] == 0, "a hit ends on a block boundary");

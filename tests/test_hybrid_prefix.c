@@ -308,6 +308,50 @@ Test(hybrid_prefix, cached_states_give_way_to_sequences) {
     pkv_hybrid_destroy(h);
 }
 
+Test(hybrid_prefix, a_hit_on_the_last_free_state_takes_that_state_as_its_slot) {
+    // Two state slots: a holds one, the state cached at 4 the other. b's prompt hits
+    // at 4; its own slot could only come from evicting the very state it starts
+    // from, so that state becomes b's slot: no copy queued, the cache lets it go.
+    // (A miss would evict it and succeed: a hit must not do worse.)
+    pkv_kv_group gs[2] = {hybrid_test_group(PKV_LAYER_FULL, 1, 0), hybrid_test_group(PKV_LAYER_STATE, 1, 0)};
+    pkv_hybrid_params p = params_for(gs, 2, PKV_HYBRID_LCM, 2 * 100 + 256, 2, 8);
+    p.max_seqs = 2;
+    pkv_hybrid *h = NULL;
+    cr_assert_eq(pkv_hybrid_create(&p, &h), PKV_OK);
+    pkv_seq_id a, b, c;
+    cr_assert_eq(pkv_hybrid_seq_create(h, &a), PKV_OK);
+    cr_assert_eq(pkv_hybrid_append(h, a, 4, NULL), PKV_OK);
+    uint32_t snaps = 0, inserted = 0;
+    cr_assert_eq(pkv_hybrid_cache_state(h, a, prompt, 4, &snaps), PKV_OK);
+    cr_assert_eq(snaps, 1);
+    pkv_block_copy cp[8];
+    cr_assert_eq(state_copies(h, 1, cp), 1);
+    const pkv_block_id snap = cp[0].dst;
+    cr_assert_eq(pkv_hybrid_cache_prefix(h, a, prompt, 4, &inserted), PKV_OK);
+    cr_assert_eq(inserted, 2);
+    ok(h);
+    cr_assert_eq(hit_of(h, prompt, 5, &b), 4);
+    int32_t b_slot;
+    cr_assert_eq(pkv_hybrid_state_slot(h, b, 1, &b_slot), PKV_OK);
+    cr_assert_eq(b_slot, snap, "b starts in the cached state's own slot");
+    cr_assert_eq(state_copies(h, 1, cp), 0, "so nothing is copied");
+    pkv_hybrid_group_stats st;
+    cr_assert_eq(pkv_hybrid_group_stats_get(h, 1, &st), PKV_OK);
+    cr_assert_eq(st.cached_blocks, 0, "the cache gave the state up");
+    cr_assert_eq(st.prefix_hit_blocks, 1);
+    cr_assert_eq(st.prefix_hit_tokens, 4);
+    uint32_t nb, holes;
+    table(h, b, 0, &nb, &holes);
+    cr_assert(nb == 2 && holes == 0, "the full group's two blocks are shared");
+    // Both slots are sequences' now: nothing more to give.
+    cr_assert_eq(pkv_hybrid_seq_create_cached(h, prompt, 5, &c, &snaps), PKV_ERR_OUT_OF_BLOCKS);
+    ok(h);
+    cr_assert_eq(pkv_hybrid_seq_free(h, b), PKV_OK);
+    cr_assert_eq(pkv_hybrid_seq_create(h, &c), PKV_OK, "b's slot went back to the pool");
+    ok(h);
+    pkv_hybrid_destroy(h);
+}
+
 Test(hybrid_prefix, without_a_cache) {
     pkv_kv_group gs[1] = {hybrid_test_group(PKV_LAYER_FULL, 1, 0)};
     pkv_hybrid *h = make_cached(gs, 1, PKV_HYBRID_PARTITION, 1 << 12, 2, 0);

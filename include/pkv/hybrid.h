@@ -84,7 +84,10 @@
 //   copy {the sequence's slot, the snapshot's}, as fork queues one). A hit at L
 //   gives the new sequence's slot a queued copy {the snapshot's slot, its slot}.
 //   Snapshots use state slots no sequence holds (max_seqs of them) and are evicted,
-//   oldest first, when a sequence needs a slot or the cache is full.
+//   oldest first, when a sequence needs a slot or the cache is full. A hit whose
+//   sequence could only get a slot by evicting the very state it starts from takes
+//   that state's slot instead (no copy; the cache gives the state up, a
+//   BlockRemoved), so a hit never fails where a miss would succeed.
 // - Eviction: a block only the cache holds (its sequences are gone or released
 //   it) is evictable. When an append (or a batch) does not fit, the manager
 //   evicts before it fails: for each short pool, the least recently released
@@ -393,7 +396,8 @@ pkv_status pkv_hybrid_prefix_match_get(const pkv_hybrid *h, const int32_t *token
 // (borrowed) in every group: *cached_tokens = L (a multiple of every token group's
 // block size, <= n - 1, 0 without a cache), the tables as described at the top,
 // the length L, and per state group a queued copy of the cached state into the
-// sequence's slot (take it with pkv_hybrid_take_copies before the next append).
+// sequence's slot (take it with pkv_hybrid_take_copies before the next append), or
+// the cached state's own slot when it was the last one to be had (top: "States").
 // The caller then appends and prefills tokens L..n-1. Errors as
 // pkv_hybrid_seq_create (nothing changed), PKV_ERR_LIMIT if a block's refcount
 // cannot grow.

@@ -151,6 +151,10 @@ pkv_status pkvi_hybrid_reserve_scratch(pkv_hybrid *h, uint32_t k);
 void pkvi_hybrid_released(pkv_hybrid *h);
 
 // ---- hybrid_seq.c ----
+// pkv_hybrid_seq_create, but state group g with given[g] >= 0 takes a reference on
+// that slot (a live one: a cached state handed over) instead of a fresh slot.
+pkv_status pkvi_hybrid_seq_create_given(pkv_hybrid *h, const pkv_block_id *given,
+                                        pkv_seq_id *id);
 // Room in every state group's copy queue for one more copy.
 pkv_status pkvi_hybrid_reserve_state_copies(pkv_hybrid *h);
 // Queue state group g's copy {src, dst} (room reserved), pinning both slots.
@@ -233,6 +237,9 @@ pkv_status pkvi_hcache_adopt(pkvi_hcache *c, int32_t entry, pkv_seqset *set, pkv
 pkv_status pkvi_hcache_hold(pkvi_hcache *c, int32_t entry);
 // Count a hit of `tokens` tokens in the statistics.
 void pkvi_hcache_count_hit(pkvi_hcache *c, uint32_t tokens);
+// Drop a held entry (pkvi_hcache_hold) from the cache, its block kept by the
+// holder: a BlockRemoved, and the cache's reference released (the hold's stays).
+void pkvi_hcache_give_up(pkvi_hcache *c, int32_t entry);
 // Evict the least recently used evictable entry other than `keep`; 0 if none.
 // *evicted (optional): its key.
 int pkvi_hcache_evict_oldest(pkvi_hcache *c, int32_t keep, pkv_block_hash *evicted);

@@ -205,6 +205,24 @@ static void drop_held(pkv_hybrid *h, const lookup *lk, uint32_t upto) {
     }
 }
 
+// When the only slot a state group could give a new sequence is the cached state
+// its hit starts from (the pool full, nothing else evictable, the state held by the
+// cache and the hit alone), that state becomes the sequence's slot: given[g] = its
+// slot (else -1). 1 if any group hands one over.
+static int plan_hand_over(const pkv_hybrid *h, const lookup *lk, pkv_block_id *given) {
+    int any = 0;
+    for (uint32_t g = 0; g < h->num_groups; g++) {
+        given[g] = -1;
+        if (!is_state_cache(h, g)) continue;
+        const pkvi_hgroup *hg = &h->groups[g];
+        const pkv_block_id snap = pkvi_hcache_block(hg->cache, state_entry(lk, g));
+        if (pkv_pool_free_count(hg->pool) == 0 && pkvi_hcache_oldest(hg->cache) == UINT64_MAX &&
+            pkv_pool_refcount(hg->pool, snap) == 2)
+            given[g] = snap, any = 1;
+    }
+    return any;
+}
+
 // Give the new sequence r group g's part of the hit: holes, then the cached blocks.
 static pkv_status adopt_hit(pkvi_hgroup *hg, const lookup *lk, uint32_t g, pkv_seq_id gid) {
     pkv_status st = PKV_OK;
@@ -228,6 +246,12 @@ pkv_status pkv_hybrid_seq_create_cached(pkv_hybrid *h, const int32_t *tokens, ui
         if (st == PKV_OK) held++;
     }
     if (st == PKV_OK) st = pkv_hybrid_seq_create(h, id);
+    // Short of a state slot only because the hit holds the last cached state: the
+    // sequence takes that state itself rather than fail where a miss would succeed.
+    pkv_block_id given[PKV_MAX_KV_GROUPS];
+    const int handed = st == PKV_ERR_OUT_OF_BLOCKS && lk.hit && held == h->num_groups &&
+                       plan_hand_over(h, &lk, given);
+    if (handed) st = pkvi_hybrid_seq_create_given(h, given, id);
     if (st != PKV_OK || lk.hit == 0) {
         drop_held(h, &lk, lk.hit ? held : 0);
         free(lk.entries);
@@ -238,9 +262,9 @@ pkv_status pkv_hybrid_seq_create_cached(pkv_hybrid *h, const int32_t *tokens, ui
     for (uint32_t g = 0; g < h->num_groups && st == PKV_OK; g++)
         if (h->groups[g].set && h->groups[g].cache) st = adopt_hit(&h->groups[g], &lk, g, r->gid[g]);
     if (st != PKV_OK) { // the adopted blocks go back to their caches' eviction order
+        pkv_hybrid_seq_free(h, *id); // first: a handed-over state is unused after the hold
         drop_held(h, &lk, held);
         free(lk.entries);
-        pkv_hybrid_seq_free(h, *id);
         return st;
     }
     // A state group starts from the state cached at the hit: a queued copy from the
@@ -250,7 +274,8 @@ pkv_status pkv_hybrid_seq_create_cached(pkv_hybrid *h, const int32_t *tokens, ui
         if (!is_state_cache(h, g)) continue;
         pkvi_hgroup *hg = &h->groups[g];
         const pkv_block_id snap = pkvi_hcache_block(hg->cache, state_entry(&lk, g));
-        pkvi_hybrid_queue_state_copy(h, g, snap, r->gid[g]);
+        if (handed && given[g] >= 0) pkvi_hcache_give_up(hg->cache, state_entry(&lk, g)); // no copy
+        else pkvi_hybrid_queue_state_copy(h, g, snap, r->gid[g]);
         pkv_pool_release(hg->pool, snap);
         pkvi_hcache_count_hit(hg->cache, lk.hit);
     }

@@ -220,6 +220,21 @@ static void evict(pkvi_hcache *c, int32_t x) {
     if (p >= 0 && --c->e[p].children == 0 && is_unused(c, p)) heap_add(c, p); // a leaf now
 }
 
+void pkvi_hcache_give_up(pkvi_hcache *c, int32_t entry) {
+    hentry *en = &c->e[entry];
+    if (c->events) pkvi_events_removed(c->events, c->group, c->medium, &en->key);
+    heap_del(c, entry); // held: not in the heap, nor counted unused
+    table_del(c, entry);
+    c->entry_of[en->block] = -1;
+    pkv_pool_release(c->pool, en->block); // the holder's reference stays
+    en->block = -1;
+    c->free_list[c->num_free++] = entry;
+    c->count--;
+    c->stats.evictions++;
+    const int32_t p = en->parent;
+    if (p >= 0 && --c->e[p].children == 0 && is_unused(c, p)) heap_add(c, p);
+}
+
 int pkvi_hcache_evict_oldest(pkvi_hcache *c, int32_t keep, pkv_block_hash *evicted) {
     if (c->heap_n == 0) return 0;
     int32_t x = c->heap[0];

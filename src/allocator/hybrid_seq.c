@@ -57,16 +57,19 @@ static pkv_status new_record(pkv_hybrid *h, pkv_seq_id *id, pkvi_hrecord **r) {
     return PKV_OK;
 }
 
-// Fill r's groups: a fresh sequence (parent NULL) or a fork of parent. Undoes
-// itself on failure.
-static pkv_status fill_groups(pkv_hybrid *h, pkvi_hrecord *r, const pkvi_hrecord *parent) {
+// Fill r's groups: a fresh sequence (parent NULL) or a fork of parent. A state
+// group whose given[g] (NULL: none) is a slot takes a reference on that slot
+// instead of a new one. Undoes itself on failure.
+static pkv_status fill_groups(pkv_hybrid *h, pkvi_hrecord *r, const pkvi_hrecord *parent,
+                              const pkv_block_id *given) {
     pkv_status st = PKV_OK;
     uint32_t g = 0;
     for (; g < h->num_groups && st == PKV_OK; g++) {
         pkvi_hgroup *hg = &h->groups[g];
         if (is_state(h, g)) {
-            pkv_block_id slot = -1;
-            st = pkvi_hybrid_take_slot(h, g, &slot); // may evict a cached state
+            pkv_block_id slot = given ? given[g] : -1;
+            st = slot >= 0 ? pkv_pool_retain(hg->pool, slot)
+                           : pkvi_hybrid_take_slot(h, g, &slot); // may evict a cached state
             r->gid[g] = slot;
         } else if (hg->owns_set) {
             st = parent ? pkv_seq_fork(hg->set, parent->gid[g], &r->gid[g])
@@ -78,17 +81,22 @@ static pkv_status fill_groups(pkv_hybrid *h, pkvi_hrecord *r, const pkvi_hrecord
     return st;
 }
 
-pkv_status pkv_hybrid_seq_create(pkv_hybrid *h, pkv_seq_id *id) {
-    if (!h || !id) return PKV_ERR_INVALID_ARG;
+pkv_status pkvi_hybrid_seq_create_given(pkv_hybrid *h, const pkv_block_id *given,
+                                         pkv_seq_id *id) {
     pkvi_hrecord *r;
     pkv_status st = new_record(h, id, &r);
     if (st != PKV_OK) return st;
-    if ((st = fill_groups(h, r, NULL)) != PKV_OK) {
+    if ((st = fill_groups(h, r, NULL, given)) != PKV_OK) {
         pkv_seq_free(h->ids, *id);
         return st;
     }
     r->live = 1;
     return PKV_OK;
+}
+
+pkv_status pkv_hybrid_seq_create(pkv_hybrid *h, pkv_seq_id *id) {
+    if (!h || !id) return PKV_ERR_INVALID_ARG;
+    return pkvi_hybrid_seq_create_given(h, NULL, id);
 }
 
 pkv_status pkv_hybrid_seq_free(pkv_hybrid *h, pkv_seq_id id) {
@@ -129,7 +137,7 @@ pkv_status pkv_hybrid_seq_fork(pkv_hybrid *h, pkv_seq_id parent, pkv_seq_id *chi
     pkvi_hrecord *r;
     if ((st = new_record(h, child, &r)) != PKV_OK) return st;
     const pkvi_hrecord *p = pkvi_hybrid_rec(h, parent); // recs may have moved
-    if ((st = fill_groups(h, r, p)) != PKV_OK) {
+    if ((st = fill_groups(h, r, p, NULL)) != PKV_OK) {
         pkv_seq_free(h->ids, *child);
         return st;
     }
