@@ -38,7 +38,7 @@ replay_src=(src/allocator/{status,pool,seqset,backend,backend_host,backend_cuda_
             src/attention/{attn_check,attn_check_window,attn_plan,attn_cpu,attn_cpu_copy}.c
             src/attention/{attn_cpu_quant,attn_cpu_window,attn_cuda_none}.c
             src/runtime/model/{config,config_sizes,model,weights,loader,ops_cpu,contig_kv}.c
-            src/runtime/model/{sampler,generate,hetero_cpu,state_store,hybrid_store}.c
+            src/runtime/model/{sampler,generate,hetero_cpu,state_store,hybrid_store,slot_store}.c
             "${trace_src[@]}" src/runtime/replay/*.c src/runtime/replay/policies/*.c)
 # What meson generates: the build options (no CUDA, no BLAS) and the version.
 gen="$dir/gen"
