@@ -14,7 +14,8 @@
 // maps, per token group, exactly the pages of the tokens the group keeps at that
 // length (pkv_kv_group_tokens_kept: a sliding window's last W tokens, a chunk's
 // tokens, every token for FULL and MLA), unmapping the front of a windowed row as
-// it slides. Buffer b of group g is pkv_vmm_buffer_ptr(pkv_hybrid_vmm_space(h, g), b):
+// it slides (pkv_hybrid_vmm_set_step: what a prefill chunk's queries read, the
+// window of its first query on). Buffer b of group g is pkv_vmm_buffer_ptr(pkv_hybrid_vmm_space(h, g), b):
 // token t of slot s sits at row s, byte t x (bytes per token of one buffer), as in
 // pkv/vmm.h; contiguous attention kernels read it unchanged.
 //

@@ -26,8 +26,13 @@
 //   window rule frees blocks for real and other sequences reuse them; the copies
 //   the policy takes from its manager are run on the store at the start of the
 //   next step (timed in it);
-// - every other policy (malloc-per-token, hybrid-vmm, a hybrid policy on CUDA,
-//   plugins with neither) is run over a
+// - hybrid-vmm (CPU runs) is run over a real pkv_hybrid_vmm (run_hybrid_vmm.c:
+//   host memfd spaces, one per KV cache group, on the policy's budget and page
+//   widened to fp32): a slot per sequence, the pages each step reads mapped and
+//   those that left a window unmapped at its start (timed in it), forks copying
+//   the parent's rows; the decoder reads the spaces' buffers in place;
+// - every other policy (malloc-per-token, hybrid-vmm on CUDA, a hybrid policy on
+//   CUDA, plugins with neither) is run over a
 //   per-token table that the executor keeps (a pkv_seqset of block size 1 over
 //   one arena of the policy's capacity): malloc-per-token's real layout. Forks
 //   share the prompt in this table; the copies the policy reports are executed
@@ -37,7 +42,7 @@
 // allocator; cudaMalloc/cudaFree), held while the policy holds them, timed, and
 // charged to the step in which they happen. The arena (cache) is one call. For
 // vmm the real calls are the space's page maps and unmaps (its modelled calls,
-// with map-ahead and deferred reclamation, are sim mode's).
+// with map-ahead and deferred reclamation, are sim mode's); so for hybrid-vmm.
 // Token ids are synthetic (a hash of request, sequence and position), so every
 // layout computes the same math; the greedy next token of every computed
 // position goes into an order-independent hash (report.run.token_hash) that
