@@ -193,3 +193,37 @@ Test(replay_run_hvmm, replay_tiny_mla_equals_paged, .timeout = 300) {
 Test(replay_run_hvmm, replay_tiny_hybrid_equals_hybrid_partition, .timeout = 300) {
     replay_equals("tiny-hybrid", PKV_POLICY_HYBRID_PARTITION);
 }
+
+// Where the library needs more than the policy counts, the run stops and names
+// the disagreement. tiny-swa with its full group made a state group of 2 layers
+// (2 x 64 x 64 fp32 = 32 KiB each), pages of 64 KiB (128 KiB in fp32): the policy
+// maps the two layers' states in ceil(64 KiB / 64 KiB) = 1 page, pkv_hybrid_vmm
+// one page per layer buffer, 2. A sequence then takes 4 + 1 pages in the policy
+// and 4 + 2 in the library: a budget of 10 pages admits two sequences in the
+// policy and holds one in the library, whose second acquire is refused.
+Test(replay_run_hvmm, a_refusal_the_policy_did_not_model_is_named, .timeout = 120) {
+    pkv_replay_params p = pkv_replay_params_default();
+    cr_assert_eq(pkv_model_preset("tiny-swa", &p.model), PKV_OK);
+    pkv_kv_group *st = &p.model.kv_groups[1];
+    memset(st, 0, sizeof *st);
+    st->kind = PKV_LAYER_STATE;
+    st->num_layers = 2;
+    st->state_bytes = 2ull * 64 * 64 * sizeof(float);
+    p.mode = PKV_REPLAY_RUN;
+    p.policy = PKV_POLICY_HYBRID_VMM;
+    p.vmm_page_bytes = 65536;
+    p.kv_mem_bytes = 10 * 65536;
+    p.watermark = 0;
+    p.validate = 1;
+    p.run_threads = 1;
+    p.alloc_model = pkv_alloc_model_none();
+    const pkv_trace_request rq[2] = {{0, 8, 4, 1, -1, 0, 0}, {0, 8, 4, 1, -1, 0, 1}};
+    pkv_trace *t = make_trace(rq, 2);
+    pkv_replay_report r;
+    cr_assert_neq(pkv_replay_run(t, &p, &r), PKV_OK);
+    cr_assert(strstr(r.failure, "pkv_hybrid_vmm refused request 0 sequence 0") ||
+                  strstr(r.failure, "pkv_hybrid_vmm refused request 1 sequence 0"),
+              "%s", r.failure);
+    cr_assert(strstr(r.failure, "(policy and library disagree)"), "%s", r.failure);
+    pkv_trace_destroy(t);
+}

@@ -134,7 +134,7 @@ void pkvi_run_hvmm_destroy(pkvi_run_hvmm *h) {
     free(h);
 }
 
-pkv_status pkvi_run_hvmm_create_for(pkv_model *model, const pkvi_policy *pol, pkvi_run_hvmm **out) {
+pkv_status pkvi_run_hvmm_create_for(pkv_model *model, pkvi_policy *pol, pkvi_run_hvmm **out) {
     const pkv_policy_config *cfg = &pol->cfg;
     const pkv_replay_params *rp = cfg->params;
     if (!rp || cfg->elem_bytes == 0 || sizeof(float) % cfg->elem_bytes != 0) return PKV_ERR_INVALID_ARG;
@@ -143,7 +143,12 @@ pkv_status pkvi_run_hvmm_create_for(pkv_model *model, const pkvi_policy *pol, pk
         return PKV_ERR_INVALID_ARG;
     const pkvi_run_hvmm_params p = {model, cfg->capacity_bytes * widen, rp->vmm_page_bytes * widen,
                                     cfg->max_seq_len, cfg->num_requests, cfg->max_seqs};
-    return pkvi_run_hvmm_create(&p, out);
+    const pkv_status st = pkvi_run_hvmm_create(&p, out);
+    if (st == PKV_ERR_OUT_OF_BLOCKS)
+        snprintf(pol->why, sizeof pol->why, "hybrid-vmm run: pkv_hybrid_vmm's budget of %llu "
+                 "bytes holds no sequence the policy admits (policy and library disagree)",
+                 (unsigned long long)p.budget_bytes);
+    return st;
 }
 
 pkv_hybrid_vmm *pkvi_run_hvmm_manager(const pkvi_run_hvmm *h) { return h ? h->kv : NULL; }
@@ -202,8 +207,8 @@ static pkv_status copy_rows(pkvi_run_hvmm *h, uint32_t parent, uint32_t child, u
 // The library refused what the policy admitted: say so, naming the sequence.
 static void refused(char *why, size_t cap, const pkvi_step_seq *s, pkv_status st) {
     snprintf(why, cap, "hybrid-vmm run: pkv_hybrid_vmm refused request %u sequence %u at %u "
-             "tokens (%s) where the policy admitted it: the policy's bookkeeping and the "
-             "library disagree", s->r, s->child, s->ctx, pkv_status_str(st));
+             "tokens (%s) that the policy admitted (policy and library disagree)", s->r,
+             s->child, s->ctx, pkv_status_str(st));
 }
 
 pkv_status pkvi_run_hvmm_sync(pkvi_run_hvmm *h, const pkvi_step_seq *seqs, uint32_t n,

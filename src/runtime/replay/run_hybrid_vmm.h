@@ -37,8 +37,9 @@ void pkvi_run_hvmm_destroy(pkvi_run_hvmm *h); // NULL does nothing
 // The layout for the hybrid-vmm policy `pol` (borrowed): the policy's budget and
 // page (its config and the replay's vmm_page_bytes) widened from its KV element
 // bytes to fp32, as the CPU decoder stores K/V, so the real spaces hold the same
-// pages the policy counts; its max_seq_len and requests.
-pkv_status pkvi_run_hvmm_create_for(pkv_model *model, const pkvi_policy *pol, pkvi_run_hvmm **out);
+// pages the policy counts; its max_seq_len and requests. A budget that holds no
+// sequence's pages (PKV_ERR_OUT_OF_BLOCKS) is named in pol->why.
+pkv_status pkvi_run_hvmm_create_for(pkv_model *model, pkvi_policy *pol, pkvi_run_hvmm **out);
 
 // The manager (borrowed): its spaces and budget, for reports and tests.
 pkv_hybrid_vmm *pkvi_run_hvmm_manager(const pkvi_run_hvmm *h);
