@@ -33,12 +33,12 @@ hybrid_src=(src/allocator/{status,pool,seqset,lcm,block_hash,sha256,kv_events}.c
 # The replay harnesses need the whole library without CUDA or BLAS (run mode
 # links in but never runs: sim only).
 replay_src=(src/allocator/{status,pool,seqset,backend,backend_host,backend_cuda_none,cache}.c
-            src/allocator/{prefix_cache,extent,vmm,vmm_budget,vmm_host,vmm_cuda_none,lcm,block_hash,sha256,kv_events}.c
+            src/allocator/{prefix_cache,extent,vmm,vmm_budget,vmm_host,vmm_hybrid,vmm_cuda_none,lcm,block_hash,sha256,kv_events}.c
             src/allocator/hybrid*.c
             src/attention/{attn_check,attn_check_window,attn_plan,attn_cpu,attn_cpu_copy}.c
             src/attention/{attn_cpu_quant,attn_cpu_window,attn_cuda_none}.c
             src/runtime/model/{config,config_sizes,model,weights,loader,ops_cpu,contig_kv}.c
-            src/runtime/model/{sampler,generate,hetero_cpu,state_store,hybrid_store}.c
+            src/runtime/model/{sampler,generate,hetero_cpu,state_store,hybrid_store,slot_store}.c
             "${trace_src[@]}" src/runtime/replay/*.c src/runtime/replay/policies/*.c)
 # What meson generates: the build options (no CUDA, no BLAS) and the version.
 gen="$dir/gen"

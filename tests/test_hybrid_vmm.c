@@ -290,3 +290,40 @@ Test(hybrid_vmm, random_walk_matches_the_byte_rule) {
     cr_assert_gt(accepted, 1000);
     pkv_hybrid_vmm_destroy(h);
 }
+
+// set_step maps what a prefill chunk's queries read: the window of its first
+// query on. A full and a sliding group (window 32) of one layer at 256 bytes per
+// token and buffer: 16 tokens a page. A prefill of positions 0..63: the query at 0
+// reads token 0, so every group maps pages 0..3 of both buffers; set_length(64)
+// would have mapped the sliding group from token 32 (pages 2..3). The next decode
+// (positions 64, length 65) unmaps the sliding group's pages 0..1 (first_live 33)
+// and maps page 4 in both groups. A chunk starting at 70 of a sequence at 70 on
+// another slot maps from 39 (page 2); first >= n and a first without tokens are refused.
+Test(hybrid_vmm, set_step_maps_a_chunks_windows) {
+    pkv_kv_group g[2] = {group(PKV_LAYER_FULL, 1, 0), group(PKV_LAYER_SLIDING, 1, 32)};
+    pkv_hybrid_vmm *h = make(g, 2, 64, 2);
+    uint32_t s;
+    cr_assert_eq(pkv_hybrid_vmm_acquire(h, &s), PKV_OK);
+    cr_assert_eq(pkv_hybrid_vmm_set_step(h, s, 0, 64), PKV_OK);
+    cr_assert_eq(pkv_hybrid_vmm_validate(h), PKV_OK);
+    const pkv_vmm_space *full = pkv_hybrid_vmm_space(h, 0), *slide = pkv_hybrid_vmm_space(h, 1);
+    cr_assert_eq(pkv_vmm_slot_first_page(slide, s), 0);
+    cr_assert_eq(pkv_vmm_slot_pages(slide, s), 4);
+    cr_assert_eq(used_pages(h), 16);
+    cr_assert_eq(pkv_hybrid_vmm_set_step(h, s, 64, 65), PKV_OK); // == set_length(65)
+    cr_assert_eq(pkv_hybrid_vmm_validate(h), PKV_OK);
+    cr_assert_eq(pkv_vmm_slot_first_page(slide, s), 2);
+    cr_assert_eq(pkv_vmm_slot_pages(slide, s), 3);
+    cr_assert_eq(pkv_vmm_slot_pages(full, s), 5);
+    uint32_t t;
+    cr_assert_eq(pkv_hybrid_vmm_acquire(h, &t), PKV_OK);
+    cr_assert_eq(pkv_hybrid_vmm_set_step(h, t, 70, 80), PKV_OK);
+    cr_assert_eq(pkv_vmm_slot_first_page(slide, t), 2); // token 39 / 16
+    cr_assert_eq(pkv_vmm_slot_pages(slide, t), 3);
+    cr_assert_eq(pkv_hybrid_vmm_validate(h), PKV_OK);
+    cr_assert_eq(pkv_hybrid_vmm_set_step(h, t, 80, 80), PKV_ERR_INVALID_ARG);
+    cr_assert_eq(pkv_hybrid_vmm_set_step(h, t, 3, 0), PKV_ERR_INVALID_ARG);
+    cr_assert_eq(pkv_vmm_slot_first_page(slide, t), 2); // refused: nothing changed
+    cr_assert_eq(pkv_hybrid_vmm_validate(h), PKV_OK);
+    pkv_hybrid_vmm_destroy(h);
+}

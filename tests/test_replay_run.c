@@ -120,12 +120,13 @@ static void every_policy(int cuda) {
         }
         // Each policy on the layout it stands for, its copies executed on it.
         // The hybrid policies with a manager run over the model's hybrid store on
-        // the CPU (on CUDA, and hybrid-vmm always, a per-token table).
+        // the CPU, hybrid-vmm over a real pkv_hybrid_vmm (on CUDA, a per-token table).
         const int hybrid = pol == PKV_POLICY_HYBRID_PARTITION || pol == PKV_POLICY_HYBRID_SHARED_PAGE ||
                            pol == PKV_POLICY_HYBRID_LCM || pol == PKV_POLICY_HYBRID_VMM;
         const int hybrid_store = hybrid && pol != PKV_POLICY_HYBRID_VMM && !cuda;
         const char *layout = pol == PKV_POLICY_PAGED              ? "paged"
                              : hybrid_store                        ? "hybrid"
+                             : pol == PKV_POLICY_HYBRID_VMM && !cuda ? "hybrid-vmm"
                              : pol == PKV_POLICY_MALLOC_PER_TOKEN || hybrid ? "token-table"
                              : pol == PKV_POLICY_VMM || pol == PKV_POLICY_VMM_SYNC ? "vmm"
                                                                   : "contiguous";
@@ -143,8 +144,9 @@ static void every_policy(int cuda) {
         // Backend calls: measured, and for the per-call policies made for real,
         // one per call the policy counts in sim (plus the run's table arena).
         cr_assert(run.alloc.seconds_measured);
-        if (pol == PKV_POLICY_VMM || pol == PKV_POLICY_VMM_SYNC) {
-            // Its real calls are the VMM space's page maps (sim's count them with
+        if (pol == PKV_POLICY_VMM || pol == PKV_POLICY_VMM_SYNC ||
+            (pol == PKV_POLICY_HYBRID_VMM && !cuda)) {
+            // Its real calls are the VMM spaces' page maps (sim's count them with
             // its own page accounting): every page mapped is unmapped again.
             cr_assert_gt(run.alloc.backend_alloc_calls, 0, "vmm maps pages");
             cr_assert_eq(run.alloc.backend_free_calls, run.alloc.backend_alloc_calls, "vmm unmaps them all");

@@ -14,7 +14,8 @@
 // maps, per token group, exactly the pages of the tokens the group keeps at that
 // length (pkv_kv_group_tokens_kept: a sliding window's last W tokens, a chunk's
 // tokens, every token for FULL and MLA), unmapping the front of a windowed row as
-// it slides. Buffer b of group g is pkv_vmm_buffer_ptr(pkv_hybrid_vmm_space(h, g), b):
+// it slides (pkv_hybrid_vmm_set_step: what a prefill chunk's queries read, the
+// window of its first query on). Buffer b of group g is pkv_vmm_buffer_ptr(pkv_hybrid_vmm_space(h, g), b):
 // token t of slot s sits at row s, byte t x (bytes per token of one buffer), as in
 // pkv/vmm.h; contiguous attention kernels read it unchanged.
 //
@@ -80,6 +81,14 @@ pkv_status pkv_hybrid_vmm_acquire(pkv_hybrid_vmm *h, uint32_t *slot);
 // (PKV_ERR_BACKEND) leaves each group with the overlap of its old and new ranges.
 pkv_status pkv_hybrid_vmm_set_length(pkv_hybrid_vmm *h, uint32_t slot, uint32_t num_tokens);
 
+// What a step of a sequence computing positions first..n-1 reads (a prefill
+// chunk of n - first tokens, all written before any is attended to): per token
+// group the tokens from the window of the query at `first` on, up to n, and
+// nothing else (pkv_hybrid_vmm_set_length(n) is set_step(n - 1, n)). A later
+// set_length or set_step unmaps what it no longer keeps. The same statuses, and
+// PKV_ERR_INVALID_ARG for first >= n (n > 0) or first != 0 (n == 0).
+pkv_status pkv_hybrid_vmm_set_step(pkv_hybrid_vmm *h, uint32_t slot, uint32_t first, uint32_t n);
+
 // Unmap every row of the sequence and free its slot. PKV_ERR_INVALID_ARG for a slot
 // not acquired.
 pkv_status pkv_hybrid_vmm_release(pkv_hybrid_vmm *h, uint32_t slot);
@@ -93,7 +102,7 @@ uint64_t pkv_hybrid_vmm_buffer_token_bytes(const pkv_hybrid_vmm *h, uint32_t gro
 pkv_status pkv_hybrid_vmm_budget_stats(const pkv_hybrid_vmm *h, pkv_vmm_budget_stats *stats);
 
 // Every space's invariant, the slots agreeing across spaces, each token group's
-// mapped range equal to what the sequence's length keeps. PKV_ERR_CORRUPT otherwise.
+// mapped range equal to what the sequence's last set_length / set_step keeps. PKV_ERR_CORRUPT otherwise.
 pkv_status pkv_hybrid_vmm_validate(const pkv_hybrid_vmm *h);
 
 #ifdef __cplusplus

@@ -526,7 +526,9 @@ typedef struct pkv_replay_report {
         // The layout the K/V lived in: "paged" (the policy's block tables),
         // "contiguous" (each sequence in the extent the policy placed it in, read
         // by the contiguous kernel), "vmm" (a slot of a VMM space per sequence,
-        // pages mapped as it grows) or "token-table" (a block-size-1 table); and
+        // pages mapped as it grows), "hybrid" (a hybrid policy's pools),
+        // "hybrid-vmm" (a slot of a pkv_hybrid_vmm, windows unmapped as they
+        // slide) or "token-table" (a block-size-1 table); and
         // the K/V bytes the executor copied (forks, moves, copy-on-write).
         char layout[16];
         uint64_t copied_bytes;

@@ -25,6 +25,7 @@ struct pkv_hybrid_vmm {
     pkv_vmm_budget *budget;
     uint8_t *taken;   // [max_seqs]
     uint32_t *length; // [max_seqs]
+    uint32_t *from;   // [max_seqs]: first query position of the last step (length - 1)
 };
 
 void pkv_hybrid_vmm_params_default(pkv_hybrid_vmm_params *p) {
@@ -74,6 +75,7 @@ void pkv_hybrid_vmm_destroy(pkv_hybrid_vmm *h) {
     pkv_vmm_budget_destroy(h->budget);
     free(h->taken);
     free(h->length);
+    free(h->from);
     free(h);
 }
 
@@ -99,8 +101,9 @@ pkv_status pkv_hybrid_vmm_create(const pkv_hybrid_vmm_params *p, pkv_hybrid_vmm 
     }
     h->taken = calloc(p->max_seqs, 1);
     h->length = calloc(p->max_seqs, sizeof *h->length);
+    h->from = calloc(p->max_seqs, sizeof *h->from);
     pkv_status st = tokens ? PKV_OK : PKV_ERR_INVALID_ARG;
-    if (st == PKV_OK && (!h->taken || !h->length)) st = PKV_ERR_OUT_OF_MEMORY;
+    if (st == PKV_OK && (!h->taken || !h->length || !h->from)) st = PKV_ERR_OUT_OF_MEMORY;
     if (st == PKV_OK) st = pkv_vmm_budget_create(p->budget_bytes, &h->budget);
     for (uint32_t i = 0; i < h->num_groups && st == PKV_OK; i++) {
         hv_group *g = &h->g[i];
@@ -127,9 +130,12 @@ pkv_status pkv_hybrid_vmm_create(const pkv_hybrid_vmm_params *p, pkv_hybrid_vmm 
     return PKV_OK;
 }
 
-// Pages [lo, hi) group g keeps for a sequence of n tokens (a state group: its
-// whole row while the sequence lives).
-static void kept_pages(const hv_group *g, uint32_t n, int alive, uint64_t *lo, uint64_t *hi) {
+// Pages [lo, hi) group g keeps for a sequence of n tokens whose queries start at
+// position `from` (< n; n - 1 but in a step of several tokens): the tokens from
+// the first query's window on (a state group: its whole row while the sequence
+// lives).
+static void kept_pages(const hv_group *g, uint32_t from, uint32_t n, int alive, uint64_t *lo,
+                       uint64_t *hi) {
     uint64_t page = g->space->info.page_bytes;
     *lo = *hi = 0;
     if (!alive) return;
@@ -137,9 +143,9 @@ static void kept_pages(const hv_group *g, uint32_t n, int alive, uint64_t *lo, u
         *hi = (g->token_bytes + page - 1) / page;
         return;
     }
-    uint64_t kept = pkv_kv_group_tokens_kept(&g->desc, n);
-    if (kept == 0) return;
-    *lo = (n - kept) * g->token_bytes / page;
+    if (n == 0) return;
+    uint64_t kept = pkv_kv_group_tokens_kept(&g->desc, (uint64_t)from + 1);
+    *lo = ((uint64_t)from + 1 - kept) * g->token_bytes / page;
     *hi = ((uint64_t)n * g->token_bytes + page - 1) / page;
 }
 
@@ -193,9 +199,10 @@ static pkv_status apply(pkv_hybrid_vmm *h, uint32_t slot, const uint64_t *lo, co
     return first;
 }
 
-static pkv_status move_to(pkv_hybrid_vmm *h, uint32_t slot, uint32_t n, int alive) {
+static pkv_status move_to(pkv_hybrid_vmm *h, uint32_t slot, uint32_t from, uint32_t n, int alive) {
     uint64_t lo[PKV_MAX_KV_GROUPS], hi[PKV_MAX_KV_GROUPS];
-    for (uint32_t i = 0; i < h->num_groups; i++) kept_pages(&h->g[i], n, alive, &lo[i], &hi[i]);
+    for (uint32_t i = 0; i < h->num_groups; i++)
+        kept_pages(&h->g[i], from, n, alive, &lo[i], &hi[i]);
     return apply(h, slot, lo, hi);
 }
 
@@ -212,23 +219,32 @@ pkv_status pkv_hybrid_vmm_acquire(pkv_hybrid_vmm *h, uint32_t *slot) {
         for (uint32_t j = 0; j < i; j++) (void)pkv_vmm_slot_release(h->g[j].space, s);
         return st == PKV_OK ? PKV_ERR_CORRUPT : st; // the spaces' slots disagree
     }
-    pkv_status st = move_to(h, s, 0, 1);
+    pkv_status st = move_to(h, s, 0, 0, 1);
     if (st != PKV_OK) {
         for (uint32_t i = 0; i < h->num_groups; i++) (void)pkv_vmm_slot_release(h->g[i].space, s);
         return st;
     }
     h->taken[s] = 1;
     h->length[s] = 0;
+    h->from[s] = 0;
     *slot = s;
     return PKV_OK;
 }
 
-pkv_status pkv_hybrid_vmm_set_length(pkv_hybrid_vmm *h, uint32_t slot, uint32_t n) {
-    if (!h || slot >= h->params.max_seqs || !h->taken[slot] || n > h->params.max_seq_len)
+pkv_status pkv_hybrid_vmm_set_step(pkv_hybrid_vmm *h, uint32_t slot, uint32_t first, uint32_t n) {
+    if (!h || slot >= h->params.max_seqs || !h->taken[slot] || n > h->params.max_seq_len ||
+        (n > 0 && first >= n) || (n == 0 && first != 0))
         return PKV_ERR_INVALID_ARG;
-    pkv_status st = move_to(h, slot, n, 1);
-    if (st == PKV_OK || st == PKV_ERR_BACKEND) h->length[slot] = n;
+    pkv_status st = move_to(h, slot, first, n, 1);
+    if (st == PKV_OK || st == PKV_ERR_BACKEND) {
+        h->length[slot] = n;
+        h->from[slot] = first;
+    }
     return st;
+}
+
+pkv_status pkv_hybrid_vmm_set_length(pkv_hybrid_vmm *h, uint32_t slot, uint32_t n) {
+    return pkv_hybrid_vmm_set_step(h, slot, n ? n - 1 : 0, n);
 }
 
 pkv_status pkv_hybrid_vmm_release(pkv_hybrid_vmm *h, uint32_t slot) {
@@ -240,6 +256,7 @@ pkv_status pkv_hybrid_vmm_release(pkv_hybrid_vmm *h, uint32_t slot) {
     }
     h->taken[slot] = 0;
     h->length[slot] = 0;
+    h->from[slot] = 0;
     return first;
 }
 
@@ -264,7 +281,7 @@ pkv_status pkv_hybrid_vmm_validate(const pkv_hybrid_vmm *h) {
         if (st != PKV_OK) return st;
         for (uint32_t slot = 0; slot < h->params.max_seqs; slot++) {
             uint64_t lo, hi;
-            kept_pages(&h->g[i], h->length[slot], h->taken[slot], &lo, &hi);
+            kept_pages(&h->g[i], h->from[slot], h->length[slot], h->taken[slot], &lo, &hi);
             uint64_t n = s->slot_pages[slot];
             if (s->slot_taken[slot] != h->taken[slot] || n != hi - lo ||
                 (n && s->slot_first[slot] != lo))

@@ -262,6 +262,11 @@ pkv_status pkvi_hetero_attention_cpu(pkv_model *m, uint32_t layer, const pkvi_ca
         }
         return st;
     }
+    if (kv->kind == PKVI_KV_SLOTS) {
+        pkvi_kv_target lt;
+        pkvi_slot_layer_target(m, kv, layer, &lt, &kc, &vc);
+        return attend_layer(m, layer, call, &lt, g, kc, vc);
+    }
     if (kv->kind == PKVI_KV_PAGED) {
         kc = (float *)kv->base + kv->layer_stride * layer;
         vc = kc + kv->kv_stride;

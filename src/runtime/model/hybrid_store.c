@@ -333,7 +333,7 @@ pkv_status pkv_model_prefill_hybrid(pkv_model *m, pkv_model_hybrid_store *s, uin
     kv.max_len = max_len;
     kv.hybrid = s;
     kv.h_fault = &s->fault;
-    pkvi_call call = {S, nt, nt == S, NULL, NULL};
+    pkvi_call call = {S, nt, nt == S, NULL, NULL, NULL, NULL};
     // The states are the store's own: hand them to the model for this step only.
     pkv_model_state_store *caller_states = m->states;
     m->states = s->states;

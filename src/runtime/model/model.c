@@ -528,7 +528,7 @@ pkv_status pkv_model_prefill_paged(pkv_model *m, pkv_cache *cache, pkv_seqset *s
     kv.quant.scale_offset = g.scale_offset;
     kv.quant.scale_head_stride = g.scale_head_stride;
     kv.quant.scale_token_stride = g.scale_token_stride;
-    pkvi_call call = {S, nt, nt == S, NULL, NULL};
+    pkvi_call call = {S, nt, nt == S, NULL, NULL, NULL, NULL};
     TRY(pkvi_states_bind(m, S, seqs, NULL, counts, &call));
     double t1 = pkvi_now_seconds();
     m->prof.bookkeeping += t1 - t0;
@@ -633,7 +633,7 @@ pkv_status pkv_model_prefill_contig(pkv_model *m, pkv_contig_kv *kv, uint32_t S,
     t.max_len = max_len;
     t.quant = kv->quant;
     t.num_blocks = quantized ? (uint32_t)kv->arena : 0; // store_new keeps it 32-bit
-    pkvi_call call = {S, nt, nt == S, NULL, NULL};
+    pkvi_call call = {S, nt, nt == S, NULL, NULL, NULL, NULL};
     TRY(pkvi_states_bind(m, S, NULL, rows, counts, &call));
     m->prof.bookkeeping += pkvi_now_seconds() - t0;
     float *host_logits = logits ? logits : h->logits;

@@ -106,9 +106,11 @@ typedef enum pkvi_kv_kind {
     PKVI_KV_PAGED = 0,
     PKVI_KV_CONTIG = 1,
     PKVI_KV_HYBRID = 2,
+    PKVI_KV_SLOTS = 3, // per-layer slot rows (slot_store.c: VMM spaces per group), CPU fp32
 } pkvi_kv_kind;
 
 struct pkv_model_hybrid_store;
+struct pkvi_slot_kv;
 
 typedef struct pkvi_kv_target {
     pkvi_kv_kind kind;
@@ -141,6 +143,9 @@ typedef struct pkvi_kv_target {
     uint64_t h_page, h_chunk;
     uint32_t h_per_chunk;
     int *h_fault;
+    // slots: the store (pkvi_slot_layer_target resolves a layer into a contiguous
+    // target of that layer's rows)
+    const struct pkvi_slot_kv *slots;
 } pkvi_kv_target;
 
 typedef struct pkvi_call {
@@ -149,6 +154,9 @@ typedef struct pkvi_call {
     // models with a state layer: the store and each sequence's entry in it ([S])
     struct pkv_model_state_store *states;
     const uint32_t *state_entry;
+    // or (a slot store) the state of (state layer, sequence) in place, instead
+    float *(*state_at)(const void *ctx, uint32_t layer, uint32_t seq);
+    const void *state_ctx;
 } pkvi_call;
 
 struct pkv_model;
@@ -232,6 +240,13 @@ void pkvi_set_error(pkv_model *m, const char *fmt, ...);
 // group (MLA: *vc is NULL, the latent row lives at K).
 void pkvi_hybrid_layer_target(const pkvi_kv_target *kv, uint32_t layer, pkvi_kv_target *out,
                               float **kc, float **vc);
+
+// ---- slot_store.c: the model's store over per-layer slot rows ----
+// Resolve `layer` of a PKVI_KV_SLOTS target into *out, a PKVI_KV_CONTIG target
+// whose rows are the layer's (the scratch's row_off set for the call's slots);
+// *kc / *vc the layer's K / V (MLA: *vc NULL).
+void pkvi_slot_layer_target(pkv_model *m, const pkvi_kv_target *kv, uint32_t layer,
+                            pkvi_kv_target *out, float **kc, float **vc);
 
 // ---- model.c: the engine step, shared with the stores of other files ----
 // Grow scratch for T tokens, S sequences, `table` block-table entries.

@@ -315,7 +315,8 @@ static pkv_status cpu_attention(pkv_model *m, uint32_t layer, const pkvi_call *c
                                 const pkvi_kv_target *kv) {
     pkvi_scratch *s = &m->s;
     // A hybrid store's layers all go through the one loop that resolves their group.
-    if (kv->kind == PKVI_KV_HYBRID || !pkvi_layer_is_plain(&m->cfg, layer))
+    if (kv->kind == PKVI_KV_HYBRID || kv->kind == PKVI_KV_SLOTS ||
+        !pkvi_layer_is_plain(&m->cfg, layer))
         return pkvi_hetero_attention_cpu(m, layer, call, kv);
     if (pkv_dtype_is_quantized(kv->dtype)) return attend_quant(m, layer, call, kv);
     if (kv->dtype == PKV_DTYPE_F32) return attend(m, layer, call, kv, s->q, s->k, s->v, s->att);

@@ -234,7 +234,7 @@ pkv_status pkvi_state_layer_cpu(pkv_model *m, uint32_t layer, const pkvi_call *c
     const pkv_model_config *c = &m->cfg;
     const pkvi_scratch *s = &m->s;
     const pkv_model_state_store *st = call->states;
-    if (!st) return PKV_ERR_INVALID_ARG; // pkvi_states_bind refuses this first
+    if (!st && !call->state_at) return PKV_ERR_INVALID_ARG; // pkvi_states_bind refuses this first
     const uint32_t H = c->num_heads, kvh = c->num_kv_heads, hd = c->head_dim, rep = H / kvh;
     const uint64_t hf = head_floats(c);
     const uint64_t base = (uint64_t)state_index(c, layer) * kvh * hf;
@@ -242,7 +242,8 @@ pkv_status pkvi_state_layer_cpu(pkv_model *m, uint32_t layer, const pkvi_call *c
     // Tokens are packed sequence by sequence in position order, so one pass in t runs
     // each sequence's recurrence in order.
     for (uint32_t t = 0; t < call->num_tokens; t++) {
-        float *S0 = entry_state(st, call->state_entry[s->tseq[t]]) + base;
+        float *S0 = call->state_at ? call->state_at(call->state_ctx, layer, (uint32_t)s->tseq[t])
+                                   : entry_state(st, call->state_entry[s->tseq[t]]) + base;
         for (uint32_t kh = 0; kh < kvh; kh++) {
             float *Sh = S0 + kh * hf;
             const float a = decay_of(kh);

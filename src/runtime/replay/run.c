@@ -26,8 +26,13 @@
 //   window rule frees blocks for real and other sequences reuse them; the copies
 //   the policy takes from its manager are run on the store at the start of the
 //   next step (timed in it);
-// - every other policy (malloc-per-token, hybrid-vmm, a hybrid policy on CUDA,
-//   plugins with neither) is run over a
+// - hybrid-vmm (CPU runs) is run over a real pkv_hybrid_vmm (run_hybrid_vmm.c:
+//   host memfd spaces, one per KV cache group, on the policy's budget and page
+//   widened to fp32): a slot per sequence, the pages each step reads mapped and
+//   those that left a window unmapped at its start (timed in it), forks copying
+//   the parent's rows; the decoder reads the spaces' buffers in place;
+// - every other policy (malloc-per-token, hybrid-vmm on CUDA, a hybrid policy on
+//   CUDA, plugins with neither) is run over a
 //   per-token table that the executor keeps (a pkv_seqset of block size 1 over
 //   one arena of the policy's capacity): malloc-per-token's real layout. Forks
 //   share the prompt in this table; the copies the policy reports are executed
@@ -37,7 +42,7 @@
 // allocator; cudaMalloc/cudaFree), held while the policy holds them, timed, and
 // charged to the step in which they happen. The arena (cache) is one call. For
 // vmm the real calls are the space's page maps and unmaps (its modelled calls,
-// with map-ahead and deferred reclamation, are sim mode's).
+// with map-ahead and deferred reclamation, are sim mode's); so for hybrid-vmm.
 // Token ids are synthetic (a hash of request, sequence and position), so every
 // layout computes the same math; the greedy next token of every computed
 // position goes into an order-independent hash (report.run.token_hash) that
@@ -52,6 +57,7 @@
 #include "pkv/vmm.h"
 #include "pkv_config.h"
 #include "replay_internal.h"
+#include "run_hybrid_vmm.h"
 #include "src/allocator/clock.h"
 #include "src/runtime/model/hybrid_store.h"
 #include "src/runtime/model/model_internal.h"
@@ -82,6 +88,7 @@ typedef struct run_exec {
     uint32_t nfree;
     uint8_t *fork_pending; // [sum of n]: (r, child) must copy child 0's K/V first
     pkv_model_hybrid_store *hstore; // hybrid policies: the store over their manager
+    pkvi_run_hvmm *hvmm;  // hybrid-vmm (CPU): a real pkv_hybrid_vmm (run_hybrid_vmm.h)
     pkv_vmm_space *vmm;   // vmm policy: each sequence a slot of a VMM space, store
                           // rows = slots (vAttention's layout); else NULL
     uint64_t vmm_tb;      // K/V bytes of one token in one layer buffer (K or V)
@@ -244,6 +251,7 @@ static pkv_status run_on_fork(pkvi_executor *e, uint32_t r, uint32_t n) {
     run_exec *x = (run_exec *)e;
     // The samples share the prompt's outputs: they are hashed once, as child 0's.
     for (uint32_t c = 1; c < n; c++) x->hashed[x->hbase[r] + c] = x->hashed[x->hbase[r]];
+    if (x->hvmm) return pkvi_run_hvmm_fork(x->hvmm, r, n);
     if (x->vmm) {
         // Each sample takes a slot now; its pages are mapped and the prompt
         // copied at the start of the next step, which times both.
@@ -286,6 +294,7 @@ static pkv_status run_on_fork(pkvi_executor *e, uint32_t r, uint32_t n) {
 
 static void run_on_release(pkvi_executor *e, uint32_t r) {
     run_exec *x = (run_exec *)e;
+    if (x->hvmm) pkvi_run_hvmm_release(x->hvmm, r);
     if (!x->own && !x->store) return;
     const uint32_t n = x->pol->cfg.max_seqs[r];
     for (uint32_t c = 0; c < n; c++) {
@@ -406,6 +415,7 @@ static pkv_status sync_vmm(run_exec *x, const pkvi_step_batch *b) {
 // when it first appears and append the step's new slots; in the store, append
 // them to its row (placed by sync_rows).
 static pkv_status seq_for(run_exec *x, const pkvi_step_seq *s, pkv_seq_id *id) {
+    if (x->hvmm) return (*id = pkvi_run_hvmm_slot(x->hvmm, s->r, s->child)) >= 0 ? PKV_OK : PKV_ERR_CORRUPT;
     if (x->hstore) { // the policy appended the step's tokens to its manager
         *id = pkvi_policy_hybrid_seq(x->pol, s->r, s->child);
         return *id >= 0 ? PKV_OK : PKV_ERR_CORRUPT;
@@ -480,6 +490,9 @@ static pkv_status run_step(pkvi_executor *e, const pkvi_step_batch *b, double *s
     const double t0 = pkvi_now_seconds();
     if (x->hstore) {
         if ((st = hybrid_copies(x)) != PKV_OK) return st;
+    } else if (x->hvmm) { // released, acquired, forks copied, pages mapped and unmapped
+        st = pkvi_run_hvmm_sync(x->hvmm, b->seqs, b->num_seqs, &x->copied, x->pol->why, sizeof x->pol->why);
+        if (st != PKV_OK) return st;
     } else if (x->vmm) {
         if ((st = sync_vmm(x, b)) != PKV_OK) return st; // pages mapped, forks copied
     } else if (x->store) {
@@ -506,7 +519,9 @@ static pkv_status run_step(pkvi_executor *e, const pkvi_step_batch *b, double *s
                 x->tokens_in[k++] = token_at(x, s->r, s->child, s->ctx - s->new_tokens + j,
                                              reqs[s->r].prompt_tokens);
         }
-        if (x->hstore) {
+        if (x->hvmm) {
+            st = pkvi_run_hvmm_forward(x->hvmm, np, x->ids, x->counts, x->tokens_in, x->next);
+        } else if (x->hstore) {
             st = pkv_model_prefill_hybrid(x->model, x->hstore, np, x->ids, x->counts, x->tokens_in,
                                           NULL, x->next);
         } else if (x->store) {
@@ -527,7 +542,9 @@ static pkv_status run_step(pkvi_executor *e, const pkvi_step_batch *b, double *s
             x->order[i] = s;
             x->tokens_in[i] = token_at(x, s->r, s->child, s->ctx - 1, reqs[s->r].prompt_tokens);
         }
-        if (x->hstore) {
+        if (x->hvmm) {
+            st = pkvi_run_hvmm_forward(x->hvmm, nd, x->ids, NULL, x->tokens_in, x->next);
+        } else if (x->hstore) {
             st = pkv_model_decode_hybrid(x->model, x->hstore, nd, x->ids, x->tokens_in, NULL, x->next);
         } else if (x->store) {
             for (uint32_t i = 0; i < nd; i++) x->rows[i] = (uint32_t)x->ids[i];
@@ -551,6 +568,8 @@ static pkv_status run_step(pkvi_executor *e, const pkvi_step_batch *b, double *s
 
 // The store's arena goes back to the backend (counted and timed as a free).
 static void free_store(run_exec *x) {
+    pkvi_run_hvmm_destroy(x->hvmm);
+    x->hvmm = NULL;
     pkv_model_hybrid_store_destroy(x->hstore);
     x->hstore = NULL;
     pkv_contig_kv_destroy(x->store);
@@ -725,7 +744,10 @@ pkv_status pkvi_executor_run_create(const pkv_replay_params *p, pkvi_policy *pol
     pkv_hybrid *hyb = NULL;
     if (st == PKV_OK && !x->set && !p->run_cuda && cp.dtype == PKV_DTYPE_F32)
         hyb = pkvi_policy_hybrid_run(pol);
-    if (st == PKV_OK && !x->set && !use_store && !use_vmm && !hyb) {
+    // hybrid-vmm on the CPU over a real pkv_hybrid_vmm (fp32, the CPU decoder's).
+    const int use_hvmm = st == PKV_OK && !x->set && !p->run_cuda && cp.dtype == PKV_DTYPE_F32 &&
+                         pol->vt == &pkvi_policy_hybrid_vmm_vtable;
+    if (st == PKV_OK && !x->set && !use_store && !use_vmm && !hyb && !use_hvmm) {
         if (slots > PKV_POOL_MAX_BLOCKS) st = PKV_ERR_INVALID_ARG;
         if (st == PKV_OK) st = pkv_pool_create((uint32_t)slots, &x->own_pool);
         if (st == PKV_OK) st = pkv_seqset_create(x->own_pool, 1, &x->own);
@@ -738,7 +760,9 @@ pkv_status pkvi_executor_run_create(const pkv_replay_params *p, pkvi_policy *pol
     if (st == PKV_OK) {
         x->row_bytes = 2ull * cp.num_layers * cp.kv_heads * cp.head_dim * pkv_dtype_size(cp.dtype);
     }
-    if (st == PKV_OK && use_vmm) {
+    if (st == PKV_OK && use_hvmm) {
+        st = pkvi_run_hvmm_create_for(x->model, pol, &x->hvmm);
+    } else if (st == PKV_OK && use_vmm) {
         st = create_vmm(x, p, &cp);
     } else if (st == PKV_OK && hyb) {
         st = pkvi_hybrid_store_create(x->model, hyb, PKV_DTYPE_F32, 1, x->backend, &x->hstore);
@@ -764,7 +788,7 @@ pkv_status pkvi_executor_run_create(const pkv_replay_params *p, pkvi_policy *pol
         return st;
     }
     // vmm's modelled calls stay models: its real calls are the space's.
-    pol->real_calls = x->vmm ? NULL : real_calls;
+    pol->real_calls = x->vmm || x->hvmm ? NULL : real_calls;
     pol->real_ctx = x;
     *out = &x->base;
     return PKV_OK;
@@ -773,12 +797,13 @@ pkv_status pkvi_executor_run_create(const pkv_replay_params *p, pkvi_policy *pol
 pkv_status pkvi_executor_run_alloc_stats(pkvi_executor *e, pkv_replay_report *rep) {
     run_exec *x = (run_exec *)e;
     snprintf(rep->run.layout, sizeof rep->run.layout, "%s",
-             x->hstore ? "hybrid" : x->vmm ? "vmm" : x->store ? "contiguous"
+             x->hvmm ? "hybrid-vmm" : x->hstore ? "hybrid" : x->vmm ? "vmm" : x->store ? "contiguous"
                                        : x->own ? "token-table" : "paged");
     pkv_vmm_stats vs;
     memset(&vs, 0, sizeof vs);
-    const int vmm = x->vmm != NULL;
-    if (vmm) {
+    const int vmm = x->vmm != NULL || x->hvmm != NULL;
+    if (x->hvmm) pkvi_run_hvmm_finish(x->hvmm, &vs, &x->vmm_step_s);
+    if (x->vmm) {
         // Slots released after the last step: unmapped now, outside every step.
         const double in_steps = x->vmm_step_s;
         for (; x->ndead > 0; x->ndead--) vmm_call(x, x->dead[x->ndead - 1], 1, 0);
