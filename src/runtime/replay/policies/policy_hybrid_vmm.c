@@ -8,8 +8,9 @@
 // holds page_bytes / (bytes per token and buffer) tokens. A SLIDING or CHUNKED
 // group unmaps the page groups wholly before its window (pkv/hybrid.h's rule: an
 // append at p makes the tokens before first_live(p) dead; the page group of tokens
-// j*T .. j*T + T - 1 goes once j*T + T <= first_live(p)). A STATE group maps
-// ceil(state bytes / page_bytes) pages per sequence at admission.
+// j*T .. j*T + T - 1 goes once j*T + T <= first_live(p)). A STATE group has a
+// buffer per layer, as pkv_hybrid_vmm maps it, and maps layers x ceil(one layer's
+// state bytes / page_bytes) pages per sequence at admission.
 //
 // Physical pages are one budget of interchangeable pages (capacity / page_bytes)
 // shared by every group, so there is no external fragmentation. The vmm machinery
@@ -86,7 +87,10 @@ static int shape(hvmm *v, const pkv_policy_config *cfg) {
         v->gbpt[g] = cfg->group_bytes_per_token[g];
         if (k->kind == PKV_LAYER_STATE) {
             v->state_bytes[g] = pkv_kv_group_state_bytes(k);
-            v->buffers[g] = (uint32_t)ceil_div64(v->state_bytes[g], v->page);
+            // Whole pages per layer: layers do not share a page (pkv_hybrid_vmm).
+            const uint64_t pages = (uint64_t)k->num_layers * ceil_div64(k->state_bytes, v->page);
+            if (pages == 0 || pages > UINT32_MAX) return -1;
+            v->buffers[g] = (uint32_t)pages;
             v->tpp[g] = 0;
             continue;
         }
