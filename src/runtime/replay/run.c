@@ -32,6 +32,11 @@
 //   one arena of the policy's capacity): malloc-per-token's real layout. Forks
 //   share the prompt in this table; the copies the policy reports are executed
 //   as device copies of the same byte count, timed in the step.
+// Swap (--preempt swap, run_swap.c): a request preempted by swap has its K/V
+// copied from whichever layout above into host memory before its memory goes,
+// and written back where the layout places it after the swap-in, before it runs
+// again (both timed in the steps in which they happen): it continues from what
+// it computed, so its tokens are recompute's.
 // Backend calls: the calls a policy reports (malloc-per-request,
 // malloc-per-token, realloc-copy) are made for real on the backend (host
 // allocator; cudaMalloc/cudaFree), held while the policy holds them, timed, and
