@@ -127,6 +127,7 @@ static pkv_status start(engine *e, uint32_t r, const pkvi_admit *a, uint32_t cac
         e->swap_used -= s->swap_bytes;
         s->swap_bytes = 0;
         s->fresh = 1;
+        if (e->ex->on_swap_in) e->ex->on_swap_in(e->ex, r);
         return PKV_OK;
     }
     // Recompute / prefill: sequence 0 computes its tokens past any cached

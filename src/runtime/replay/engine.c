@@ -159,6 +159,8 @@ static uint32_t preempt_at(engine *e, uint32_t i, int requeue) {
     // A policy with swap slots keeps what the swap moves (swap_in brings exactly
     // that back); else, or when it cannot, the request is released.
     const int room = swap && e->swap_used + swap_bytes <= e->prm->swap_space_bytes;
+    if (room && e->ex->on_swap_out)
+        e->ex->on_swap_out(e->ex, v, s->nseq, prompt_of(e, v) + s->emitted - 1);
     const int kept = room && e->pol->vt->swap_out && e->pol->vt->swap_out(e->pol->state, v) == PKV_OK;
     if (kept) {
         if (e->ex->on_release) e->ex->on_release(e->ex, v);
@@ -183,6 +185,7 @@ static uint32_t preempt_at(engine *e, uint32_t i, int requeue) {
                 e->b.swap_bytes += swap_bytes; // swap-out: charged to this step
             } else {
                 e->swap_fallbacks++; // host pool full (or swap_out refused): recompute instead
+                if (room && e->ex->on_swap_drop) e->ex->on_swap_drop(e->ex, v);
             }
         }
     }

@@ -200,6 +200,15 @@ struct pkvi_executor {
     // Optional (run mode): request r forked into n sequences / was released.
     pkv_status (*on_fork)(pkvi_executor *e, uint32_t r, uint32_t n);
     void (*on_release)(pkvi_executor *e, uint32_t r);
+    // Optional (run mode), --preempt swap with room in the host pool: request r,
+    // nseq sequences of len computed tokens each, is about to be swapped out
+    // (called before the policy's swap_out or release: its memory still holds
+    // them); on_swap_drop: that swap fell back to recompute (keep nothing);
+    // on_swap_in: r was swapped back in (the policy holds it again), its K/V
+    // must be back before it runs. A failure is returned by the next step.
+    void (*on_swap_out)(pkvi_executor *e, uint32_t r, uint32_t nseq, uint32_t len);
+    void (*on_swap_drop)(pkvi_executor *e, uint32_t r);
+    void (*on_swap_in)(pkvi_executor *e, uint32_t r);
 };
 
 // Roofline model of params->model on params->gpu (defined in roofline.c).

@@ -37,6 +37,11 @@
 //   one arena of the policy's capacity): malloc-per-token's real layout. Forks
 //   share the prompt in this table; the copies the policy reports are executed
 //   as device copies of the same byte count, timed in the step.
+// Swap (--preempt swap, run_swap.c): a request preempted by swap has its K/V
+// copied from whichever layout above into host memory before its memory goes,
+// and written back where the layout places it after the swap-in, before it runs
+// again (both timed in the steps in which they happen): it continues from what
+// it computed, so its tokens are recompute's.
 // Backend calls: the calls a policy reports (malloc-per-request,
 // malloc-per-token, realloc-copy) are made for real on the backend (host
 // allocator; cudaMalloc/cudaFree), held while the policy holds them, timed, and
@@ -57,7 +62,7 @@
 #include "pkv/vmm.h"
 #include "pkv_config.h"
 #include "replay_internal.h"
-#include "run_hybrid_vmm.h"
+#include "run_exec.h"
 #include "src/allocator/clock.h"
 #include "src/runtime/model/hybrid_store.h"
 #include "src/runtime/model/model_internal.h"
@@ -65,65 +70,6 @@
 #if PKV_HAVE_CUDA
 #include <cuda_runtime_api.h>
 #endif
-
-// Live real allocations of one size (a free call frees any of them).
-typedef struct bucket {
-    uint64_t bytes;
-    void **ptr;
-    size_t n, cap;
-} bucket;
-
-enum { COPY_CHUNK = 4u << 20 }; // bytes per executed copy (scratch holds two)
-
-typedef struct run_exec {
-    pkvi_executor base;
-    pkvi_policy *pol;   // borrowed
-    pkv_seqset *set;    // the policy's, or `own`
-    pkv_seqset *own;    // per-token table (block size 1), NULL for table policies
-    pkv_pool *own_pool;
-    pkv_contig_kv *store; // extent policies: their rows in one arena (else NULL)
-    void *store_mem;      // the store's K and V halves: one backend allocation
-    uint64_t store_bytes;
-    uint32_t *free_rows;  // [max_rows] store rows not in use (a stack)
-    uint32_t nfree;
-    uint8_t *fork_pending; // [sum of n]: (r, child) must copy child 0's K/V first
-    pkv_model_hybrid_store *hstore; // hybrid policies: the store over their manager
-    pkvi_run_hvmm *hvmm;  // hybrid-vmm (CPU): a real pkv_hybrid_vmm (run_hybrid_vmm.h)
-    pkv_vmm_space *vmm;   // vmm policy: each sequence a slot of a VMM space, store
-                          // rows = slots (vAttention's layout); else NULL
-    uint64_t vmm_tb;      // K/V bytes of one token in one layer buffer (K or V)
-    uint32_t *dead;       // [dead_cap] slots the policy released: unmapped next step
-    uint32_t ndead, dead_cap;
-    double vmm_step_s;    // map and unmap seconds spent inside steps
-    uint64_t *mbase;    // [num_requests]: first entry of request r in mseq
-    pkv_seq_id *mseq;   // [sum of n]: mirror sequence (table) or store row (extent
-                        // policies) of (r, child), -1 if none
-    uint64_t *hbase;    // [num_requests]: first entry of request r in hashed
-    uint32_t *hashed;   // [sum of n]: highest position of (r, child) already hashed
-    pkv_model *model;
-    int model_borrowed; // params.run_model: not ours to destroy
-    pkv_backend *backend;
-    pkv_cache *cache;
-    void *scratch;      // [2][COPY_CHUNK] for executed copies
-    uint64_t copied;    // K/V bytes copied (report.run.copied_bytes)
-    uint64_t row_bytes; // store: K/V bytes of one token, every layer
-    uint64_t block_bytes; // paged: K/V bytes of one block, every layer (from the cache)
-    bucket *buckets;
-    size_t nbuckets, bucket_cap;
-    int cuda;
-    uint32_t vocab;
-    uint64_t seed;
-    uint64_t token_hash, tokens;
-    pkv_seq_id *ids;    // [cap]
-    uint32_t *counts;   // [cap]
-    int32_t *next;      // [cap]
-    const pkvi_step_seq **order; // [cap]: the batch entry of each model row
-    int32_t *tokens_in; // [tok_cap]
-    uint32_t *rows;     // [cap]: store rows of the model call (extent policies)
-    uint8_t *pending;   // [cap]: batch entry's row is not at its extent yet
-    uint32_t cap;
-    uint64_t tok_cap;
-} run_exec;
 
 static uint64_t mix(uint64_t h) {
     h ^= h >> 33;
@@ -245,7 +191,7 @@ static void free_all_calls(run_exec *x) {
 
 // ---- the per-token table (policies without their own) ----
 
-static pkv_seq_id *mirror(run_exec *x, uint32_t r, uint32_t child) { return &x->mseq[x->mbase[r] + child]; }
+static pkv_seq_id *mirror(run_exec *x, uint32_t r, uint32_t child) { return pkvi_run_mirror(x, r, child); }
 
 static pkv_status run_on_fork(pkvi_executor *e, uint32_t r, uint32_t n) {
     run_exec *x = (run_exec *)e;
@@ -294,6 +240,7 @@ static pkv_status run_on_fork(pkvi_executor *e, uint32_t r, uint32_t n) {
 
 static void run_on_release(pkvi_executor *e, uint32_t r) {
     run_exec *x = (run_exec *)e;
+    pkvi_run_swap_release(x, r);
     if (x->hvmm) pkvi_run_hvmm_release(x->hvmm, r);
     if (!x->own && !x->store) return;
     const uint32_t n = x->pol->cfg.max_seqs[r];
@@ -370,6 +317,16 @@ static pkv_status sync_rows(run_exec *x, const pkvi_step_batch *b) {
         }
         if (done == 0) return PKV_ERR_CORRUPT; // extents that overlap for good
     }
+    // Sequences swapped in: their K/V back into the rows just placed.
+    for (uint32_t i = 0; i < b->num_seqs; i++) {
+        const pkvi_step_seq *s = &b->seqs[i];
+        const uint32_t len = pkvi_run_swap_pending(x, s->r, s->child);
+        if (!len) continue;
+        const uint32_t row = (uint32_t)*mirror(x, s->r, s->child);
+        pkv_status st = pkvi_run_swap_restore(x, s->r, s->child, (pkv_seq_id)row);
+        if (st != PKV_OK) return st;
+        x->store->len[row] = len;
+    }
     return PKV_OK;
 }
 
@@ -394,6 +351,12 @@ static pkv_status sync_vmm(run_exec *x, const pkvi_step_batch *b) {
         pkv_seq_id *m = mirror(x, s->r, s->child);
         uint32_t slot;
         if (*m < 0 && (st = pkv_vmm_slot_acquire(x->vmm, &slot)) == PKV_OK) *m = (pkv_seq_id)slot;
+        const uint32_t back = st == PKV_OK ? pkvi_run_swap_pending(x, s->r, s->child) : 0;
+        if (back) { // swapped in: pages for its tokens, then its K/V back
+            st = vmm_call(x, (uint32_t)*m, 0, (uint64_t)back * x->vmm_tb);
+            if (st == PKV_OK) st = pkvi_run_swap_restore(x, s->r, s->child, *m);
+            if (st == PKV_OK) x->store->len[*m] = back;
+        }
         uint8_t *f = &x->fork_pending[x->mbase[s->r] + s->child];
         const pkv_seq_id parent = *mirror(x, s->r, 0);
         if (st == PKV_OK && *f) {
@@ -415,10 +378,15 @@ static pkv_status sync_vmm(run_exec *x, const pkvi_step_batch *b) {
 // when it first appears and append the step's new slots; in the store, append
 // them to its row (placed by sync_rows).
 static pkv_status seq_for(run_exec *x, const pkvi_step_seq *s, pkv_seq_id *id) {
-    if (x->hvmm) return (*id = pkvi_run_hvmm_slot(x->hvmm, s->r, s->child)) >= 0 ? PKV_OK : PKV_ERR_CORRUPT;
+    const int back = pkvi_run_swap_pending(x, s->r, s->child) != 0; // swapped in, not run since
+    if (x->hvmm) { // the sync acquired and mapped its rows
+        if ((*id = pkvi_run_hvmm_slot(x->hvmm, s->r, s->child)) < 0) return PKV_ERR_CORRUPT;
+        return back ? pkvi_run_swap_restore(x, s->r, s->child, *id) : PKV_OK;
+    }
     if (x->hstore) { // the policy appended the step's tokens to its manager
         *id = pkvi_policy_hybrid_seq(x->pol, s->r, s->child);
-        return *id >= 0 ? PKV_OK : PKV_ERR_CORRUPT;
+        if (*id < 0) return PKV_ERR_CORRUPT;
+        return back ? pkvi_run_swap_restore(x, s->r, s->child, *id) : PKV_OK;
     }
     if (x->store) {
         *id = *mirror(x, s->r, s->child);
@@ -427,12 +395,18 @@ static pkv_status seq_for(run_exec *x, const pkvi_step_seq *s, pkv_seq_id *id) {
     }
     if (!x->own) {
         *id = s->id;
-        return s->id >= 0 ? PKV_OK : PKV_ERR_CORRUPT;
+        if (s->id < 0) return PKV_ERR_CORRUPT;
+        return back ? pkvi_run_swap_restore(x, s->r, s->child, s->id) : PKV_OK;
     }
     pkv_seq_id *m = mirror(x, s->r, s->child);
     pkv_status st;
     if (*m < 0 && (st = pkv_seq_create(x->own, m)) != PKV_OK) return st;
     *id = *m;
+    if (back) { // its tokens first, then their K/V back
+        if ((st = pkv_seq_append(x->own, *m, pkvi_run_swap_pending(x, s->r, s->child), NULL)) != PKV_OK ||
+            (st = pkvi_run_swap_restore(x, s->r, s->child, *m)) != PKV_OK)
+            return st;
+    }
     return pkv_seq_append(x->own, *m, s->new_tokens, NULL);
 }
 
@@ -463,6 +437,16 @@ static pkv_status hybrid_copies(run_exec *x) {
     return PKV_OK;
 }
 
+pkv_status pkvi_run_flush_copies(run_exec *x) {
+    if (x->hstore) return hybrid_copies(x);
+    if (x->store || x->own || x->hvmm) return PKV_OK; // copies run in their syncs / are modelled
+    const pkv_block_copy *copies;
+    uint32_t nc = x->pol->vt->take_copies ? x->pol->vt->take_copies(x->pol->state, &copies) : 0;
+    pkv_status st = nc ? pkv_cache_copy_blocks(x->cache, copies, nc, NULL) : PKV_OK;
+    if (st == PKV_OK) x->copied += (uint64_t)nc * x->block_bytes;
+    return st;
+}
+
 // Each position once: a preempted request recomputes positions it had hashed.
 static void hash_outputs(run_exec *x, uint32_t n) {
     for (uint32_t i = 0; i < n; i++) {
@@ -487,21 +471,17 @@ static pkv_status run_step(pkvi_executor *e, const pkvi_step_batch *b, double *s
     for (uint32_t i = nd; i < b->num_seqs; i++) ptok += b->seqs[i].new_tokens;
     pkv_status st = reserve(x, b->num_seqs, ptok > nd ? ptok : nd);
     if (st != PKV_OK) return st;
+    if (x->err != PKV_OK) return x->err; // a swap hook failed
     const double t0 = pkvi_now_seconds();
-    if (x->hstore) {
-        if ((st = hybrid_copies(x)) != PKV_OK) return st;
-    } else if (x->hvmm) { // released, acquired, forks copied, pages mapped and unmapped
+    if (x->hvmm) { // released, acquired, forks copied, pages mapped and unmapped
         st = pkvi_run_hvmm_sync(x->hvmm, b->seqs, b->num_seqs, &x->copied, x->pol->why, sizeof x->pol->why);
         if (st != PKV_OK) return st;
     } else if (x->vmm) {
         if ((st = sync_vmm(x, b)) != PKV_OK) return st; // pages mapped, forks copied
     } else if (x->store) {
         if ((st = sync_rows(x, b)) != PKV_OK) return st; // the copies, on the real rows
-    } else if (!x->own) {
-        const pkv_block_copy *copies;
-        uint32_t nc = x->pol->vt->take_copies ? x->pol->vt->take_copies(x->pol->state, &copies) : 0;
-        if (nc && (st = pkv_cache_copy_blocks(x->cache, copies, nc, NULL)) != PKV_OK) return st;
-        x->copied += (uint64_t)nc * x->block_bytes;
+    } else if (!x->own) { // paged, hybrid: the copies the policy took
+        if ((st = pkvi_run_flush_copies(x)) != PKV_OK) return st;
     } else if ((st = execute_copies(x, b->copy_bytes)) != PKV_OK) {
         return st;
     } else {
@@ -557,7 +537,8 @@ static pkv_status run_step(pkvi_executor *e, const pkvi_step_batch *b, double *s
         hash_outputs(x, nd);
     }
     if ((st = sync_device(x)) != PKV_OK) return st;
-    *seconds = pkvi_now_seconds() - t0;
+    *seconds = pkvi_now_seconds() - t0 + x->swap_s; // with this step's swap-outs
+    x->swap_s = 0;
     memset(parts, 0, sizeof *parts); // measured: no model to split a mixed step by
     if (b->prefill_tokens)
         parts->prefill_s = *seconds;
@@ -590,6 +571,7 @@ static void run_destroy(pkvi_executor *e) {
     free_all_calls(x);
     pkv_cache_destroy(x->cache);
     free_store(x);
+    pkvi_run_swap_free(x);
     pkv_seqset_destroy(x->own);
     pkv_pool_destroy(x->own_pool);
     if (x->scratch) pkv_backend_free(x->backend, x->scratch, 2 * (size_t)COPY_CHUNK);
@@ -678,6 +660,9 @@ pkv_status pkvi_executor_run_create(const pkv_replay_params *p, pkvi_policy *pol
     x->base.destroy = run_destroy;
     x->base.on_fork = run_on_fork;
     x->base.on_release = run_on_release;
+    x->base.on_swap_out = pkvi_run_on_swap_out;
+    x->base.on_swap_drop = pkvi_run_on_swap_drop;
+    x->base.on_swap_in = pkvi_run_on_swap_in;
     x->pol = pol;
     x->cuda = p->run_cuda;
     x->vocab = p->model.vocab_size;
@@ -766,6 +751,7 @@ pkv_status pkvi_executor_run_create(const pkv_replay_params *p, pkvi_policy *pol
         st = create_vmm(x, p, &cp);
     } else if (st == PKV_OK && hyb) {
         st = pkvi_hybrid_store_create(x->model, hyb, PKV_DTYPE_F32, 1, x->backend, &x->hstore);
+        x->hyb = hyb;
     } else if (st == PKV_OK && use_store) {
         // One backend allocation (the arena sim counts), K half then V half.
         const uint64_t half = pkvi_contig_kv_arena_bytes(x->model, slots, cp.dtype);
@@ -781,7 +767,11 @@ pkv_status pkvi_executor_run_create(const pkv_replay_params *p, pkvi_policy *pol
         st = pkv_cache_create(&cp, pkv_seqset_pool(x->set), x->backend, &x->cache);
         pkv_cache_geometry g;
         if (st == PKV_OK && (st = pkv_cache_get_geometry(x->cache, &g)) == PKV_OK)
+        {
             x->block_bytes = 2 * g.half_block_bytes * cp.num_layers; // 8-bit scales included
+            x->half_block = g.half_block_bytes;
+            x->layers = cp.num_layers;
+        }
     }
     if (st != PKV_OK) {
         run_destroy(&x->base);

@@ -13,6 +13,8 @@
 #include "src/allocator/clock.h"
 #include "src/runtime/model/slot_store.h"
 
+enum { FORK_PENDING = 1, RESUMES = 2 };
+
 struct pkvi_run_hvmm {
     pkv_model *model;
     pkv_hybrid_vmm *kv;
@@ -25,7 +27,8 @@ struct pkvi_run_hvmm {
     uint32_t ndead;
     uint64_t *base;        // [num_requests] first pair of request r
     pkv_seq_id *slot;      // [pairs] slot of (r, child), -1 if none
-    uint8_t *fork_pending; // [pairs] must copy child 0's rows first
+    uint8_t *fork_pending; // [pairs] FORK_PENDING: must copy child 0's rows first;
+                           // RESUMES: swapped in, its rows come back after the sync
     const uint32_t *max_seqs;
     uint32_t *lens;        // [num_slots] the forward's lengths
     double step_s;         // seconds of the manager's calls made in syncs
@@ -161,9 +164,14 @@ pkv_status pkvi_run_hvmm_fork(pkvi_run_hvmm *h, uint32_t r, uint32_t n) {
     if (h->slot[h->base[r]] < 0) return PKV_ERR_CORRUPT; // the parent has no rows
     for (uint32_t c = 1; c < n; c++) {
         if (h->slot[h->base[r] + c] >= 0) return PKV_ERR_CORRUPT;
-        h->fork_pending[h->base[r] + c] = 1;
+        h->fork_pending[h->base[r] + c] = FORK_PENDING;
     }
     return PKV_OK;
+}
+
+void pkvi_run_hvmm_resume(pkvi_run_hvmm *h, uint32_t r, uint32_t n) {
+    for (uint32_t c = 0; c < n && c < h->max_seqs[r]; c++)
+        if (h->slot[h->base[r] + c] < 0) h->fork_pending[h->base[r] + c] = RESUMES;
 }
 
 void pkvi_run_hvmm_release(pkvi_run_hvmm *h, uint32_t r) {
@@ -226,7 +234,7 @@ pkv_status pkvi_run_hvmm_sync(pkvi_run_hvmm *h, const pkvi_step_seq *seqs, uint3
         pkv_seq_id *m = &h->slot[h->base[s->r] + s->child];
         uint8_t *f = &h->fork_pending[h->base[s->r] + s->child];
         const pkv_seq_id parent = h->slot[h->base[s->r]];
-        if (!*f) continue;
+        if (*f != FORK_PENDING) continue;
         uint32_t slot;
         if (parent < 0 || *m >= 0) st = PKV_ERR_CORRUPT;
         if (st == PKV_OK && (st = pkv_hybrid_vmm_acquire(h->kv, &slot)) == PKV_OK) {
@@ -241,15 +249,17 @@ pkv_status pkvi_run_hvmm_sync(pkvi_run_hvmm *h, const pkvi_step_seq *seqs, uint3
         const pkvi_step_seq *s = &seqs[i];
         pkv_seq_id *m = &h->slot[h->base[s->r] + s->child];
         const uint32_t first = s->ctx - s->new_tokens;
-        if (*m < 0 && first > 0) {
+        uint8_t *f = &h->fork_pending[h->base[s->r] + s->child];
+        if (*m < 0 && first > 0 && *f != RESUMES) {
             snprintf(why, cap, "hybrid-vmm run: request %u sequence %u resumes at position %u "
-                     "without its rows (run mode does not swap this layout)", s->r, s->child, first);
+                     "without its rows (neither swapped in nor recomputed)", s->r, s->child, first);
             return PKV_ERR_CORRUPT;
         }
         uint32_t slot;
         if (*m < 0 && (st = pkv_hybrid_vmm_acquire(h->kv, &slot)) == PKV_OK) {
             *m = (pkv_seq_id)slot;
-            h->len[slot] = 0;
+            h->len[slot] = first; // a swap-in: run_swap.c writes its rows back after the sync
+            *f = 0;
         }
         if (st == PKV_OK && h->len[*m] != first) st = PKV_ERR_CORRUPT; // rows out of step
         if (st == PKV_OK) st = pkv_hybrid_vmm_set_step(h->kv, (uint32_t)*m, first, s->ctx);

@@ -48,13 +48,17 @@ pkv_hybrid_vmm *pkvi_run_hvmm_manager(const pkvi_run_hvmm *h);
 // next sync. Request r was released: its slots are released at the next sync.
 pkv_status pkvi_run_hvmm_fork(pkvi_run_hvmm *h, uint32_t r, uint32_t n);
 void pkvi_run_hvmm_release(pkvi_run_hvmm *h, uint32_t r);
+// Request r's first n sequences were swapped back in: at the next sync each gets
+// a slot mapped for its step at the length it resumes from (its rows are the
+// caller's to write back: run_swap.c).
+void pkvi_run_hvmm_resume(pkvi_run_hvmm *h, uint32_t r, uint32_t n);
 
 // Before a step of n sequences: release, acquire, copy the forks' rows (their
 // bytes added to *copied) and map what each sequence's step reads, all timed
 // (pkvi_run_hvmm_step_seconds). A refusal by the library is named in why[cap]:
 // PKV_ERR_OUT_OF_BLOCKS where the budget is short (the policy admitted what the
 // real spaces cannot hold), PKV_ERR_CORRUPT for a sequence that resumes without
-// its rows (a swap: this layout does not run it).
+// its rows and was not swapped in (pkvi_run_hvmm_resume).
 pkv_status pkvi_run_hvmm_sync(pkvi_run_hvmm *h, const pkvi_step_seq *seqs, uint32_t n,
                               uint64_t *copied, char *why, size_t cap);
 
