@@ -234,7 +234,9 @@ static pkv_status hvmm_grow(void *pp, uint32_t r, uint32_t child) {
     if (need > free_pages(v)) return PKV_ERR_OUT_OF_BLOCKS;
     const uint64_t before = row_kept(v, p);
     v->len[i] = p + 1;
-    v->used_bytes += row_kept(v, p + 1) - before;
+    // May shrink (a chunked group's kept tokens drop at a chunk boundary): subtract
+    // first, which cannot wrap (used_bytes holds this row's `before`).
+    v->used_bytes = v->used_bytes - before + row_kept(v, p + 1);
     for (uint32_t g = 0; g < v->ng; g++) {
         if (!v->tpp[g]) continue;
         if (pg_for(v, g, (uint64_t)p + 1) > hi[g]) {
