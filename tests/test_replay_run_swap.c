@@ -46,6 +46,9 @@ static pkv_replay_params params(pkv_policy policy, const char *model, uint64_t k
     p.watermark = 0;
     p.vmm_page_bytes = 4096;
     p.device_mem = PKV_DEVICE_MEM_ARENA;
+    // A state group reserves a state per batch slot (64 KiB each in tiny-hybrid):
+    // 8 slots leave the budget to the tokens, so that swaps happen.
+    if (strcmp(model, "tiny-hybrid") == 0) p.max_batch = 8;
     return p;
 }
 
@@ -62,7 +65,7 @@ static void same_tokens(pkv_policy policy, const char *model) {
     pkv_model_config c;
     cr_assert_eq(pkv_model_preset("tiny", &c), PKV_OK);
     const uint64_t bpt = 2ull * c.num_layers * c.num_kv_heads * c.head_dim * 4;
-    static const uint32_t tokens[] = {24, 32, 48, 64, 96, 128, 160, 192, 256, 384, 512};
+    static const uint32_t tokens[] = {24, 32, 48, 64, 96, 128, 160, 192, 256, 384, 512, 768, 1024};
     int found = 0;
     for (size_t i = 0; i < sizeof tokens / sizeof *tokens && !found; i++) {
         const uint64_t kv = tokens[i] * bpt;
@@ -70,8 +73,8 @@ static void same_tokens(pkv_policy policy, const char *model) {
         pkv_replay_report sw;
         pkv_status st = replay(t, &p, &sw);
         if (st == PKV_ERR_OUT_OF_BLOCKS) continue; // the layout needs more (hybrid-vmm's pages)
-        cr_assert_eq(st, PKV_OK, "%s on %s, %llu B, swap: %s", pkv_policy_name(policy), model,
-                     (unsigned long long)kv, pkv_status_str(st));
+        cr_assert_eq(st, PKV_OK, "%s on %s, %llu B, swap: %s (%s)", pkv_policy_name(policy), model,
+                     (unsigned long long)kv, pkv_status_str(st), sw.failure);
         if (sw.requests.completed != N || sw.preemptions == 0 || sw.swap_out_bytes == 0 ||
             sw.swap_in_bytes == 0)
             continue;
@@ -120,6 +123,15 @@ Test(replay_run_swap, hybrid_partition, .timeout = 300) { on_hybrid_models(PKV_P
 Test(replay_run_swap, hybrid_shared_page, .timeout = 300) { on_hybrid_models(PKV_POLICY_HYBRID_SHARED_PAGE); }
 Test(replay_run_swap, hybrid_lcm, .timeout = 300) { on_hybrid_models(PKV_POLICY_HYBRID_LCM); }
 Test(replay_run_swap, hybrid_vmm, .timeout = 300) { on_hybrid_models(PKV_POLICY_HYBRID_VMM); }
+
+// State layers (tiny-hybrid): the hybrid store's states move out and back in with
+// the blocks, and hybrid-vmm's state rows with its pages.
+Test(replay_run_swap, state_layers, .timeout = 300) {
+    static const pkv_policy with_states[] = {PKV_POLICY_HYBRID_PARTITION, PKV_POLICY_HYBRID_SHARED_PAGE,
+                                             PKV_POLICY_HYBRID_LCM, PKV_POLICY_HYBRID_VMM};
+    for (size_t i = 0; i < sizeof with_states / sizeof *with_states; i++)
+        same_tokens(with_states[i], "tiny-hybrid");
+}
 Test(replay_run_swap, paged_hybrid_models, .timeout = 300) { on_hybrid_models(PKV_POLICY_PAGED); }
 Test(replay_run_swap, malloc_per_token_hybrid_models, .timeout = 300) {
     on_hybrid_models(PKV_POLICY_MALLOC_PER_TOKEN);

@@ -179,6 +179,14 @@ pkv_status pkvi_hybrid_store_region(pkv_model_hybrid_store *s, uint32_t r, float
     return PKV_OK;
 }
 
+pkv_status pkvi_hybrid_store_states(pkv_model_hybrid_store *s, int32_t *group,
+                                    pkv_model_state_store **states) {
+    if (!s || !group || !states) return PKV_ERR_INVALID_ARG;
+    *group = s->state_group;
+    *states = s->states;
+    return PKV_OK;
+}
+
 pkv_status pkvi_hybrid_store_block(const pkv_model_hybrid_store *s, uint32_t g, uint32_t b,
                                    uint32_t *r, uint64_t *offset, uint64_t *bytes) {
     if (!s || g >= s->num_groups || s->groups[g].kind == PKV_LAYER_STATE) return PKV_ERR_INVALID_ARG;

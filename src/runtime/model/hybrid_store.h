@@ -12,6 +12,11 @@
 pkv_status pkvi_hybrid_store_region(pkv_model_hybrid_store *store, uint32_t r, float **data,
                                     uint64_t *bytes);
 
+// The store's states (borrowed; NULL without a state group), keyed by a sequence's
+// slot in state group *group (-1 without): one entry holds every state layer's.
+pkv_status pkvi_hybrid_store_states(pkv_model_hybrid_store *store, int32_t *group,
+                                    pkv_model_state_store **states);
+
 // Where block b of token group g lies: region *r, bytes *offset .. + *bytes.
 // PKV_ERR_INVALID_ARG for a state group or b past the group's blocks.
 pkv_status pkvi_hybrid_store_block(const pkv_model_hybrid_store *store, uint32_t g, uint32_t b,

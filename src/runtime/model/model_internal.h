@@ -219,6 +219,12 @@ int pkvi_layer_is_state(const pkv_model_config *c, uint32_t layer);
 uint32_t pkvi_state_layers(const pkv_model_config *c);
 // Bytes of one sequence's entry (every state layer's states): what a fork copies.
 uint64_t pkvi_state_store_entry_bytes(const pkv_model_state_store *s);
+// The entry of id (create: claimed with a zero state when absent): its states
+// (entry_bytes of floats) and the tokens they absorbed, both writable, for a
+// caller that moves a sequence's state out and back (run mode's swap).
+// PKV_ERR_NOT_FOUND (absent), PKV_ERR_LIMIT (full), PKV_ERR_INVALID_ARG.
+pkv_status pkvi_state_store_entry(pkv_model_state_store *s, int64_t id, int create, float **state,
+                                  uint32_t **tokens);
 // Bind the call's sequences to entries of the model's store (keys: seqs, else rows;
 // new tokens start at lens - counts): every check of pkv_model_set_state_store's
 // contract, before any layer runs. A model without state layers: PKV_OK, nothing bound.

@@ -118,6 +118,17 @@ uint64_t pkvi_state_store_entry_bytes(const pkv_model_state_store *s) {
     return s ? s->floats_each * sizeof(float) : 0;
 }
 
+pkv_status pkvi_state_store_entry(pkv_model_state_store *s, int64_t id, int create, float **state,
+                                  uint32_t **tokens) {
+    if (!s || id < 0) return PKV_ERR_INVALID_ARG;
+    uint32_t e = find(s, id);
+    if (e == UINT32_MAX && create) e = claim(s, id);
+    if (e == UINT32_MAX) return create ? PKV_ERR_LIMIT : PKV_ERR_NOT_FOUND;
+    *state = entry_state(s, e);
+    *tokens = &s->tokens[e];
+    return PKV_OK;
+}
+
 pkv_status pkv_model_state_store_fork(pkv_model_state_store *s, int64_t parent, int64_t child) {
     if (!s || parent < 0 || child < 0 || parent == child) return PKV_ERR_INVALID_ARG;
     const uint32_t p = find(s, parent);

@@ -23,9 +23,9 @@
 //   slot's row that hold its tokens (a sliding group its window's pages; a state
 //   group its state), written back into the slot the sync maps for its step;
 // - the hybrid store: per token group the live blocks (a sliding group its
-//   window), as the manager's table lists them. A model with state layers is
-//   refused (PKV_ERR_UNSUPPORTED): the store keeps states where run mode cannot
-//   copy them.
+//   window), as the manager's table lists them; a model with state layers also
+//   moves each sequence's state entry (every state layer's, and the tokens it
+//   absorbed) into the entry of its slot after the swap-in.
 // Host side: one malloc per swapped-out request; the device side goes through the
 // executor's backend (memcpy on the host, cudaMemcpy on CUDA).
 #include <stdlib.h>
@@ -110,6 +110,34 @@ static void meta(walk *w, uint32_t *v, uint32_t n) {
     w->bytes += b;
 }
 
+// The hybrid store's states of sequence id (every state layer's, one entry keyed by
+// its slot in the first state group g; nothing for the other state groups): the
+// tokens they absorbed, then the floats. Back in, the entry of its new slot.
+static pkv_status walk_states(walk *w, pkv_seq_id id, uint32_t g) {
+    run_exec *x = w->x;
+    int32_t first_group, slot;
+    pkv_model_state_store *states;
+    pkv_status st = pkvi_hybrid_store_states(x->hstore, &first_group, &states);
+    if (st != PKV_OK || (int32_t)g != first_group) return st;
+    if ((st = pkv_hybrid_state_slot(x->hyb, id, g, &slot)) != PKV_OK) return st;
+    float *state = NULL;
+    uint32_t *tokens = NULL, absorbed = 0;
+    const uint64_t bytes = pkvi_state_store_entry_bytes(states);
+    if (w->dir == WALK_OUT || w->dir == WALK_MEASURE) {
+        st = pkvi_state_store_entry(states, slot, 0, &state, &tokens);
+        if (st == PKV_ERR_NOT_FOUND) return PKV_ERR_CORRUPT; // a live sequence has one
+        if (st != PKV_OK) return st;
+        absorbed = *tokens;
+        meta(w, &absorbed, 1);
+        return move(w, state, bytes);
+    }
+    st = pkvi_state_store_entry(states, slot, 1, &state, &tokens); // a stale entry is overwritten
+    if (st != PKV_OK) return st;
+    meta(w, &absorbed, 1);
+    *tokens = absorbed;
+    return move(w, state, bytes);
+}
+
 // The hybrid store: per token group, the live blocks of the first len tokens.
 // Swapped in, the window may start later than it did (a sample that grew in the
 // preempting step released one more block): the blocks before it stay unwritten.
@@ -122,7 +150,10 @@ static pkv_status walk_hybrid(walk *w, pkv_seq_id id, uint32_t len) {
         uint32_t bs = 0, nb = 0, first = 0;
         const pkv_block_id *t = NULL;
         st = pkv_hybrid_group_info(x->hyb, g, &grp, &bs);
-        if (st == PKV_OK && grp.kind == PKV_LAYER_STATE) st = PKV_ERR_UNSUPPORTED;
+        if (st == PKV_OK && grp.kind == PKV_LAYER_STATE) {
+            st = walk_states(w, id, g);
+            continue;
+        }
         if (st == PKV_OK) st = pkv_hybrid_block_table(x->hyb, id, g, &t, &nb, &first);
         const uint32_t need = bs ? (uint32_t)(((uint64_t)len + bs - 1) / bs) : 0;
         if (st == PKV_OK && (nb < need || first > need)) st = PKV_ERR_CORRUPT;
@@ -134,8 +165,8 @@ static pkv_status walk_hybrid(walk *w, pkv_seq_id id, uint32_t len) {
             if (b < first) { // released since (in only): skip its saved bytes
                 uint32_t region;
                 uint64_t off;
-                if (page == 0)
-                    st = pkvi_hybrid_store_block(x->hstore, g, (uint32_t)t[need - 1], &region, &off, &page);
+                if (page == 0) // every block of the group has the size of its block 0
+                    st = pkvi_hybrid_store_block(x->hstore, g, 0, &region, &off, &page);
                 w->cur += page;
                 continue;
             }
