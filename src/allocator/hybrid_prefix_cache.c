@@ -204,35 +204,30 @@ static void table_del(pkvi_hcache *c, int32_t x) {
 
 // ---- entries ----
 
-static void evict(pkvi_hcache *c, int32_t x) {
+// Drop entry x and the cache's reference on its block (a BlockRemoved): the block
+// is free again when the cache alone held it, else its other holders keep it.
+static void remove_entry(pkvi_hcache *c, int32_t x) {
     hentry *en = &c->e[x];
     if (c->events) pkvi_events_removed(c->events, c->group, c->medium, &en->key);
     heap_del(c, x);
     table_del(c, x);
     c->entry_of[en->block] = -1;
-    pkv_pool_release(c->pool, en->block); // refcount 1: the block is free again
+    pkv_pool_release(c->pool, en->block);
     en->block = -1;
     c->free_list[c->num_free++] = x;
     c->count--;
-    c->unused--;
     c->stats.evictions++;
     const int32_t p = en->parent;
     if (p >= 0 && --c->e[p].children == 0 && is_unused(c, p)) heap_add(c, p); // a leaf now
 }
 
+static void evict(pkvi_hcache *c, int32_t x) {
+    c->unused--; // refcount 1: counted unused until now
+    remove_entry(c, x);
+}
+
 void pkvi_hcache_give_up(pkvi_hcache *c, int32_t entry) {
-    hentry *en = &c->e[entry];
-    if (c->events) pkvi_events_removed(c->events, c->group, c->medium, &en->key);
-    heap_del(c, entry); // held: not in the heap, nor counted unused
-    table_del(c, entry);
-    c->entry_of[en->block] = -1;
-    pkv_pool_release(c->pool, en->block); // the holder's reference stays
-    en->block = -1;
-    c->free_list[c->num_free++] = entry;
-    c->count--;
-    c->stats.evictions++;
-    const int32_t p = en->parent;
-    if (p >= 0 && --c->e[p].children == 0 && is_unused(c, p)) heap_add(c, p);
+    remove_entry(c, entry); // held: not counted unused; the holder's reference stays
 }
 
 int pkvi_hcache_evict_oldest(pkvi_hcache *c, int32_t keep, pkv_block_hash *evicted) {
